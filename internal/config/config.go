@@ -1,0 +1,645 @@
+// Package config loads and validates the YAML file that describes a
+// deployment: models (backend, stateful or not, batching, fan-in), services
+// (edges of a DAG whose source and sink is the frontend) and hosts for
+// placement. Load validates everything and does no other I/O; errors name
+// the model, service or edge at fault.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Frontend is the reserved node name of the frontend in edges: edges from
+// it are the service's entries, edges to it are its sinks.
+const Frontend = "frontend"
+
+// ErrInvalid is wrapped by every validation error.
+var ErrInvalid = errors.New("config: invalid")
+
+// Modes of fault tolerance (DESIGN.md).
+var Modes = []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2", "replay"}
+
+// Backend types a sidecar can drive.
+var BackendTypes = []string{"reference", "tfserving", "triton", "clipper"}
+
+// FanIn says how a model with several predecessors combines their items.
+const (
+	// FanInJoin waits for one item per predecessor of the same request and
+	// executes them as one request (the branches of one request meet).
+	FanInJoin = "join"
+	// FanInInterleave executes every arriving item as its own request
+	// (independent streams merge).
+	FanInInterleave = "interleave"
+)
+
+// Duration is a time.Duration that reads "2ms" style strings from YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: duration: %w", n.Line, err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: duration %q: %w", n.Line, s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Deployment is the whole file.
+type Deployment struct {
+	// Name of the deployment (JetStream subjects and KV keys use it).
+	Name string `yaml:"name"`
+	// Mode is the fault-tolerance mode; default "nspb".
+	Mode string `yaml:"mode"`
+	// Hosts lists placement targets; on the embedded default they are
+	// labels of processes on one machine.
+	Hosts    []string  `yaml:"hosts"`
+	Models   []Model   `yaml:"models"`
+	Services []Service `yaml:"services"`
+	// Limits applied at the edge.
+	Limits Limits `yaml:"limits"`
+}
+
+// Limits bounds what the frontend and sidecars accept.
+type Limits struct {
+	// MaxMessageBytes is the gRPC message size limit on every server and
+	// client of the deployment (default 64 MiB; grpc-go's own is 4 MiB).
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// RequestTimeout is the default client deadline (default 10s).
+	RequestTimeout Duration `yaml:"request_timeout"`
+}
+
+// Model is one model of the graph.
+type Model struct {
+	Name string `yaml:"name"`
+	// Kind is the reference model server's model kind (classifier, lstm,
+	// olearn, knn, arima, astar, transcriber, concat, cnn, prep); for other
+	// backends it is informational.
+	Kind     string         `yaml:"kind"`
+	Backend  Backend        `yaml:"backend"`
+	Stateful bool           `yaml:"stateful"`
+	HA       string         `yaml:"ha"`
+	Batch    Batch          `yaml:"batch"`
+	FanIn    string         `yaml:"fan_in"`
+	Params   map[string]any `yaml:"params"`
+	// Placement names hosts; a stateful model needs a backup on another
+	// host than its primary.
+	Placement Placement `yaml:"placement"`
+}
+
+// Backend says how the sidecar reaches the model server.
+type Backend struct {
+	// Type is one of BackendTypes; default "reference".
+	Type string `yaml:"type"`
+	// Address is host:port of an already running model server; empty means
+	// the deployment starts a reference model server for the model.
+	Address string `yaml:"address"`
+	// Model is the name of the model at the backend (default: Model.Name).
+	Model string `yaml:"model"`
+	// Version or label at the backend (TF Serving / Triton), optional.
+	Version string `yaml:"version"`
+	// Signature is the TF Serving signature name, optional.
+	Signature string `yaml:"signature"`
+	// Timeout of one backend call (default 5s).
+	Timeout Duration `yaml:"timeout"`
+}
+
+// Batch configures the sidecar's batching.
+type Batch struct {
+	// Size is the maximum number of requests in a batch (default 1).
+	Size int `yaml:"size"`
+	// MaxWait is how long a partial batch waits for more requests (default
+	// 0: execute what is there as soon as the backend is free).
+	MaxWait Duration `yaml:"max_wait"`
+}
+
+// Placement of a model's instances.
+type Placement struct {
+	Primary string `yaml:"primary"`
+	Backup  string `yaml:"backup"`
+	Standby string `yaml:"standby"`
+}
+
+// Service is one DAG of models.
+type Service struct {
+	Name string `yaml:"name"`
+	// Edges are [from, to] pairs; "frontend" is the source and the sink.
+	Edges [][2]string `yaml:"edges"`
+	// Inputs the client sends (documentation and request validation).
+	Inputs []TensorSpec `yaml:"inputs"`
+}
+
+// TensorSpec describes a client input.
+type TensorSpec struct {
+	Name     string  `yaml:"name"`
+	Datatype string  `yaml:"datatype"`
+	Shape    []int64 `yaml:"shape"`
+}
+
+// Load reads and validates a deployment file.
+func Load(path string) (*Deployment, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	d, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return d, nil
+}
+
+// Parse decodes YAML (unknown fields are errors), applies defaults and
+// validates.
+func Parse(b []byte) (*Deployment, error) {
+	var d Deployment
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&d); err != nil {
+		return nil, fmt.Errorf("%w: yaml: %v", ErrInvalid, err)
+	}
+	d.applyDefaults()
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+func (d *Deployment) applyDefaults() {
+	if d.Name == "" {
+		d.Name = "hams"
+	}
+	if d.Mode == "" {
+		d.Mode = "nspb"
+	}
+	if d.Limits.MaxMessageBytes == 0 {
+		d.Limits.MaxMessageBytes = 64 << 20
+	}
+	if d.Limits.RequestTimeout == 0 {
+		d.Limits.RequestTimeout = Duration(10 * time.Second)
+	}
+	for i := range d.Models {
+		m := &d.Models[i]
+		if m.Backend.Type == "" {
+			m.Backend.Type = "reference"
+		}
+		if m.Backend.Model == "" {
+			m.Backend.Model = m.Name
+		}
+		if m.Backend.Timeout == 0 {
+			m.Backend.Timeout = Duration(5 * time.Second)
+		}
+		if m.Batch.Size == 0 {
+			m.Batch.Size = 1
+		}
+		if m.FanIn == "" {
+			m.FanIn = FanInJoin
+		}
+		if m.HA == "" {
+			if m.Stateful {
+				m.HA = "stateful"
+			} else {
+				m.HA = "stateless"
+			}
+		}
+	}
+}
+
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+}
+
+func oneOf(v string, set []string) bool {
+	for _, s := range set {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Validate checks the whole deployment: names, modes, batching, placement,
+// edges (unknown names, duplicates, cycles, reachability).
+func (d *Deployment) Validate() error {
+	var errs []error
+	if !oneOf(d.Mode, Modes) {
+		errs = append(errs, invalid("mode %q is not one of %s", d.Mode, strings.Join(Modes, ", ")))
+	}
+	if d.Limits.MaxMessageBytes < 0 {
+		errs = append(errs, invalid("limits.max_message_bytes must be positive"))
+	}
+	hosts := map[string]bool{}
+	for _, h := range d.Hosts {
+		if hosts[h] {
+			errs = append(errs, invalid("host %q listed twice", h))
+		}
+		hosts[h] = true
+	}
+	if len(d.Models) == 0 {
+		errs = append(errs, invalid("no models"))
+	}
+	models := map[string]*Model{}
+	for i := range d.Models {
+		m := &d.Models[i]
+		where := fmt.Sprintf("model %d", i)
+		if m.Name != "" {
+			where = fmt.Sprintf("model %q", m.Name)
+		}
+		switch {
+		case m.Name == "":
+			errs = append(errs, invalid("%s: missing name", where))
+		case m.Name == Frontend:
+			errs = append(errs, invalid("%s: the name %q is reserved", where, Frontend))
+		case strings.ContainsAny(m.Name, " .*>/\t"):
+			errs = append(errs, invalid("%s: name may not contain spaces, '.', '*', '>' or '/'", where))
+		case models[m.Name] != nil:
+			errs = append(errs, invalid("%s: defined twice", where))
+		default:
+			models[m.Name] = m
+		}
+		if m.Kind == "" && m.Backend.Type == "reference" {
+			errs = append(errs, invalid("%s: missing kind (the reference model server needs it)", where))
+		}
+		if !oneOf(m.Backend.Type, BackendTypes) {
+			errs = append(errs, invalid("%s: backend type %q is not one of %s", where, m.Backend.Type, strings.Join(BackendTypes, ", ")))
+		}
+		if m.Backend.Type != "reference" && m.Backend.Address == "" {
+			errs = append(errs, invalid("%s: backend type %s needs an address", where, m.Backend.Type))
+		}
+		if !oneOf(m.HA, []string{"off", "stateless", "stateful"}) {
+			errs = append(errs, invalid("%s: ha %q is not one of off, stateless, stateful", where, m.HA))
+		}
+		if m.HA == "stateful" && !m.Stateful {
+			errs = append(errs, invalid("%s: ha stateful on a model not marked stateful", where))
+		}
+		if m.Batch.Size < 1 || m.Batch.Size > 4096 {
+			errs = append(errs, invalid("%s: batch size %d out of range 1..4096", where, m.Batch.Size))
+		}
+		if m.Batch.MaxWait < 0 {
+			errs = append(errs, invalid("%s: negative batch max_wait", where))
+		}
+		if m.FanIn != FanInJoin && m.FanIn != FanInInterleave {
+			errs = append(errs, invalid("%s: fan_in %q is not join or interleave", where, m.FanIn))
+		}
+		for _, h := range []string{m.Placement.Primary, m.Placement.Backup, m.Placement.Standby} {
+			if h != "" && len(hosts) > 0 && !hosts[h] {
+				errs = append(errs, invalid("%s: placement names unknown host %q", where, h))
+			}
+		}
+		if m.Stateful && m.HA == "stateful" {
+			if m.Placement.Backup == "" {
+				errs = append(errs, invalid("%s: stateful model without a backup placement", where))
+			} else if m.Placement.Backup == m.Placement.Primary {
+				errs = append(errs, invalid("%s: backup placed on its primary's host %q", where, m.Placement.Backup))
+			}
+		}
+	}
+	owner := map[string]string{}
+	seenSvc := map[string]bool{}
+	if len(d.Services) == 0 {
+		errs = append(errs, invalid("no services"))
+	}
+	for i := range d.Services {
+		s := &d.Services[i]
+		if s.Name == "" {
+			errs = append(errs, invalid("service %d: missing name", i))
+			continue
+		}
+		if seenSvc[s.Name] {
+			errs = append(errs, invalid("service %q: defined twice", s.Name))
+		}
+		seenSvc[s.Name] = true
+		errs = append(errs, d.validateService(s, models, owner)...)
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Deployment) validateService(s *Service, models map[string]*Model, owner map[string]string) []error {
+	var errs []error
+	where := fmt.Sprintf("service %q", s.Name)
+	if len(s.Edges) == 0 {
+		return []error{invalid("%s: no edges", where)}
+	}
+	seen := map[[2]string]bool{}
+	nodes := map[string]bool{}
+	for _, e := range s.Edges {
+		for _, n := range e {
+			if n == "" {
+				errs = append(errs, invalid("%s: edge %v has an empty end", where, e))
+				continue
+			}
+			if n != Frontend && models[n] == nil {
+				errs = append(errs, invalid("%s: edge %s -> %s names unknown model %q", where, e[0], e[1], n))
+				continue
+			}
+			nodes[n] = true
+		}
+		if e[0] == e[1] {
+			errs = append(errs, invalid("%s: edge %s -> %s is a self-loop", where, e[0], e[1]))
+		}
+		if e[0] == Frontend && e[1] == Frontend {
+			errs = append(errs, invalid("%s: edge frontend -> frontend", where))
+		}
+		if seen[e] {
+			errs = append(errs, invalid("%s: edge %s -> %s listed twice", where, e[0], e[1]))
+		}
+		seen[e] = true
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	for n := range nodes {
+		if n == Frontend {
+			continue
+		}
+		if o, ok := owner[n]; ok && o != s.Name {
+			errs = append(errs, invalid("%s: model %q already belongs to service %q (a model serves one service)", where, n, o))
+		}
+		owner[n] = s.Name
+	}
+	g := graphOf(s)
+	if len(g.Succ(Frontend)) == 0 {
+		errs = append(errs, invalid("%s: no edge leaves the frontend", where))
+	}
+	if len(g.Pred(Frontend)) == 0 {
+		errs = append(errs, invalid("%s: no edge reaches the frontend", where))
+	}
+	if cyc := g.cycle(); cyc != nil {
+		errs = append(errs, invalid("%s: cycle %s", where, strings.Join(cyc, " -> ")))
+	}
+	for n := range nodes {
+		if n == Frontend {
+			continue
+		}
+		if len(g.Pred(n)) == 0 {
+			errs = append(errs, invalid("%s: model %q has no incoming edge", where, n))
+		}
+		if len(g.Succ(n)) == 0 {
+			errs = append(errs, invalid("%s: model %q has no outgoing edge (route it to the frontend)", where, n))
+		}
+	}
+	return errs
+}
+
+// Model returns the named model or nil.
+func (d *Deployment) Model(name string) *Model {
+	for i := range d.Models {
+		if d.Models[i].Name == name {
+			return &d.Models[i]
+		}
+	}
+	return nil
+}
+
+// Service returns the named service or nil.
+func (d *Deployment) Service(name string) *Service {
+	for i := range d.Services {
+		if d.Services[i].Name == name {
+			return &d.Services[i]
+		}
+	}
+	return nil
+}
+
+// ServiceOf returns the service a model belongs to, or nil.
+func (d *Deployment) ServiceOf(model string) *Service {
+	for i := range d.Services {
+		for _, e := range d.Services[i].Edges {
+			if e[0] == model || e[1] == model {
+				return &d.Services[i]
+			}
+		}
+	}
+	return nil
+}
+
+// ServiceNames lists the services in file order.
+func (d *Deployment) ServiceNames() []string {
+	out := make([]string, len(d.Services))
+	for i, s := range d.Services {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// Graph is a service's DAG with the frontend as source and sink.
+type Graph struct {
+	succ map[string][]string
+	pred map[string][]string
+	// order of first appearance, for deterministic iteration
+	nodes []string
+}
+
+// Graph returns the service's DAG.
+func (s *Service) Graph() *Graph { return graphOf(s) }
+
+func graphOf(s *Service) *Graph {
+	g := &Graph{succ: map[string][]string{}, pred: map[string][]string{}}
+	seen := map[string]bool{}
+	for _, e := range s.Edges {
+		for _, n := range e {
+			if !seen[n] {
+				seen[n] = true
+				g.nodes = append(g.nodes, n)
+			}
+		}
+		g.succ[e[0]] = append(g.succ[e[0]], e[1])
+		g.pred[e[1]] = append(g.pred[e[1]], e[0])
+	}
+	return g
+}
+
+// Succ lists the successors of n in edge order.
+func (g *Graph) Succ(n string) []string { return g.succ[n] }
+
+// Pred lists the predecessors of n in edge order.
+func (g *Graph) Pred(n string) []string { return g.pred[n] }
+
+// Models lists the models (not the frontend) in topological order, ties
+// broken by first appearance in the edge list.
+func (g *Graph) Models() []string {
+	indeg := map[string]int{}
+	for _, n := range g.nodes {
+		if n == Frontend {
+			continue
+		}
+		for _, p := range g.pred[n] {
+			if p != Frontend {
+				indeg[n]++
+			}
+		}
+	}
+	var out []string
+	done := map[string]bool{}
+	for len(out) < len(g.nodes)-1 {
+		progressed := false
+		for _, n := range g.nodes {
+			if n == Frontend || done[n] || indeg[n] > 0 {
+				continue
+			}
+			done[n] = true
+			out = append(out, n)
+			progressed = true
+			for _, s := range g.succ[n] {
+				if s != Frontend {
+					indeg[s]--
+				}
+			}
+		}
+		if !progressed {
+			break // cycle; Validate reports it
+		}
+	}
+	return out
+}
+
+// Entries lists the models fed by the frontend.
+func (g *Graph) Entries() []string { return g.succ[Frontend] }
+
+// Sinks lists the models that feed the frontend, sorted by name.
+func (g *Graph) Sinks() []string {
+	s := append([]string(nil), g.pred[Frontend]...)
+	sort.Strings(s)
+	return s
+}
+
+// Hops is the number of models on the longest frontend-to-frontend path.
+func (g *Graph) Hops() int {
+	depth := map[string]int{}
+	best := 0
+	for _, n := range g.Models() {
+		d := 0
+		for _, p := range g.pred[n] {
+			if p != Frontend && depth[p] > d {
+				d = depth[p]
+			}
+		}
+		depth[n] = d + 1
+		if depth[n] > best {
+			best = depth[n]
+		}
+	}
+	return best
+}
+
+// cycle returns one cycle among models, or nil. Edges into the frontend end
+// paths; edges out of it start them, so the frontend itself never closes a
+// cycle.
+func (g *Graph) cycle() []string {
+	const (
+		white = 0
+		grey  = 1
+		black = 2
+	)
+	color := map[string]int{}
+	var stack []string
+	var found []string
+	var visit func(n string) bool
+	visit = func(n string) bool {
+		color[n] = grey
+		stack = append(stack, n)
+		for _, s := range g.succ[n] {
+			if s == Frontend {
+				continue
+			}
+			switch color[s] {
+			case grey:
+				for i, x := range stack {
+					if x == s {
+						found = append(append([]string(nil), stack[i:]...), s)
+						return true
+					}
+				}
+			case white:
+				if visit(s) {
+					return true
+				}
+			}
+		}
+		stack = stack[:len(stack)-1]
+		color[n] = black
+		return false
+	}
+	for _, n := range g.nodes {
+		if n != Frontend && color[n] == white && visit(n) {
+			return found
+		}
+	}
+	return nil
+}
+
+// StatefulModels returns the names of the models replicated as primary +
+// backup (stateful with ha: stateful).
+func (d *Deployment) StatefulModels() []string {
+	var out []string
+	for _, m := range d.Models {
+		if m.Stateful && m.HA == "stateful" {
+			out = append(out, m.Name)
+		}
+	}
+	return out
+}
+
+// ParamInt reads an integer model parameter with a default.
+func (m *Model) ParamInt(key string, def int) (int, error) {
+	v, ok := m.Params[key]
+	if !ok {
+		return def, nil
+	}
+	switch x := v.(type) {
+	case int:
+		return x, nil
+	case int64:
+		return int(x), nil
+	case float64:
+		if x == float64(int(x)) {
+			return int(x), nil
+		}
+	}
+	return 0, invalid("model %q: param %s: want an integer, got %v", m.Name, key, v)
+}
+
+// ParamFloat reads a float model parameter with a default.
+func (m *Model) ParamFloat(key string, def float64) (float64, error) {
+	v, ok := m.Params[key]
+	if !ok {
+		return def, nil
+	}
+	switch x := v.(type) {
+	case int:
+		return float64(x), nil
+	case float64:
+		return x, nil
+	}
+	return 0, invalid("model %q: param %s: want a number, got %v", m.Name, key, v)
+}
+
+// ParamString reads a string model parameter with a default.
+func (m *Model) ParamString(key, def string) (string, error) {
+	v, ok := m.Params[key]
+	if !ok {
+		return def, nil
+	}
+	if s, ok := v.(string); ok {
+		return s, nil
+	}
+	return "", invalid("model %q: param %s: want a string, got %v", m.Name, key, v)
+}

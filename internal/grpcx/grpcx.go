@@ -1,0 +1,162 @@
+// Package grpcx builds the gRPC servers and clients every HAMS-Go component
+// uses, so that message limits, interceptors (go-grpc-middleware v2:
+// metrics, slog logging, panic recovery) and the /metrics endpoint are the
+// same everywhere.
+package grpcx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultMaxMessageBytes is the message limit used when a component is given
+// none: 64 MiB on both directions (grpc-go's default receive limit is 4 MiB,
+// too small for batched image tensors and state chunks).
+const DefaultMaxMessageBytes = 64 << 20
+
+// SlogLogger adapts slog to go-grpc-middleware's logging interface.
+func SlogLogger(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
+
+// ServerOptions returns the interceptor chain and limits for a server.
+// Per-call logs are at Debug (the go-grpc-middleware levels map to slog's).
+func ServerOptions(log *slog.Logger, metrics *grpcprom.ServerMetrics, maxMsg int) []grpc.ServerOption {
+	if maxMsg <= 0 {
+		maxMsg = DefaultMaxMessageBytes
+	}
+	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
+		return status.Errorf(codes.Internal, "internal error: %v", p)
+	})
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(func(c codes.Code) logging.Level {
+			switch c {
+			case codes.OK, codes.Canceled, codes.NotFound, codes.InvalidArgument, codes.DeadlineExceeded:
+				return logging.LevelDebug
+			case codes.Internal, codes.Unknown, codes.DataLoss:
+				return logging.LevelError
+			}
+			return logging.LevelWarn
+		}),
+	}
+	lg := SlogLogger(log)
+	unary := []grpc.UnaryServerInterceptor{}
+	stream := []grpc.StreamServerInterceptor{}
+	if metrics != nil {
+		unary = append(unary, metrics.UnaryServerInterceptor())
+		stream = append(stream, metrics.StreamServerInterceptor())
+	}
+	unary = append(unary, logging.UnaryServerInterceptor(lg, logOpts...), recovery.UnaryServerInterceptor(recoveryOpt))
+	stream = append(stream, logging.StreamServerInterceptor(lg, logOpts...), recovery.StreamServerInterceptor(recoveryOpt))
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxMsg),
+		grpc.MaxSendMsgSize(maxMsg),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
+// NewServerMetrics creates gRPC server metrics registered on reg (with
+// handling-time histograms).
+func NewServerMetrics(reg prometheus.Registerer) *grpcprom.ServerMetrics {
+	m := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5}),
+	))
+	if reg != nil {
+		reg.MustRegister(m)
+	}
+	return m
+}
+
+// DialOptions returns client options with the same limits (plaintext: the
+// embedded default runs on loopback; deployments put a mesh or TLS
+// terminator in front).
+func DialOptions(maxMsg int) []grpc.DialOption {
+	if maxMsg <= 0 {
+		maxMsg = DefaultMaxMessageBytes
+	}
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
+// Dial creates a client connection (no I/O until first use).
+func Dial(addr string, maxMsg int, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	cc, err := grpc.NewClient(addr, append(DialOptions(maxMsg), extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	return cc, nil
+}
+
+// Serve runs srv on lis until ctx ends, then stops it gracefully (with a
+// hard stop after grace). It returns the server's error, if any, other than
+// the one caused by stopping.
+func Serve(ctx context.Context, srv *grpc.Server, lis net.Listener, grace time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		srv.Stop()
+		<-done
+	}
+	<-errc
+	return nil
+}
+
+// ServeHTTP runs an HTTP server on lis until ctx ends.
+func ServeHTTP(ctx context.Context, h http.Handler, lis net.Listener) error {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// MetricsHandler serves reg (plus Go and process collectors if reg is a
+// fresh registry the caller populated) in the Prometheus text format.
+func MetricsHandler(g prometheus.Gatherer) http.Handler {
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+}
