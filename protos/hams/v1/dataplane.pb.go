@@ -40,7 +40,12 @@ type Item struct {
 	DeadlineUnixNano int64 `protobuf:"varint,7,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
 	// Which branch of the graph this item took, for joins at fan-in points:
 	// the sending model's name ("frontend" for source edges).
-	FromModel     string `protobuf:"bytes,8,opt,name=from_model,json=fromModel,proto3" json:"from_model,omitempty"`
+	FromModel string `protobuf:"bytes,8,opt,name=from_model,json=fromModel,proto3" json:"from_model,omitempty"`
+	// Set when a model failed this request (bad input, backend error): models
+	// downstream pass the item on without executing it, and the frontend
+	// answers the client with this error. error_code is a gRPC status code.
+	Error         string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorCode     int32  `protobuf:"varint,10,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -129,6 +134,20 @@ func (x *Item) GetFromModel() string {
 		return x.FromModel
 	}
 	return ""
+}
+
+func (x *Item) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Item) GetErrorCode() int32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
 }
 
 type ForwardBatch struct {
@@ -268,7 +287,7 @@ var File_hams_v1_dataplane_proto protoreflect.FileDescriptor
 
 const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\n" +
-	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\x98\x02\n" +
+	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xcd\x02\n" +
 	"\x04Item\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\x04R\x05reqId\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x1b\n" +
@@ -278,7 +297,11 @@ const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\bedge_seq\x18\x06 \x01(\x04R\aedgeSeq\x12,\n" +
 	"\x12deadline_unix_nano\x18\a \x01(\x03R\x10deadlineUnixNano\x12\x1d\n" +
 	"\n" +
-	"from_model\x18\b \x01(\tR\tfromModel\"\x83\x01\n" +
+	"from_model\x18\b \x01(\tR\tfromModel\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\n" +
+	" \x01(\x05R\terrorCode\"\x83\x01\n" +
 	"\fForwardBatch\x12\x1d\n" +
 	"\n" +
 	"from_model\x18\x01 \x01(\tR\tfromModel\x12\x19\n" +
