@@ -1,0 +1,144 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const good = `
+name: t
+mode: bare
+hosts: [h1, h2]
+models:
+  - name: a
+    kind: prep
+  - name: b
+    kind: lstm
+    stateful: true
+    batch: {size: 8, max_wait: 2ms}
+    placement: {primary: h1, backup: h2}
+  - name: c
+    kind: knn
+  - name: d
+    kind: concat
+    fan_in: join
+services:
+  - name: s
+    inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+    edges: [[frontend, a], [a, b], [a, c], [b, d], [c, d], [d, frontend]]
+`
+
+func TestParseGoodAppliesDefaults(t *testing.T) {
+	d, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Limits.MaxMessageBytes != 64<<20 || d.Limits.RequestTimeout.D().Seconds() != 10 {
+		t.Fatalf("limits defaults: %+v", d.Limits)
+	}
+	a := d.Model("a")
+	if a.Batch.Size != 1 || a.Backend.Type != "reference" || a.Backend.Model != "a" || a.FanIn != FanInJoin || a.HA != "stateless" {
+		t.Fatalf("model defaults: %+v", a)
+	}
+	if b := d.Model("b"); b.HA != "stateful" || b.Batch.MaxWait.D().Milliseconds() != 2 {
+		t.Fatalf("model b: %+v", b)
+	}
+	g := d.Service("s").Graph()
+	if got := strings.Join(g.Models(), ","); got != "a,b,c,d" {
+		t.Fatalf("topological order %s", got)
+	}
+	if got := strings.Join(g.Pred("d"), ","); got != "b,c" {
+		t.Fatalf("pred order %s", got)
+	}
+	if g.Hops() != 3 {
+		t.Fatalf("hops %d", g.Hops())
+	}
+	if got := strings.Join(g.Sinks(), ","); got != "d" {
+		t.Fatalf("sinks %s", got)
+	}
+	if d.ServiceOf("c").Name != "s" || d.ServiceOf("zz") != nil {
+		t.Fatal("ServiceOf")
+	}
+	if got := d.StatefulModels(); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("stateful %v", got)
+	}
+}
+
+func TestValidationErrors(t *testing.T) {
+	cases := []struct {
+		name, yaml, want string
+	}{
+		{"bad yaml", "models: [", "yaml"},
+		{"unknown field", good + "\nbogus: 1\n", "bogus"},
+		{"bad mode", strings.Replace(good, "mode: bare", "mode: fast", 1), `mode "fast"`},
+		{"cycle", strings.Replace(good, "[d, frontend]", "[d, frontend], [d, a]", 1), "cycle"},
+		{"unknown model", strings.Replace(good, "[c, d]", "[c, zz]", 1), `unknown model "zz"`},
+		{"missing name", strings.Replace(good, "- name: c\n", "- name: \"\"\n", 1), "missing name"},
+		{"missing kind", strings.Replace(good, "kind: knn", "", 1), "missing kind"},
+		{"stateful without backup", strings.Replace(good, "placement: {primary: h1, backup: h2}", "placement: {primary: h1}", 1), "without a backup placement"},
+		{"backup on primary host", strings.Replace(good, "backup: h2", "backup: h1", 1), "backup placed on its primary"},
+		{"unknown host", strings.Replace(good, "backup: h2", "backup: h9", 1), `unknown host "h9"`},
+		{"duplicate model", strings.Replace(good, "- name: c\n    kind: knn", "- name: a\n    kind: knn", 1), "defined twice"},
+		{"batch size", strings.Replace(good, "size: 8", "size: 0", 1) + "", ""},
+		{"bad duration", strings.Replace(good, "max_wait: 2ms", "max_wait: soon", 1), `duration "soon"`},
+		{"bad fan_in", strings.Replace(good, "fan_in: join", "fan_in: zip", 1), `fan_in "zip"`},
+		{"no frontend entry", strings.Replace(good, "[frontend, a]", "[c, a]", 1), "no edge leaves the frontend"},
+		{"dangling model", strings.Replace(good, "[c, d], ", "", 1), `model "c" has no outgoing edge`},
+		{"reserved name", strings.Replace(good, "- name: c\n", "- name: frontend\n", 1), "reserved"},
+		{"duplicate edge", strings.Replace(good, "[a, b],", "[a, b], [a, b],", 1), "listed twice"},
+		{"ha stateful on stateless", strings.Replace(good, "kind: knn", "kind: knn\n    ha: stateful", 1), "not marked stateful"},
+		{"backend without address", strings.Replace(good, "kind: knn", "kind: knn\n    backend: {type: tfserving}", 1), "needs an address"},
+		{"no services", strings.SplitN(good, "services:", 2)[0], "no services"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.yaml))
+			if c.want == "" {
+				// size 0 is defaulted to 1: valid.
+				if err != nil {
+					t.Fatalf("unexpected error %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("accepted invalid config; want error containing %q", c.want)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q does not mention %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestModelSharedByTwoServicesRejected(t *testing.T) {
+	y := good + `  - name: s2
+    edges: [[frontend, c], [c, frontend]]
+`
+	_, err := Parse([]byte(y))
+	if err == nil || !strings.Contains(err.Error(), `model "c" already belongs to service "s"`) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestParams(t *testing.T) {
+	m := &Model{Name: "m", Params: map[string]any{"i": 3, "f": 0.5, "s": "x", "bad": "y"}}
+	if v, err := m.ParamInt("i", 0); err != nil || v != 3 {
+		t.Fatal(v, err)
+	}
+	if v, err := m.ParamInt("missing", 7); err != nil || v != 7 {
+		t.Fatal(v, err)
+	}
+	if v, err := m.ParamFloat("f", 0); err != nil || v != 0.5 {
+		t.Fatal(v, err)
+	}
+	if v, err := m.ParamString("s", ""); err != nil || v != "x" {
+		t.Fatal(v, err)
+	}
+	if _, err := m.ParamInt("bad", 0); err == nil || !strings.Contains(err.Error(), "param bad") {
+		t.Fatalf("want param error, got %v", err)
+	}
+}

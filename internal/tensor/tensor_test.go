@@ -1,0 +1,81 @@
+package tensor
+
+import (
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+func TestRoundTripAndValidate(t *testing.T) {
+	x := FromFloat32("x", []int64{2, 3}, []float32{1, 2, 3, 4, 5, 6})
+	v, err := Float32(x)
+	if err != nil || len(v) != 6 || v[5] != 6 {
+		t.Fatal(v, err)
+	}
+	i := FromInt64("l", []int64{2}, []int64{-1, 7})
+	iv, err := Int64s(i)
+	if err != nil || iv[0] != -1 || iv[1] != 7 {
+		t.Fatal(iv, err)
+	}
+	if _, err := Float32(i); err == nil || !strings.Contains(err.Error(), `"l"`) {
+		t.Fatalf("dtype mismatch not reported: %v", err)
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	bytesElem := func(s string) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, uint32(len(s)))
+		return append(b, s...)
+	}
+	cases := []struct {
+		t    *hamsv1.Tensor
+		want string
+	}{
+		{&hamsv1.Tensor{Name: "a", Datatype: "FP33", Shape: []int64{1}}, "unsupported datatype"},
+		{&hamsv1.Tensor{Name: "b", Datatype: FP32, Shape: []int64{2}, Data: make([]byte, 4)}, "wants 8 bytes"},
+		{&hamsv1.Tensor{Name: "c", Datatype: FP32, Shape: []int64{-1}}, "dimension 0 is -1"},
+		{&hamsv1.Tensor{Name: "d", Datatype: Bytes, Shape: []int64{2}, Data: bytesElem("hi")}, "wants 2 BYTES elements"},
+		{&hamsv1.Tensor{Name: "e", Datatype: Bytes, Shape: []int64{1}, Data: []byte{9, 0, 0, 0, 1}}, "overruns"},
+		{&hamsv1.Tensor{Name: "f", Datatype: FP32, Shape: []int64{1 << 62, 1 << 62}}, "overflows"},
+		{nil, "nil tensor"},
+	}
+	for _, c := range cases {
+		err := Validate(c.t)
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate(%v) = %v, want %q", c.t, err, c.want)
+		}
+	}
+	ok := &hamsv1.Tensor{Name: "s", Datatype: Bytes, Shape: []int64{2}, Data: append(bytesElem("hi"), bytesElem("")...)}
+	if err := Validate(ok); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConcatSplit(t *testing.T) {
+	a := FromFloat32("x", []int64{1, 2}, []float32{1, 2})
+	b := FromFloat32("x", []int64{2, 2}, []float32{3, 4, 5, 6})
+	c, err := Concat([]*hamsv1.Tensor{a, b})
+	if err != nil || c.Shape[0] != 3 || c.Shape[1] != 2 {
+		t.Fatal(c, err)
+	}
+	parts, err := Split(c, []uint32{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Digest(parts[0]) != Digest(a) || Digest(parts[1]) != Digest(b) {
+		t.Fatal("split does not invert concat")
+	}
+	if _, err := Split(c, []uint32{1, 1}); err == nil {
+		t.Fatal("split with wrong row count accepted")
+	}
+	bad := FromFloat32("x", []int64{1, 3}, []float32{1, 2, 3})
+	if _, err := Concat([]*hamsv1.Tensor{a, bad}); err == nil || !strings.Contains(err.Error(), "batching shape") {
+		t.Fatalf("concat of mismatched shapes: %v", err)
+	}
+	if _, err := Concat([]*hamsv1.Tensor{a, FromInt64("x", []int64{1, 2}, []int64{1, 2})}); err == nil {
+		t.Fatal("concat of mismatched dtypes accepted")
+	}
+}
