@@ -1,0 +1,172 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// ErrClosed is returned by a watch whose consumer stopped unexpectedly.
+var ErrClosed = errors.New("coord: watch closed")
+
+// Coord publishes and watches the protocol's notices of one deployment.
+type Coord struct {
+	js         jetstream.JetStream
+	deployment string
+}
+
+func streamName(dep, what string) string {
+	r := strings.NewReplacer(".", "_", "-", "_", " ", "_", "*", "_", ">", "_")
+	return "HAMS_" + r.Replace(dep) + "_" + what
+}
+
+// DurableSubject is the subject of model's durability notices.
+func DurableSubject(dep, model string) string { return "hams." + dep + ".durable." + model }
+
+// CompletedSubject is the subject of the frontend's completion notices.
+func CompletedSubject(dep string) string { return "hams." + dep + ".completed" }
+
+// Open creates (or updates) the deployment's streams. replicas is 1 on the
+// embedded default and 3 on an external cluster.
+func Open(ctx context.Context, nc *nats.Conn, deployment string, replicas int) (*Coord, error) {
+	if replicas < 1 {
+		replicas = 1
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("coord: jetstream context: %w", err)
+	}
+	cfgs := []jetstream.StreamConfig{
+		{
+			Name:              streamName(deployment, "DURABLE"),
+			Subjects:          []string{DurableSubject(deployment, "*")},
+			Storage:           jetstream.FileStorage,
+			Replicas:          replicas,
+			MaxMsgsPerSubject: 16,
+			Duplicates:        2 * time.Minute,
+			Discard:           jetstream.DiscardOld,
+		},
+		{
+			Name:       streamName(deployment, "COMPLETED"),
+			Subjects:   []string{CompletedSubject(deployment)},
+			Storage:    jetstream.FileStorage,
+			Replicas:   replicas,
+			MaxMsgs:    4096,
+			Duplicates: 2 * time.Minute,
+			Discard:    jetstream.DiscardOld,
+		},
+	}
+	for _, c := range cfgs {
+		if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
+			return nil, fmt.Errorf("coord: create stream %s: %w", c.Name, err)
+		}
+	}
+	return &Coord{js: js, deployment: deployment}, nil
+}
+
+// Announce publishes that n.Model is durable up to n.DurableSeq.
+func (c *Coord) Announce(ctx context.Context, n *hamsv1.DurabilityNotice) error {
+	b, err := proto.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("coord: encode durability notice: %w", err)
+	}
+	id := fmt.Sprintf("d/%s/%d/%d", n.Model, n.Epoch, n.DurableSeq)
+	if _, err := c.js.Publish(ctx, DurableSubject(c.deployment, n.Model), b, jetstream.WithMsgID(id)); err != nil {
+		return fmt.Errorf("coord: announce %s durable to %d: %w", n.Model, n.DurableSeq, err)
+	}
+	return nil
+}
+
+// Complete publishes that requests left the graph.
+func (c *Coord) Complete(ctx context.Context, n *hamsv1.CompletionNotice) error {
+	if len(n.ReqIds) == 0 {
+		return nil
+	}
+	b, err := proto.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("coord: encode completion notice: %w", err)
+	}
+	id := fmt.Sprintf("c/%s/%d/%d", n.Frontend, n.ReqIds[0], len(n.ReqIds))
+	if _, err := c.js.Publish(ctx, CompletedSubject(c.deployment), b, jetstream.WithMsgID(id)); err != nil {
+		return fmt.Errorf("coord: publish completion of %d requests: %w", len(n.ReqIds), err)
+	}
+	return nil
+}
+
+// WatchDurable calls fn for the last notice of each of models and then for
+// every new one, in stream order, until ctx ends. fn runs on one goroutine
+// and must not block for long.
+func (c *Coord) WatchDurable(ctx context.Context, models []string, fn func(*hamsv1.DurabilityNotice)) error {
+	if len(models) == 0 {
+		<-ctx.Done()
+		return nil
+	}
+	subs := make([]string, len(models))
+	for i, m := range models {
+		subs[i] = DurableSubject(c.deployment, m)
+	}
+	return c.watch(ctx, streamName(c.deployment, "DURABLE"), jetstream.OrderedConsumerConfig{
+		FilterSubjects: subs,
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	}, func(b []byte) error {
+		n := &hamsv1.DurabilityNotice{}
+		if err := proto.Unmarshal(b, n); err != nil {
+			return fmt.Errorf("coord: decode durability notice: %w", err)
+		}
+		fn(n)
+		return nil
+	})
+}
+
+// WatchCompleted calls fn for every completion notice published from now on.
+func (c *Coord) WatchCompleted(ctx context.Context, fn func(*hamsv1.CompletionNotice)) error {
+	return c.watch(ctx, streamName(c.deployment, "COMPLETED"), jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	}, func(b []byte) error {
+		n := &hamsv1.CompletionNotice{}
+		if err := proto.Unmarshal(b, n); err != nil {
+			return fmt.Errorf("coord: decode completion notice: %w", err)
+		}
+		fn(n)
+		return nil
+	})
+}
+
+func (c *Coord) watch(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig, fn func([]byte) error) error {
+	cons, err := c.js.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return fmt.Errorf("coord: consumer on %s: %w", stream, err)
+	}
+	errc := make(chan error, 1)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if err := fn(m.Data()); err != nil {
+			select {
+			case errc <- err:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("coord: consume %s: %w", stream, err)
+	}
+	defer cc.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	case <-cc.Closed():
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("%w: %s", ErrClosed, stream)
+	}
+}

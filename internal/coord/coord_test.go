@@ -1,0 +1,130 @@
+package coord
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+func embedded(t *testing.T) *nats.Conn {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close(); s.Shutdown(); s.WaitForShutdown() })
+	return nc
+}
+
+type seen struct {
+	mu sync.Mutex
+	d  map[string]uint64
+	n  int
+}
+
+func (s *seen) get(m string) uint64 { s.mu.Lock(); defer s.mu.Unlock(); return s.d[m] }
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestDurabilityNoticesLateWatcherSeesLastPerModel(t *testing.T) {
+	nc := embedded(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := Open(ctx, nc, "t-1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 5; seq++ {
+		if err := c.Announce(ctx, &hamsv1.DurabilityNotice{Model: "a", DurableSeq: seq}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A retried publish is deduplicated by its message id.
+	if err := c.Announce(ctx, &hamsv1.DurabilityNotice{Model: "a", DurableSeq: 5}); err != nil {
+		t.Fatal(err)
+	}
+	c.Announce(ctx, &hamsv1.DurabilityNotice{Model: "b", DurableSeq: 7})
+	c.Announce(ctx, &hamsv1.DurabilityNotice{Model: "zz", DurableSeq: 9})
+
+	s := &seen{d: map[string]uint64{}}
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchDurable(ctx, []string{"a", "b"}, func(n *hamsv1.DurabilityNotice) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.n++
+			if n.DurableSeq > s.d[n.Model] {
+				s.d[n.Model] = n.DurableSeq
+			}
+		})
+	}()
+	waitFor(t, "last notices", func() bool { return s.get("a") == 5 && s.get("b") == 7 })
+	s.mu.Lock()
+	if s.n != 2 {
+		t.Errorf("late watcher got %d notices, want the last one per model (2)", s.n)
+	}
+	s.mu.Unlock()
+	c.Announce(ctx, &hamsv1.DurabilityNotice{Model: "a", DurableSeq: 6})
+	waitFor(t, "new notice", func() bool { return s.get("a") == 6 })
+	if s.get("zz") != 0 {
+		t.Fatal("watcher got a model it did not ask for")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCompletionNotices(t *testing.T) {
+	nc := embedded(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := Open(ctx, nc, "t2", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []uint64
+	ready := make(chan struct{})
+	go func() {
+		close(ready)
+		c.WatchCompleted(ctx, func(n *hamsv1.CompletionNotice) {
+			mu.Lock()
+			got = append(got, n.ReqIds...)
+			mu.Unlock()
+		})
+	}()
+	<-ready
+	// The watcher delivers only new notices; publish until it has seen one.
+	next := uint64(1)
+	waitFor(t, "completion", func() bool {
+		c.Complete(ctx, &hamsv1.CompletionNotice{Frontend: "f", ReqIds: []uint64{next, next + 1, next + 2}})
+		next += 3
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= 3
+	})
+}
