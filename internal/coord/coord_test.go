@@ -12,7 +12,7 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-func embedded(t *testing.T) *nats.Conn {
+func embedded(t testing.TB) *nats.Conn {
 	t.Helper()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {
