@@ -1,0 +1,93 @@
+// Package reference is the sidecar Backend over the hamsv1.ModelRuntime gRPC
+// API, which the project's reference model server (adapters/refserver)
+// implements for every model it hosts. gRPC status codes of the model
+// server reach the sidecar unchanged (InvalidArgument stays
+// InvalidArgument, so the sidecar can re-run a rejected batch per request).
+package reference
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Backend drives one model of a reference model server.
+type Backend struct {
+	rt      hamsv1.ModelRuntimeClient
+	model   string
+	timeout time.Duration
+}
+
+// New creates a Backend for model over cc (owned by the caller). timeout
+// bounds every call (0: only the caller's context).
+func New(cc grpc.ClientConnInterface, model string, timeout time.Duration) *Backend {
+	return &Backend{rt: hamsv1.NewModelRuntimeClient(cc), model: model, timeout: timeout}
+}
+
+func (b *Backend) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if b.timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, b.timeout)
+}
+
+// mapErr keeps a gRPC status code and message, prefixed with what was
+// attempted; context errors become their status codes.
+func (b *Backend) mapErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Errorf(codes.DeadlineExceeded, "reference %s %s: %v", b.model, op, err)
+	case errors.Is(err, context.Canceled):
+		return status.Errorf(codes.Canceled, "reference %s %s: %v", b.model, op, err)
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return status.Errorf(codes.Unknown, "reference %s %s: %v", b.model, op, err)
+	}
+	return status.Errorf(st.Code(), "reference %s %s: %s", b.model, op, st.Message())
+}
+
+// Describe asks the model server for the model's inputs, outputs and state.
+func (b *Backend) Describe(ctx context.Context) (*hamsv1.ModelDescription, error) {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	d, err := b.rt.Describe(ctx, &hamsv1.DescribeRequest{Model: b.model})
+	return d, b.mapErr("describe", err)
+}
+
+// Infer runs one batch (stateless, or compute+update in bare mode).
+func (b *Backend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	if req.GetModel() == "" {
+		req.Model = b.model
+	}
+	resp, err := b.rt.Infer(ctx, req)
+	return resp, b.mapErr("infer", err)
+}
+
+// Health is nil when the model is live and ready.
+func (b *Backend) Health(ctx context.Context) error {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	h, err := b.rt.Health(ctx, &hamsv1.HealthRequest{Model: b.model})
+	if err != nil {
+		return b.mapErr("health", err)
+	}
+	if !h.GetLive() || !h.GetReady() {
+		return status.Errorf(codes.Unavailable, "reference %s: not ready (live %v, ready %v): %s", b.model, h.GetLive(), h.GetReady(), h.GetDetail())
+	}
+	return nil
+}
+
+// Close releases nothing: the connection belongs to the caller.
+func (b *Backend) Close() error { return nil }

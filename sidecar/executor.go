@@ -1,0 +1,271 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// executor runs batches one at a time. It first learns the backend's
+// inputs (Describe, retried until it answers), then reports idle after
+// every batch.
+func (s *Sidecar) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) {
+	if !s.describe(ctx) {
+		return
+	}
+	for {
+		select {
+		case idle <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case b := <-work:
+			s.execute(ctx, b)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Sidecar) describe(ctx context.Context) bool {
+	wait := describeRetry
+	for attempt := 0; ; attempt++ {
+		d, err := s.cfg.Backend.Describe(ctx)
+		if err == nil {
+			s.setDescription(d)
+			s.log.Info("backend described", "kind", d.GetKind(), "stateful", d.GetStateful(), "inputs", inputNames(d))
+			return true
+		}
+		if attempt == 0 {
+			s.log.Info("backend not describable yet, retrying", "err", err)
+		} else {
+			s.log.Debug("backend describe failed", "attempt", attempt, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+func inputNames(d *hamsv1.ModelDescription) []string {
+	var out []string
+	for _, in := range d.GetInputs() {
+		out = append(out, in.GetName())
+	}
+	return out
+}
+
+func (s *Sidecar) setDescription(d *hamsv1.ModelDescription) {
+	s.desc = d
+	s.anyIn = len(d.GetInputs()) == 0
+	for _, in := range d.GetInputs() {
+		if in.GetName() == AnyInput {
+			s.anyIn = true
+		}
+	}
+}
+
+// request is a joined request prepared for the backend.
+type request struct {
+	j      *Joined
+	inputs []*hamsv1.Tensor
+	rows   uint32
+}
+
+// selectInputs picks the tensors the backend declares (all of them for
+// "*"), from the parts in predecessor order, and validates them.
+func (s *Sidecar) selectInputs(j *Joined) ([]*hamsv1.Tensor, uint32, error) {
+	var ins []*hamsv1.Tensor
+	if s.anyIn {
+		if len(j.Parts) == 1 {
+			ins = j.Parts[0].GetTensors()
+		} else {
+			for _, p := range j.Parts {
+				ins = append(ins, p.GetTensors()...)
+			}
+		}
+	} else {
+		ins = make([]*hamsv1.Tensor, 0, len(s.desc.GetInputs()))
+		for _, spec := range s.desc.GetInputs() {
+			t := findTensor(j.Parts, spec.GetName())
+			if t == nil {
+				return nil, 0, fmt.Errorf("missing input %q", spec.GetName())
+			}
+			if spec.GetDatatype() != "" && t.GetDatatype() != spec.GetDatatype() {
+				return nil, 0, fmt.Errorf("input %q: datatype %s, want %s", spec.GetName(), t.GetDatatype(), spec.GetDatatype())
+			}
+			ins = append(ins, t)
+		}
+	}
+	if len(ins) == 0 {
+		return nil, 0, errors.New("no input tensors")
+	}
+	var rows int64 = -1
+	for _, t := range ins {
+		if err := tensor.Validate(t); err != nil {
+			return nil, 0, err
+		}
+		if len(t.GetShape()) == 0 {
+			return nil, 0, fmt.Errorf("input %q is a scalar (batch dimension 0 required)", t.GetName())
+		}
+		r := t.GetShape()[0]
+		if rows >= 0 && r != rows {
+			return nil, 0, fmt.Errorf("input %q has %d rows, other inputs %d", t.GetName(), r, rows)
+		}
+		rows = r
+	}
+	if rows > 1<<31 {
+		return nil, 0, fmt.Errorf("input of %d rows", rows)
+	}
+	return ins, uint32(rows), nil
+}
+
+func findTensor(parts []*hamsv1.Item, name string) *hamsv1.Tensor {
+	for _, p := range parts {
+		for _, t := range p.GetTensors() {
+			if t.GetName() == name {
+				return t
+			}
+		}
+	}
+	return nil
+}
+
+// execute runs one batch: deadline and input checks per request, then the
+// backend on the valid ones.
+func (s *Sidecar) execute(ctx context.Context, batch []*Joined) {
+	now := time.Now().UnixNano()
+	reqs := make([]request, 0, len(batch))
+	for _, j := range batch {
+		if j.Deadline != 0 && now >= j.Deadline {
+			s.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
+			continue
+		}
+		ins, rows, err := s.selectInputs(j)
+		if err != nil {
+			s.fail(j, codes.InvalidArgument, err.Error())
+			continue
+		}
+		reqs = append(reqs, request{j: j, inputs: ins, rows: rows})
+	}
+	if len(reqs) > 0 {
+		s.run(ctx, reqs)
+	}
+}
+
+// run calls the backend on reqs; a batch rejected as InvalidArgument is
+// re-run request by request so only the bad request fails.
+func (s *Sidecar) run(ctx context.Context, reqs []request) {
+	outs, err := s.infer(ctx, reqs)
+	if err != nil {
+		code := status.Code(err)
+		if code == codes.InvalidArgument && len(reqs) > 1 {
+			s.log.Debug("batch rejected as invalid, re-running requests one by one", "size", len(reqs), "err", err)
+			for i := range reqs {
+				s.run(ctx, reqs[i:i+1])
+			}
+			return
+		}
+		if ctx.Err() != nil && code != codes.InvalidArgument {
+			code = codes.Unavailable
+		}
+		msg := err.Error()
+		if st, ok := status.FromError(err); ok {
+			msg = st.Message()
+		}
+		for _, r := range reqs {
+			s.fail(r.j, code, msg)
+		}
+		return
+	}
+	s.finish(reqs, outs)
+}
+
+// infer builds the batch request and splits the response per request.
+func (s *Sidecar) infer(ctx context.Context, reqs []request) ([][]*hamsv1.Tensor, error) {
+	n := len(reqs)
+	width := len(reqs[0].inputs)
+	req := &hamsv1.BatchRequest{Model: s.model.Backend.Model, Rows: make([]uint32, n), StreamIds: make([]string, n)}
+	s.batchID++
+	req.BatchId = s.batchID
+	for i, r := range reqs {
+		if len(r.inputs) != width {
+			return nil, status.Errorf(codes.InvalidArgument, "request %d has %d inputs, request 0 has %d", r.j.ReqID, len(r.inputs), width)
+		}
+		req.Rows[i] = r.rows
+		req.StreamIds[i] = r.j.Parts[0].GetStreamId()
+	}
+	req.Inputs = make([]*hamsv1.Tensor, width)
+	parts := make([]*hamsv1.Tensor, n)
+	for k := 0; k < width; k++ {
+		for i, r := range reqs {
+			parts[i] = r.inputs[k]
+		}
+		t, err := tensor.Concat(parts)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		req.Inputs[k] = t
+	}
+	start := time.Now()
+	resp, err := s.cfg.Backend.Infer(ctx, req)
+	s.metrics.backend.Observe(time.Since(start).Seconds())
+	s.metrics.batches.Inc()
+	s.metrics.batchSize.Observe(float64(n))
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.GetRows()) != n {
+		return nil, status.Errorf(codes.Internal, "backend returned rows for %d requests, batch has %d", len(resp.GetRows()), n)
+	}
+	outs := make([][]*hamsv1.Tensor, n)
+	flat := make([]*hamsv1.Tensor, n*len(resp.GetOutputs()))
+	for i := range outs {
+		outs[i] = flat[i*len(resp.GetOutputs()) : i*len(resp.GetOutputs()) : (i+1)*len(resp.GetOutputs())]
+	}
+	for _, o := range resp.GetOutputs() {
+		if n == 1 {
+			outs[0] = append(outs[0], o)
+			continue
+		}
+		split, err := tensor.Split(o, resp.GetRows())
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "backend output: %v", err)
+		}
+		for i := range outs {
+			outs[i] = append(outs[i], split[i])
+		}
+	}
+	return outs, nil
+}
+
+// finish records lineage and forwards every request's outputs. The state
+// manager (replication) hooks in here: after compute, before release.
+func (s *Sidecar) finish(reqs []request, outs [][]*hamsv1.Tensor) {
+	start := time.Now()
+	parts := make([][]*hamsv1.Item, len(reqs))
+	for i, r := range reqs {
+		parts[i] = r.j.Parts
+	}
+	_, lineages := s.lineage.RecordBatch(parts, outs)
+	s.metrics.lineage.Observe(time.Since(start).Seconds())
+	s.metrics.requests.Add(float64(len(reqs)))
+	for i, r := range reqs {
+		p0 := r.j.Parts[0]
+		s.fanOut(&hamsv1.Item{
+			ReqId: r.j.ReqID, Service: p0.GetService(), StreamId: p0.GetStreamId(),
+			Tensors: outs[i], Lineage: lineages[i], DeadlineUnixNano: r.j.Deadline,
+		})
+	}
+}

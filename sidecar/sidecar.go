@@ -1,0 +1,403 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Backend is the model server a sidecar drives; adapters implement it.
+type Backend interface {
+	Describe(ctx context.Context) (*hamsv1.ModelDescription, error)
+	Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error)
+	Health(ctx context.Context) error
+	Close() error
+}
+
+// Resolver finds live instances (implemented by manager/client.Client).
+type Resolver interface {
+	// Resolve returns the dataplane gRPC address of the live instance that
+	// receives traffic for model (or for config.Frontend), and its epoch.
+	Resolve(model string) (addr string, epoch uint64, ok bool)
+	// Changed is closed (and replaced) whenever the topology changes.
+	Changed() <-chan struct{}
+}
+
+// ErrConfig is wrapped by every configuration error of New.
+var ErrConfig = errors.New("sidecar: invalid config")
+
+// Config of a sidecar.
+type Config struct {
+	Deployment   *config.Deployment
+	Model        string
+	Backend      Backend
+	Resolver     Resolver
+	GRPCListener net.Listener // serves hamsv1.Dataplane (+ Replication later)
+	Logger       *slog.Logger
+	Registry     *prometheus.Registry
+}
+
+// AnyInput is the declared input name that accepts every tensor of a request.
+const AnyInput = "*"
+
+const (
+	inboxSize      = 4096
+	maxWaitingJoin = 4096
+	describeRetry  = 50 * time.Millisecond
+	stopGrace      = 50 * time.Millisecond
+)
+
+// Sidecar is one model's proxy.
+type Sidecar struct {
+	cfg        Config
+	log        *slog.Logger
+	model      *config.Model
+	service    string
+	succs      []string
+	maxMsg     int
+	metrics    *metrics
+	serverOpts []grpc.ServerOption
+
+	receiver *edge.Receiver
+	senders  []*edge.Sender // one per successor, in Graph.Succ order
+
+	// Owned by the loop goroutine.
+	joiner  *Joiner
+	batcher *Batcher[*Joined]
+
+	// Owned by the executor goroutine.
+	lineage *Lineage
+	desc    *hamsv1.ModelDescription
+	anyIn   bool
+	batchID uint64
+
+	inbox   chan *hamsv1.Item
+	done    chan struct{} // closed when Run's context ends
+	started atomic.Bool
+}
+
+// New validates cfg and builds the sidecar (no I/O).
+func New(cfg Config) (*Sidecar, error) {
+	var errs []error
+	bad := func(f string, a ...any) { errs = append(errs, fmt.Errorf("%w: "+f, append([]any{ErrConfig}, a...)...)) }
+	if cfg.Deployment == nil {
+		bad("no deployment")
+	}
+	if cfg.Backend == nil {
+		bad("no backend")
+	}
+	if cfg.Resolver == nil {
+		bad("no resolver")
+	}
+	if cfg.GRPCListener == nil {
+		bad("no gRPC listener")
+	}
+	if cfg.Deployment != nil {
+		switch m := cfg.Deployment.Model(cfg.Model); {
+		case cfg.Model == "":
+			bad("no model")
+		case m == nil:
+			bad("model %q is not in deployment %q", cfg.Model, cfg.Deployment.Name)
+		case cfg.Deployment.ServiceOf(cfg.Model) == nil:
+			bad("model %q belongs to no service", cfg.Model)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("model", cfg.Model)
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m := cfg.Deployment.Model(cfg.Model)
+	svc := cfg.Deployment.ServiceOf(cfg.Model)
+	g := svc.Graph()
+	s := &Sidecar{
+		cfg: cfg, log: log, model: m, service: svc.Name, succs: g.Succ(cfg.Model),
+		maxMsg:  cfg.Deployment.Limits.MaxMessageBytes,
+		metrics: newMetrics(reg, cfg.Model),
+		batcher: NewBatcher[*Joined](m.Batch.Size, m.Batch.MaxWait.D()),
+		lineage: NewLineage(cfg.Model, 0),
+		inbox:   make(chan *hamsv1.Item, inboxSize),
+		done:    make(chan struct{}),
+	}
+	grpcM := grpcx.NewServerMetrics(reg)
+	s.serverOpts = grpcx.ServerOptions(log, grpcM, s.maxMsg)
+	var err error
+	if s.joiner, err = NewJoiner(g.Pred(cfg.Model), m.FanIn, maxWaitingJoin); err != nil {
+		return nil, fmt.Errorf("%w: model %q: %v", ErrConfig, cfg.Model, err)
+	}
+	s.receiver = edge.NewReceiver(cfg.Model, s.deliver, log)
+	for _, to := range s.succs {
+		snd, err := edge.NewSender(edge.SenderConfig{
+			From: cfg.Model, To: to, Resolver: cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: log,
+			Epoch: s.epoch,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		s.senders = append(s.senders, snd)
+	}
+	return s, nil
+}
+
+// epoch is this model's own epoch as the topology knows it.
+func (s *Sidecar) epoch() uint64 {
+	_, ep, _ := s.cfg.Resolver.Resolve(s.cfg.Model)
+	return ep
+}
+
+// Receiver exposes the inbound edges (max_in_order per predecessor).
+func (s *Sidecar) Receiver() *edge.Receiver { return s.receiver }
+
+// deliver is the Receiver's callback: it blocks while the inbox is full,
+// which stops the stream and pushes back on the sender.
+func (s *Sidecar) deliver(_ string, items []*hamsv1.Item) {
+	for _, it := range items {
+		select {
+		case s.inbox <- it:
+		case <-s.done:
+			return
+		}
+	}
+}
+
+// Run serves the dataplane and drives the backend until ctx ends.
+func (s *Sidecar) Run(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return errors.New("sidecar: Run called twice")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv := grpc.NewServer(s.serverOpts...)
+	hamsv1.RegisterDataplaneServer(srv, s.receiver)
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 2+len(s.senders))
+	goRun := func(name string, f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("sidecar %s: %s: %w", s.cfg.Model, name, err)
+				cancel()
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		close(s.done)
+	}()
+	goRun("dataplane server", func(ctx context.Context) error {
+		return grpcx.Serve(ctx, srv, s.cfg.GRPCListener, stopGrace)
+	})
+	for _, snd := range s.senders {
+		goRun("sender", snd.Run)
+	}
+	work := make(chan []*Joined)
+	idle := make(chan struct{})
+	goRun("executor", func(ctx context.Context) error { s.executor(ctx, work, idle); return nil })
+	goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
+	s.log.Info("sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "service", s.service,
+		"successors", s.succs, "batch", s.model.Batch.Size, "fan_in", s.model.FanIn)
+	wg.Wait()
+	close(errc)
+	var err error
+	for e := range errc {
+		err = errors.Join(err, e)
+	}
+	s.log.Info("sidecar stopped", "err", err)
+	return err
+}
+
+// loop owns the Joiner and Batcher: it accepts items, forms requests, and
+// hands a batch to the executor whenever the executor is idle and no
+// out-edge is over its backlog bound.
+func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan struct{}) {
+	busy := true // until the executor has described the backend
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		now := time.Now()
+		for _, j := range s.joiner.Expire(now) {
+			s.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
+		}
+		blocked := false
+		if !busy && s.batcher.Len() > 0 {
+			if blocked = s.sendersFull(); !blocked {
+				if b := s.batcher.Ready(now); b != nil {
+					select {
+					case work <- b:
+						busy = true
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}
+		s.metrics.queue.Set(float64(s.batcher.Len() + s.joiner.Waiting()))
+		var wake time.Time
+		if !busy && !blocked {
+			wake = s.batcher.NextDeadline()
+		}
+		if blocked {
+			wake = now.Add(time.Millisecond)
+		}
+		if d := s.joiner.NextDeadline(); !d.IsZero() && (wake.IsZero() || d.Before(wake)) {
+			wake = d
+		}
+		if !wake.IsZero() {
+			timer.Reset(max(wake.Sub(now), 0))
+		} else {
+			timer.Stop()
+		}
+		select {
+		case it := <-s.inbox:
+			s.accept(it, now)
+			// Take what else is queued before batching (amortizes wakeups).
+			for n := 0; n < 256; n++ {
+				select {
+				case it := <-s.inbox:
+					s.accept(it, time.Now())
+					continue
+				default:
+				}
+				break
+			}
+		case <-idle:
+			busy = false
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Sidecar) sendersFull() bool {
+	for _, snd := range s.senders {
+		if snd.Full() {
+			return true
+		}
+	}
+	return false
+}
+
+// accept runs one inbound item through the Joiner.
+func (s *Sidecar) accept(it *hamsv1.Item, now time.Time) {
+	s.metrics.itemsIn.Inc()
+	j, evicted, err := s.joiner.Add(it)
+	for _, e := range evicted {
+		s.fail(e, codes.ResourceExhausted, "too many incomplete joins")
+	}
+	if err != nil {
+		reason := "unknown_pred"
+		switch {
+		case errors.Is(err, ErrLatePart):
+			reason = "late_part"
+		case errors.Is(err, ErrDupPart):
+			reason = "dup_part"
+		}
+		s.metrics.dropped.WithLabelValues(reason).Inc()
+		s.log.Warn("dropping inbound item", "req_id", it.GetReqId(), "from", it.GetFromModel(), "err", err)
+		return
+	}
+	if j == nil {
+		return
+	}
+	if hasError(j) {
+		s.passError(j)
+		return
+	}
+	if j.Deadline != 0 && now.UnixNano() >= j.Deadline {
+		s.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
+		return
+	}
+	s.batcher.Add(j, now)
+}
+
+func hasError(j *Joined) bool {
+	for _, p := range j.Parts {
+		if p != nil && (p.GetError() != "" || p.GetErrorCode() != 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// passError forwards the first upstream error of j unchanged.
+func (s *Sidecar) passError(j *Joined) {
+	for _, p := range j.Parts {
+		if p != nil && (p.GetError() != "" || p.GetErrorCode() != 0) {
+			code := codes.Code(p.GetErrorCode())
+			if code == codes.OK {
+				code = codes.Unknown
+			}
+			s.sendError(j, code, p.GetError())
+			return
+		}
+	}
+}
+
+// fail turns request j into an error item from this model.
+func (s *Sidecar) fail(j *Joined, code codes.Code, msg string) {
+	if hasError(j) {
+		s.passError(j)
+		return
+	}
+	s.metrics.errors.WithLabelValues(code.String()).Inc()
+	s.log.Debug("request failed", "req_id", j.ReqID, "code", code, "err", msg)
+	s.sendError(j, code, fmt.Sprintf("model %s: %s", s.cfg.Model, msg))
+}
+
+func (s *Sidecar) sendError(j *Joined, code codes.Code, msg string) {
+	var parts []*hamsv1.Item
+	for _, p := range j.Parts {
+		if p != nil {
+			parts = append(parts, p)
+		}
+	}
+	it := &hamsv1.Item{
+		ReqId: j.ReqID, Lineage: MergeLineage(nil, parts), DeadlineUnixNano: j.Deadline,
+		Error: msg, ErrorCode: int32(code),
+	}
+	if len(parts) > 0 {
+		it.Service, it.StreamId = parts[0].GetService(), parts[0].GetStreamId()
+	}
+	s.fanOut(it)
+}
+
+// fanOut sends it to every successor (one copy per out-edge, sharing
+// tensors and lineage: Send stamps edge_seq on its own copy).
+func (s *Sidecar) fanOut(it *hamsv1.Item) {
+	for i, snd := range s.senders {
+		c := it
+		if i < len(s.senders)-1 {
+			c = &hamsv1.Item{
+				ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
+				Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Error: it.Error, ErrorCode: it.ErrorCode,
+			}
+		}
+		snd.Send(c)
+	}
+}
