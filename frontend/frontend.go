@@ -1,0 +1,633 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Resolver finds the live instance of a model (same shape as
+// sidecar.Resolver; implemented by manager/client.Client).
+type Resolver interface {
+	// Resolve returns the dataplane gRPC address of the live instance that
+	// receives traffic for model, and its epoch.
+	Resolve(model string) (addr string, epoch uint64, ok bool)
+	// Changed is closed (and replaced) whenever the topology changes.
+	Changed() <-chan struct{}
+}
+
+// Defaults of the optional Config fields.
+const (
+	DefaultReplyCacheSize = 16384
+	DefaultReplyCacheTTL  = 5 * time.Minute
+	// shutdownGrace bounds the graceful stop of the servers.
+	shutdownGrace = 2 * time.Second
+)
+
+// Sentinel errors.
+var (
+	// ErrConfig is wrapped by every error New returns for a bad Config.
+	ErrConfig = errors.New("frontend: invalid config")
+	// ErrShutdown answers requests still pending when Run ends.
+	ErrShutdown = errors.New("frontend: shutting down")
+)
+
+// Config configures a Frontend. Deployment, Resolver and GRPCListener are
+// required; HTTPListener is optional (no HTTP API without it).
+type Config struct {
+	Deployment   *config.Deployment
+	Resolver     Resolver
+	GRPCListener net.Listener // hamsv1.Frontend (client API) and hamsv1.Dataplane (sink edges)
+	HTTPListener net.Listener // HTTP/JSON client API, /metrics, /healthz
+	Logger       *slog.Logger
+	Registry     *prometheus.Registry
+
+	// ReplyCacheSize bounds the answers kept for idempotent retries
+	// (default DefaultReplyCacheSize; negative disables the cache of
+	// answered requests, in-flight retries still join).
+	ReplyCacheSize int
+	// ReplyCacheTTL is how long an answer is kept (default
+	// DefaultReplyCacheTTL).
+	ReplyCacheTTL time.Duration
+}
+
+// sender is what the frontend needs of an outbound edge (edge.Sender).
+type sender interface {
+	Run(ctx context.Context) error
+	Send(items ...*hamsv1.Item)
+	Full() bool
+}
+
+// Frontend serves the client APIs and collects replies from the sink edges.
+type Frontend struct {
+	cfg      Config
+	log      *slog.Logger
+	maxBytes int
+	timeout  time.Duration
+	now      func() time.Time
+	m        *metrics
+
+	services map[string]*serviceInfo
+	svcOrder []string
+	// senders holds one outbound edge per entry model (a model serves one
+	// service, so entry models are distinct across services).
+	senders  map[string]sender
+	receiver *edge.Receiver
+	grpc     *grpc.Server
+	http     http.Handler
+
+	// kick wakes the expiry loop when an earlier deadline was added.
+	kick chan struct{}
+
+	// mu guards the request table, the calls, the in-flight index and the
+	// reply cache. Invariant: calls and table.pending hold the same req_ids;
+	// inflight holds exactly the calls with a request_id that are not done.
+	mu       sync.Mutex
+	table    *table
+	calls    map[uint64]*call
+	inflight map[idemKey]*call
+	cache    *replyCache
+	closed   bool
+	// active counts client calls inside predict; drained is closed when
+	// it is zero after closed was set.
+	active  int
+	drained chan struct{}
+}
+
+// call is one execution of a client request, shared by every client call
+// that carries its request_id while it runs.
+type call struct {
+	reqID   uint64
+	service string
+	key     idemKey
+	hasKey  bool
+	waiters int
+	done    chan struct{} // closed once resp/err are set
+	resp    *hamsv1.PredictResponse
+	err     error
+}
+
+// New validates cfg and builds the frontend (no I/O).
+func New(cfg Config) (*Frontend, error) {
+	if cfg.Deployment == nil {
+		return nil, fmt.Errorf("%w: no deployment", ErrConfig)
+	}
+	if cfg.Resolver == nil {
+		return nil, fmt.Errorf("%w: no resolver", ErrConfig)
+	}
+	if cfg.GRPCListener == nil {
+		return nil, fmt.Errorf("%w: no gRPC listener", ErrConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.ReplyCacheSize == 0 {
+		cfg.ReplyCacheSize = DefaultReplyCacheSize
+	}
+	if cfg.ReplyCacheTTL <= 0 {
+		cfg.ReplyCacheTTL = DefaultReplyCacheTTL
+	}
+	d := cfg.Deployment
+	f := &Frontend{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "frontend"),
+		maxBytes: d.Limits.MaxMessageBytes,
+		timeout:  d.Limits.RequestTimeout.D(),
+		now:      time.Now,
+		services: map[string]*serviceInfo{},
+		senders:  map[string]sender{},
+		kick:     make(chan struct{}, 1),
+		drained:  make(chan struct{}),
+		table:    newTable(),
+		calls:    map[uint64]*call{},
+		inflight: map[idemKey]*call{},
+		cache:    newReplyCache(cfg.ReplyCacheSize, cfg.ReplyCacheTTL),
+	}
+	if f.maxBytes <= 0 {
+		f.maxBytes = grpcx.DefaultMaxMessageBytes
+	}
+	if f.timeout <= 0 {
+		f.timeout = 10 * time.Second
+	}
+	if len(d.Services) == 0 {
+		return nil, fmt.Errorf("%w: deployment has no services", ErrConfig)
+	}
+	for i := range d.Services {
+		s := newServiceInfo(&d.Services[i])
+		if len(s.entries) == 0 || len(s.sinks) == 0 {
+			return nil, fmt.Errorf("%w: service %q has no entry or no sink model", ErrConfig, s.name)
+		}
+		f.services[s.name] = s
+		f.svcOrder = append(f.svcOrder, s.name)
+		for _, e := range s.entries {
+			if _, dup := f.senders[e]; dup {
+				return nil, fmt.Errorf("%w: model %q is an entry of two services", ErrConfig, e)
+			}
+			snd, err := edge.NewSender(edge.SenderConfig{
+				From: config.Frontend, To: e, Resolver: cfg.Resolver,
+				MaxMessageBytes: f.maxBytes, Logger: cfg.Logger,
+				Epoch: f.epoch,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("frontend: edge to entry model %q: %w", e, err)
+			}
+			f.senders[e] = snd
+		}
+	}
+	m, err := newMetrics(cfg.Registry, f.pendingCount, f.cacheCount)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: register metrics: %w", err)
+	}
+	f.m = m
+	f.receiver = edge.NewReceiver(config.Frontend, f.deliver, cfg.Logger)
+	srvMetrics := grpcx.NewServerMetrics(nil)
+	if err := cfg.Registry.Register(srvMetrics); err != nil {
+		return nil, fmt.Errorf("frontend: register gRPC metrics: %w", err)
+	}
+	f.grpc = grpc.NewServer(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes)...)
+	hamsv1.RegisterFrontendServer(f.grpc, &frontendServer{f: f})
+	hamsv1.RegisterDataplaneServer(f.grpc, f.receiver)
+	srvMetrics.InitializeMetrics(f.grpc)
+	f.http = f.httpHandler()
+	return f, nil
+}
+
+// Handler is the HTTP handler served on HTTPListener (for embedding).
+func (f *Frontend) Handler() http.Handler { return f.http }
+
+// Run serves until ctx ends: the gRPC server, the HTTP server (if a
+// listener was given), one sender per entry edge and the expiry loop. When
+// ctx ends, pending requests are answered Unavailable and Run returns after
+// every goroutine it started has ended.
+func (f *Frontend) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	fail := func(what string, err error) {
+		if err == nil || errors.Is(err, context.Canceled) {
+			return
+		}
+		errOnce.Do(func() { firstErr = fmt.Errorf("frontend: %s: %w", what, err) })
+		cancel()
+	}
+	start := func(what string, fn func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail(what, fn())
+		}()
+	}
+	f.log.Info("frontend serving", "grpc", f.cfg.GRPCListener.Addr().String(), "http", addrOf(f.cfg.HTTPListener),
+		"services", f.svcOrder)
+	for name, s := range f.senders {
+		start("edge to "+name, func() error { return s.Run(ctx) })
+	}
+	start("expiry loop", func() error { f.expiryLoop(ctx); return nil })
+	start("gRPC server", func() error { return f.serveGRPC(ctx) })
+	if f.cfg.HTTPListener != nil {
+		start("HTTP server", func() error { return grpcx.ServeHTTP(ctx, f.http, f.cfg.HTTPListener) })
+	}
+	<-ctx.Done()
+	f.shutdown()
+	wg.Wait()
+	f.log.Info("frontend stopped")
+	return firstErr
+}
+
+func addrOf(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
+
+// serveGRPC serves until ctx ends. Client calls end promptly once shutdown
+// answered what was pending, but the inbound Forward streams of the sink
+// edges never end on their own, so the server is stopped hard once the
+// client calls drained (after a short flush) or shutdownGrace ran out.
+func (f *Frontend) serveGRPC(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- f.grpc.Serve(f.cfg.GRPCListener) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	f.shutdown()
+	grace := time.NewTimer(shutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-f.drained:
+	case <-grace.C:
+	}
+	stopped := make(chan struct{})
+	go func() { f.grpc.GracefulStop(); close(stopped) }()
+	flush := time.NewTimer(100 * time.Millisecond)
+	defer flush.Stop()
+	select {
+	case <-stopped:
+	case <-flush.C:
+		f.grpc.Stop()
+		<-stopped
+	}
+	<-errc
+	return nil
+}
+
+// shutdown answers every pending call with Unavailable and refuses new ones.
+func (f *Frontend) shutdown() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return
+	}
+	f.closed = true
+	if n := len(f.calls); n > 0 {
+		f.log.Info("frontend stopping: answering pending requests Unavailable", "pending", n)
+	}
+	for id, c := range f.calls {
+		f.table.remove(id)
+		f.finishLocked(c, nil, status.Error(codes.Unavailable, ErrShutdown.Error()), false)
+	}
+	if f.active == 0 {
+		close(f.drained)
+	}
+}
+
+// enter counts a client call in; it fails once the frontend shuts down.
+func (f *Frontend) enter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.active++
+	return true
+}
+
+// leave counts a client call out; the last one after shutdown closes
+// drained.
+func (f *Frontend) leave() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.active--
+	if f.closed && f.active == 0 {
+		close(f.drained)
+	}
+}
+
+// expiryLoop expires pending requests at their deadlines (a backstop: a
+// waiting client also gives up on its own context).
+func (f *Frontend) expiryLoop(ctx context.Context) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		f.mu.Lock()
+		for _, c := range f.table.expire(f.now()) {
+			if cl := f.calls[c.reqID]; cl != nil {
+				f.finishLocked(cl, nil, c.err, false)
+			}
+		}
+		next, ok := f.table.nextDeadline()
+		f.mu.Unlock()
+		wait := time.Hour
+		if ok {
+			wait = max(next.Sub(f.now()), time.Millisecond)
+		}
+		t.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// deliver receives in-order items of a sink edge (from the Receiver).
+func (f *Frontend) deliver(from string, items []*hamsv1.Item) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, it := range items {
+		res, comp := f.table.deliver(from, it)
+		switch res {
+		case completed:
+			if c := f.calls[comp.reqID]; c != nil {
+				f.finishLocked(c, comp.resp, comp.err, true)
+			}
+		case partStored:
+			f.log.Debug("sink part arrived", "req_id", it.GetReqId(), "from", from)
+		default:
+			f.m.lateItems.Inc()
+			f.log.Debug("sink item dropped", "req_id", it.GetReqId(), "from", from, "reason", res.String())
+		}
+	}
+}
+
+func (r deliverResult) String() string {
+	switch r {
+	case partStored:
+		return "stored"
+	case completed:
+		return "completed"
+	case unknownReq:
+		return "request not pending"
+	case unexpectedSink:
+		return "not a sink of the service"
+	case duplicatePart:
+		return "duplicate part"
+	}
+	return "unknown"
+}
+
+// finishLocked answers a call once; remember says whether the answer is
+// kept for idempotent retries (replies and model errors are; deadline,
+// cancellation and shutdown are not, so a retry executes again).
+func (f *Frontend) finishLocked(c *call, resp *hamsv1.PredictResponse, err error, remember bool) {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	c.resp, c.err = resp, err
+	close(c.done)
+	delete(f.calls, c.reqID)
+	if c.hasKey {
+		delete(f.inflight, c.key)
+		if remember {
+			f.cache.put(c.key, resp, err, f.now())
+		}
+	}
+}
+
+// epoch is the frontend's own epoch as the topology knows it (0 when it is
+// not registered), stamped on the batches of the entry edges.
+func (f *Frontend) epoch() uint64 {
+	_, ep, _ := f.cfg.Resolver.Resolve(config.Frontend)
+	return ep
+}
+
+func (f *Frontend) pendingCount() float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return float64(f.table.len())
+}
+
+func (f *Frontend) cacheCount() float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return float64(f.cache.len())
+}
+
+// predict is the request path shared by the gRPC and HTTP APIs: validate,
+// join an identical in-flight or answered request, else admit it into the
+// table, send one item per entry model and wait for the sinks.
+func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (resp *hamsv1.PredictResponse, err error) {
+	start := time.Now()
+	svcLabel := unknownService
+	if !f.enter() {
+		f.m.requests.WithLabelValues(svcLabel, codes.Unavailable.String()).Inc()
+		return nil, status.Error(codes.Unavailable, ErrShutdown.Error())
+	}
+	defer f.leave()
+	f.m.inFlight.Inc()
+	defer func() {
+		f.m.inFlight.Dec()
+		code := status.Code(err)
+		f.m.requests.WithLabelValues(svcLabel, code.String()).Inc()
+		f.m.latency.WithLabelValues(svcLabel).Observe(time.Since(start).Seconds())
+		f.log.Debug("predict", "service", req.GetService(), "request_id", req.GetRequestId(),
+			"req_id", resp.GetReqId(), "code", code.String(), "err", err, "elapsed", time.Since(start))
+	}()
+	if req.GetService() == "" {
+		return nil, status.Error(codes.InvalidArgument, "missing service name")
+	}
+	svc := f.services[req.GetService()]
+	if svc == nil {
+		return nil, status.Errorf(codes.NotFound, "unknown service %q", req.GetService())
+	}
+	svcLabel = svc.name
+	if err := svc.validateInputs(req.GetInputs(), f.maxBytes); err != nil {
+		return nil, err
+	}
+	if err := f.checkItemSize(svc, req); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+
+	key := idemKey{service: svc.name, requestID: req.GetRequestId()}
+	hasKey := key.requestID != ""
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, ErrShutdown.Error())
+	}
+	if hasKey {
+		if c := f.inflight[key]; c != nil {
+			c.waiters++
+			f.mu.Unlock()
+			f.m.cacheHits.WithLabelValues(svc.name, "inflight").Inc()
+			return f.wait(ctx, c)
+		}
+		if a, ok := f.cache.get(key, f.now()); ok {
+			f.mu.Unlock()
+			f.m.cacheHits.WithLabelValues(svc.name, "answered").Inc()
+			return a.resp, a.err
+		}
+	}
+	for _, e := range svc.entries {
+		if _, _, ok := f.cfg.Resolver.Resolve(e); !ok {
+			f.mu.Unlock()
+			return nil, status.Errorf(codes.Unavailable, "service %q: entry model %q has no live instance", svc.name, e)
+		}
+		if f.senders[e].Full() {
+			f.mu.Unlock()
+			return nil, status.Errorf(codes.Unavailable, "service %q: entry model %q is backlogged", svc.name, e)
+		}
+	}
+	c := &call{service: svc.name, key: key, hasKey: hasKey, waiters: 1, done: make(chan struct{})}
+	c.reqID = f.table.add(svc.name, req.GetRequestId(), svc.sinks, deadline)
+	f.calls[c.reqID] = c
+	if hasKey {
+		f.inflight[key] = c
+	}
+	if next, _ := f.table.nextDeadline(); next.Equal(deadline) {
+		select {
+		case f.kick <- struct{}{}:
+		default:
+		}
+	}
+	streamID := req.GetStreamId()
+	if streamID == "" {
+		streamID = req.GetRequestId()
+	}
+	if streamID == "" {
+		streamID = fmt.Sprint(c.reqID)
+	}
+	// Items are sent under mu so that edge_seq order equals req_id order on
+	// every entry edge.
+	for _, e := range svc.entries {
+		f.senders[e].Send(&hamsv1.Item{
+			ReqId:            c.reqID,
+			Service:          svc.name,
+			StreamId:         streamID,
+			Tensors:          req.GetInputs(),
+			DeadlineUnixNano: deadline.UnixNano(),
+		})
+	}
+	f.mu.Unlock()
+	f.log.Debug("request admitted", "service", svc.name, "req_id", c.reqID, "request_id", req.GetRequestId(), "stream_id", streamID)
+	return f.wait(ctx, c)
+}
+
+// itemHeadroom is room kept under the message limit for what an item
+// gathers on its way through the graph (lineage entries, batch framing).
+const itemHeadroom = 4096
+
+// checkItemSize refuses a request whose item could not travel an edge: an
+// item over the message limit would be rejected by every receiver and
+// resent forever.
+func (f *Frontend) checkItemSize(svc *serviceInfo, req *hamsv1.PredictRequest) error {
+	it := &hamsv1.Item{ReqId: ^uint64(0), Service: svc.name, StreamId: req.GetStreamId() + req.GetRequestId() + "-",
+		Tensors: req.GetInputs(), EdgeSeq: ^uint64(0), DeadlineUnixNano: -1, FromModel: config.Frontend}
+	size := proto.Size(it)
+	if size+itemHeadroom <= f.maxBytes {
+		return nil
+	}
+	largest := req.GetInputs()[0]
+	for _, t := range req.GetInputs() {
+		if len(t.GetData()) > len(largest.GetData()) {
+			largest = t
+		}
+	}
+	return status.Errorf(codes.ResourceExhausted, "service %q: input %q: request of %d bytes leaves less than %d bytes of room under the %d-byte message limit",
+		svc.name, largest.GetName(), size, itemHeadroom, f.maxBytes)
+}
+
+// wait blocks until the call is answered or this caller's ctx ends. The
+// last caller to give up takes the request out of the table.
+func (f *Frontend) wait(ctx context.Context, c *call) (*hamsv1.PredictResponse, error) {
+	select {
+	case <-c.done:
+		return c.resp, c.err
+	case <-ctx.Done():
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.resp, c.err
+	default:
+	}
+	err := status.FromContextError(ctx.Err()).Err()
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = status.Errorf(codes.DeadlineExceeded, "service %q: request %d: deadline exceeded", c.service, c.reqID)
+	}
+	c.waiters--
+	if c.waiters == 0 {
+		f.table.remove(c.reqID)
+		f.finishLocked(c, nil, err, false)
+	}
+	return nil, err
+}
+
+// listServices describes every service in deployment order.
+func (f *Frontend) listServices() *hamsv1.ListServicesResponse {
+	out := &hamsv1.ListServicesResponse{}
+	for _, n := range f.svcOrder {
+		out.Services = append(out.Services, f.services[n].proto())
+	}
+	return out
+}
+
+// unresolved lists the entry models without a live instance, sorted.
+func (f *Frontend) unresolved() []string {
+	var out []string
+	for e := range f.senders {
+		if _, _, ok := f.cfg.Resolver.Resolve(e); !ok {
+			out = append(out, e)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// frontendServer adapts the Frontend to hamsv1.FrontendServer.
+type frontendServer struct {
+	hamsv1.UnimplementedFrontendServer
+	f *Frontend
+}
+
+func (s *frontendServer) Predict(ctx context.Context, req *hamsv1.PredictRequest) (*hamsv1.PredictResponse, error) {
+	return s.f.predict(ctx, req)
+}
+
+func (s *frontendServer) ListServices(context.Context, *hamsv1.ListServicesRequest) (*hamsv1.ListServicesResponse, error) {
+	return s.f.listServices(), nil
+}

@@ -1,0 +1,5 @@
+package frontend
+
+import "log/slog"
+
+func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }

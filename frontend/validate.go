@@ -1,0 +1,138 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// serviceInfo is what the frontend needs of one service, computed once
+// from the deployment.
+type serviceInfo struct {
+	name    string
+	entries []string // models fed by the frontend, in edge order
+	sinks   []string // models feeding the frontend, sorted by name
+	models  []string // topological order
+	inputs  []config.TensorSpec
+}
+
+func newServiceInfo(s *config.Service) *serviceInfo {
+	g := s.Graph()
+	return &serviceInfo{
+		name:    s.Name,
+		entries: append([]string(nil), g.Entries()...),
+		sinks:   g.Sinks(),
+		models:  g.Models(),
+		inputs:  s.Inputs,
+	}
+}
+
+// proto describes the service for ListServices.
+func (s *serviceInfo) proto() *hamsv1.ServiceInfo {
+	out := &hamsv1.ServiceInfo{
+		Name:        s.name,
+		EntryModels: append([]string(nil), s.entries...),
+		SinkModels:  append([]string(nil), s.sinks...),
+		Models:      append([]string(nil), s.models...),
+	}
+	for _, in := range s.inputs {
+		out.Inputs = append(out.Inputs, &hamsv1.TensorSpec{Name: in.Name, Datatype: in.Datatype, Shape: append([]int64(nil), in.Shape...)})
+	}
+	return out
+}
+
+// validateInputs checks a request's tensors against the service's declared
+// inputs (when it declares any): every declared input present once, no
+// undeclared input, datatype equal, rank equal and every dimension equal
+// unless declared -1; every tensor well-formed (tensor.Validate); and the
+// tensors' data at most maxBytes in total. Errors are gRPC statuses that
+// name the culprit tensor: InvalidArgument, or ResourceExhausted for size.
+func (s *serviceInfo) validateInputs(inputs []*hamsv1.Tensor, maxBytes int) error {
+	if len(inputs) == 0 {
+		return status.Errorf(codes.InvalidArgument, "service %q: request has no input tensors", s.name)
+	}
+	seen := make(map[string]bool, len(inputs))
+	total := 0
+	for i, t := range inputs {
+		if t == nil {
+			return status.Errorf(codes.InvalidArgument, "service %q: input %d is empty", s.name, i)
+		}
+		if t.GetName() == "" {
+			return status.Errorf(codes.InvalidArgument, "service %q: input %d has no name", s.name, i)
+		}
+		if seen[t.GetName()] {
+			return status.Errorf(codes.InvalidArgument, "service %q: input %q given twice", s.name, t.GetName())
+		}
+		seen[t.GetName()] = true
+		total += len(t.GetData())
+		if maxBytes > 0 && total > maxBytes {
+			return status.Errorf(codes.ResourceExhausted, "service %q: input %q: request tensors exceed %d bytes", s.name, t.GetName(), maxBytes)
+		}
+		if len(s.inputs) > 0 {
+			spec := s.spec(t.GetName())
+			if spec == nil {
+				return status.Errorf(codes.InvalidArgument, "service %q: unknown input %q (declared: %s)", s.name, t.GetName(), s.inputNames())
+			}
+			if err := checkSpec(spec, t); err != nil {
+				return status.Errorf(codes.InvalidArgument, "service %q: input %q: %v", s.name, t.GetName(), err)
+			}
+		}
+		if err := tensor.Validate(t); err != nil {
+			return status.Errorf(codes.InvalidArgument, "service %q: input %q: %v", s.name, t.GetName(), err)
+		}
+	}
+	for _, in := range s.inputs {
+		if !seen[in.Name] {
+			return status.Errorf(codes.InvalidArgument, "service %q: missing input %q (%s %v)", s.name, in.Name, in.Datatype, in.Shape)
+		}
+	}
+	return nil
+}
+
+func (s *serviceInfo) spec(name string) *config.TensorSpec {
+	for i := range s.inputs {
+		if s.inputs[i].Name == name {
+			return &s.inputs[i]
+		}
+	}
+	return nil
+}
+
+func (s *serviceInfo) inputNames() string {
+	out := ""
+	for i, in := range s.inputs {
+		if i > 0 {
+			out += ", "
+		}
+		out += in.Name
+	}
+	return out
+}
+
+var errSpec = errors.New("frontend: tensor does not match the service's declared input")
+
+// checkSpec compares datatype and shape with a declared input (-1 matches
+// any size; an empty declared datatype matches any).
+func checkSpec(spec *config.TensorSpec, t *hamsv1.Tensor) error {
+	if spec.Datatype != "" && spec.Datatype != t.GetDatatype() {
+		return fmt.Errorf("%w: datatype %s, want %s", errSpec, t.GetDatatype(), spec.Datatype)
+	}
+	if spec.Shape == nil {
+		return nil
+	}
+	if len(spec.Shape) != len(t.GetShape()) {
+		return fmt.Errorf("%w: shape %v has rank %d, want %v", errSpec, t.GetShape(), len(t.GetShape()), spec.Shape)
+	}
+	for d, want := range spec.Shape {
+		if want >= 0 && t.GetShape()[d] != want {
+			return fmt.Errorf("%w: shape %v, want %v (dimension %d)", errSpec, t.GetShape(), spec.Shape, d)
+		}
+	}
+	return nil
+}
