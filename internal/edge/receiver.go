@@ -153,8 +153,12 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d", from, r.to, b.GetEpoch(), e.epoch)
 	}
 	if b.GetEpoch() > e.epoch {
+		// A new sender incarnation (a restarted or newly placed process)
+		// numbers the edge afresh from 1: forget the old sequence space, or
+		// its items would all be dropped as duplicates.
 		if e.epoch != 0 || e.reorder.MaxInOrder() != 0 {
-			r.log.Info("edge epoch advanced", "from", from, "to", r.to, "epoch", b.GetEpoch(), "max_in_order", e.reorder.MaxInOrder())
+			r.log.Info("edge epoch advanced; sequence reset", "from", from, "to", r.to, "epoch", b.GetEpoch(), "old_epoch", e.epoch, "max_in_order", e.reorder.MaxInOrder())
+			e.reorder = NewReorder(r.maxPending)
 		}
 		e.epoch = b.GetEpoch()
 	}
