@@ -384,7 +384,7 @@ func TestUnackedItemsResentAndDeduplicated(t *testing.T) {
 	}
 }
 
-// A restarted sender (higher epoch) numbers the edge afresh from 1: its
+// A restarted sender (higher incarnation) numbers the edge afresh from 1: its
 // items are delivered, not dropped as duplicates of the old incarnation's.
 func TestReceiverResetsSequenceOnNewEpoch(t *testing.T) {
 	sk := newSink()
@@ -403,7 +403,7 @@ func TestReceiverResetsSequenceOnNewEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	send := func(epoch uint64, seqs ...uint64) *hamsv1.ForwardAck {
-		b := &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Epoch: epoch}
+		b := &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Incarnation: epoch}
 		for _, s := range seqs {
 			b.Items = append(b.Items, &hamsv1.Item{EdgeSeq: s, ReqId: 100*epoch + s})
 		}
@@ -424,5 +424,21 @@ func TestReceiverResetsSequenceOnNewEpoch(t *testing.T) {
 	}
 	if sk.count("a") != 5 {
 		t.Fatalf("delivered %d items, want 5 (3 before and 2 after the restart)", sk.count("a"))
+	}
+	// The old incarnation's stream, still draining, is refused.
+	b := &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Incarnation: 1, Items: []*hamsv1.Item{{EdgeSeq: 4}}}
+	if err := st.Send(b); err != nil {
+		t.Fatal(err)
+	}
+	var last error
+	for last == nil {
+		var ack *hamsv1.ForwardAck
+		ack, last = st.Recv()
+		if last == nil && ack.Error == "" {
+			t.Fatalf("stale incarnation acknowledged: %v", ack)
+		}
+	}
+	if status.Code(last) != codes.FailedPrecondition {
+		t.Fatalf("stale incarnation: %v", last)
 	}
 }

@@ -42,7 +42,9 @@ type inEdge struct {
 	mu      sync.Mutex
 	reorder *Reorder
 	epoch   uint64
-	buf     []*hamsv1.Item
+	// incarnation of the sender whose sequence space reorder tracks.
+	incarnation uint64
+	buf         []*hamsv1.Item
 }
 
 // NewReceiver creates a Receiver for model `to` (config.Frontend for the
@@ -153,14 +155,23 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d", from, r.to, b.GetEpoch(), e.epoch)
 	}
 	if b.GetEpoch() > e.epoch {
-		// A new sender incarnation (a restarted or newly placed process)
-		// numbers the edge afresh from 1: forget the old sequence space, or
-		// its items would all be dropped as duplicates.
 		if e.epoch != 0 || e.reorder.MaxInOrder() != 0 {
-			r.log.Info("edge epoch advanced; sequence reset", "from", from, "to", r.to, "epoch", b.GetEpoch(), "old_epoch", e.epoch, "max_in_order", e.reorder.MaxInOrder())
-			e.reorder = NewReorder(r.maxPending)
+			r.log.Info("edge epoch advanced", "from", from, "to", r.to, "epoch", b.GetEpoch(), "max_in_order", e.reorder.MaxInOrder())
 		}
 		e.epoch = b.GetEpoch()
+	}
+	switch inc := b.GetIncarnation(); {
+	case inc < e.incarnation:
+		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale sender incarnation %d < %d", from, r.to, inc, e.incarnation)
+	case inc > e.incarnation:
+		// A new sender (a restarted process) numbers the edge afresh from
+		// 1: forget the old sequence space, or its items would all be
+		// dropped as duplicates.
+		if e.incarnation != 0 {
+			r.log.Info("edge sender restarted; sequence reset", "from", from, "to", r.to, "max_in_order", e.reorder.MaxInOrder())
+			e.reorder = NewReorder(r.maxPending)
+		}
+		e.incarnation = inc
 	}
 	ready := e.buf[:0]
 	var ferr error

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -65,6 +66,8 @@ type SenderConfig struct {
 type Sender struct {
 	cfg SenderConfig
 	log *slog.Logger
+	// incarnation names this sender's edge_seq numbering space.
+	incarnation uint64
 
 	mu           sync.Mutex
 	buf          []*hamsv1.Item
@@ -113,7 +116,22 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 	return &Sender{
 		cfg: cfg, log: log.With("edge", cfg.From+"->"+cfg.To),
 		nextSeq: 1, wake: make(chan struct{}, 1), space: make(chan struct{}),
+		incarnation: newIncarnation(),
 	}, nil
+}
+
+var lastIncarnation atomic.Uint64
+
+// newIncarnation returns a number larger than any earlier one of this
+// process and, through the wall clock, of earlier processes on this host.
+func newIncarnation() uint64 {
+	for {
+		last := lastIncarnation.Load()
+		n := max(uint64(time.Now().UnixNano()), last+1)
+		if lastIncarnation.CompareAndSwap(last, n) {
+			return n
+		}
+	}
 }
 
 // Send enqueues items in call order, assigning edge_seq and from_model. It
@@ -354,7 +372,7 @@ func (s *Sender) nextBatch(epoch uint64) *hamsv1.ForwardBatch {
 	copy(items, s.buf[start:end])
 	s.sent += uint64(end - start)
 	s.stats.Sent += uint64(end - start)
-	return &hamsv1.ForwardBatch{FromModel: s.cfg.From, ToModel: s.cfg.To, Epoch: epoch, Items: items}
+	return &hamsv1.ForwardBatch{FromModel: s.cfg.From, ToModel: s.cfg.To, Epoch: epoch, Incarnation: s.incarnation, Items: items}
 }
 
 // readAcks trims the buffer on every ack until the stream ends.

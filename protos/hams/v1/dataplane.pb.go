@@ -157,8 +157,14 @@ type ForwardBatch struct {
 	FromModel string `protobuf:"bytes,1,opt,name=from_model,json=fromModel,proto3" json:"from_model,omitempty"`
 	ToModel   string `protobuf:"bytes,2,opt,name=to_model,json=toModel,proto3" json:"to_model,omitempty"`
 	// Sender's epoch (bumped on failover); receivers reject stale epochs.
-	Epoch         uint64  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Items         []*Item `protobuf:"bytes,4,rep,name=items,proto3" json:"items,omitempty"`
+	Epoch uint64  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Items []*Item `protobuf:"bytes,4,rep,name=items,proto3" json:"items,omitempty"`
+	// Numbering space of this sender: edge_seq restarts at 1 when a sender
+	// is created (a restarted process, a re-created edge), with a larger
+	// incarnation (its creation time in unix nanoseconds). The receiver resets
+	// the edge's reorder state when the incarnation grows and refuses batches
+	// of an older one.
+	Incarnation   uint64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -219,6 +225,13 @@ func (x *ForwardBatch) GetItems() []*Item {
 		return x.Items
 	}
 	return nil
+}
+
+func (x *ForwardBatch) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type ForwardAck struct {
@@ -301,13 +314,14 @@ const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\x05error\x18\t \x01(\tR\x05error\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\n" +
-	" \x01(\x05R\terrorCode\"\x83\x01\n" +
+	" \x01(\x05R\terrorCode\"\xa5\x01\n" +
 	"\fForwardBatch\x12\x1d\n" +
 	"\n" +
 	"from_model\x18\x01 \x01(\tR\tfromModel\x12\x19\n" +
 	"\bto_model\x18\x02 \x01(\tR\atoModel\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12#\n" +
-	"\x05items\x18\x04 \x03(\v2\r.hams.v1.ItemR\x05items\"_\n" +
+	"\x05items\x18\x04 \x03(\v2\r.hams.v1.ItemR\x05items\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"_\n" +
 	"\n" +
 	"ForwardAck\x12\x19\n" +
 	"\bto_model\x18\x01 \x01(\tR\atoModel\x12 \n" +

@@ -1,0 +1,398 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Errors.
+var (
+	// ErrConfig is wrapped by every Config validation error.
+	ErrConfig = errors.New("client: invalid config")
+	// ErrAlreadyRun is returned by a second call of Run.
+	ErrAlreadyRun = errors.New("client: Run called more than once")
+)
+
+// Backoff bounds for reconnecting to the manager: short enough that a
+// restarted manager is found again well within a second.
+const (
+	minBackoff = 10 * time.Millisecond
+	maxBackoff = 500 * time.Millisecond
+	// defaultInterval is used until the manager answers one.
+	defaultInterval = 20 * time.Millisecond
+)
+
+// Config of a Client.
+type Config struct {
+	// ManagerAddr is host:port of the manager's gRPC server.
+	ManagerAddr string
+	// Registration is what Run registers (Kind, Id and Address required).
+	Registration *hamsv1.RegisterRequest
+	Logger       *slog.Logger
+	// DialOptions are added to the gRPC client's (tests, TLS).
+	DialOptions []grpc.DialOption
+}
+
+// Client keeps a component registered with the manager, heartbeats, and
+// mirrors the topology (see doc.go). Resolve, Changed, Topology and
+// WaitReady are safe for concurrent use and may be called before Run.
+type Client struct {
+	cfg Config
+	log *slog.Logger
+	ran atomic.Bool
+
+	mu       sync.Mutex
+	topo     *hamsv1.Topology // read-only once stored
+	changed  chan struct{}
+	interval time.Duration
+	progress func() (maxSeq, durableSeq uint64)
+}
+
+// New validates cfg; it does no I/O.
+func New(cfg Config) (*Client, error) {
+	var errs []error
+	if _, _, err := net.SplitHostPort(cfg.ManagerAddr); err != nil {
+		errs = append(errs, fmt.Errorf("%w: ManagerAddr %q: %v", ErrConfig, cfg.ManagerAddr, err))
+	}
+	r := cfg.Registration
+	switch {
+	case r == nil:
+		errs = append(errs, fmt.Errorf("%w: Registration is required", ErrConfig))
+	default:
+		if r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_UNSPECIFIED {
+			errs = append(errs, fmt.Errorf("%w: Registration.Kind is required", ErrConfig))
+		}
+		if r.GetId() == "" {
+			errs = append(errs, fmt.Errorf("%w: Registration.Id is required", ErrConfig))
+		}
+		if _, _, err := net.SplitHostPort(r.GetAddress()); err != nil {
+			errs = append(errs, fmt.Errorf("%w: Registration.Address %q: %v", ErrConfig, r.GetAddress(), err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Registration = proto.Clone(cfg.Registration).(*hamsv1.RegisterRequest)
+	return &Client{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "manager-client", "id", cfg.Registration.GetId()),
+		changed:  make(chan struct{}),
+		interval: defaultInterval,
+	}, nil
+}
+
+// SetProgress installs a function whose values are sent with every
+// heartbeat (max_seq, durable_seq). Call it before Run.
+func (c *Client) SetProgress(f func() (maxSeq, durableSeq uint64)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.progress = f
+}
+
+// Topology returns the newest topology received (nil before the first).
+// The result must not be modified.
+func (c *Client) Topology() *hamsv1.Topology {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.topo
+}
+
+// Changed returns a channel closed at the next topology change.
+func (c *Client) Changed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
+}
+
+// Resolve returns the sidecar address and epoch of the live placement with
+// role PRIMARY or ACTIVE for model (the highest epoch wins; ties go to the
+// first in topology order), or, for config.Frontend, the first frontend
+// address (epoch 0).
+func (c *Client) Resolve(model string) (addr string, epoch uint64, ok bool) {
+	return Resolve(c.Topology(), model)
+}
+
+// Resolve is Client.Resolve on a given topology.
+func Resolve(t *hamsv1.Topology, model string) (addr string, epoch uint64, ok bool) {
+	if t == nil {
+		return "", 0, false
+	}
+	if model == config.Frontend {
+		if len(t.GetFrontends()) == 0 {
+			return "", 0, false
+		}
+		return t.GetFrontends()[0], 0, true
+	}
+	var best *hamsv1.Placement
+	for _, p := range t.GetPlacements() {
+		if p.GetModel() != model || !p.GetAlive() || p.GetSidecarAddress() == "" {
+			continue
+		}
+		if r := p.GetRole(); r != hamsv1.Role_ROLE_PRIMARY && r != hamsv1.Role_ROLE_ACTIVE {
+			continue
+		}
+		if best == nil || p.GetEpoch() > best.GetEpoch() {
+			best = p
+		}
+	}
+	if best == nil {
+		return "", 0, false
+	}
+	return best.GetSidecarAddress(), best.GetEpoch(), true
+}
+
+// WaitReady blocks until ready(topology) holds for the newest topology or
+// ctx ends (then it returns ctx's error).
+func (c *Client) WaitReady(ctx context.Context, ready func(*hamsv1.Topology) bool) error {
+	for {
+		c.mu.Lock()
+		t, ch := c.topo, c.changed
+		c.mu.Unlock()
+		if t != nil && ready(t) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("client: wait for topology: %w", ctx.Err())
+		}
+	}
+}
+
+// install stores t and wakes Changed waiters if it differs from the
+// current one. fromStream says t came from the watch stream, which is
+// ordered and authoritative (a manager with a fresh store restarts
+// revisions); a register answer only replaces an older topology.
+func (c *Client) install(t *hamsv1.Topology, fromStream bool) {
+	if t == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.topo != nil {
+		if !fromStream && t.GetRevision() <= c.topo.GetRevision() {
+			return
+		}
+		if proto.Equal(c.topo, t) {
+			return
+		}
+	}
+	c.topo = t
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.log.Debug("topology changed", "revision", t.GetRevision())
+}
+
+// Run registers, heartbeats at the interval the manager answered and
+// watches the topology until ctx ends; it reconnects with backoff and
+// re-registers when the manager no longer knows the component. Every
+// goroutine it starts has returned when it returns: nil once ctx ends, or
+// the error when the manager refuses the registration (InvalidArgument or
+// NotFound: nothing a retry can fix).
+func (c *Client) Run(ctx context.Context) error {
+	if !c.ran.CompareAndSwap(false, true) {
+		return ErrAlreadyRun
+	}
+	cc, err := grpcx.Dial(c.cfg.ManagerAddr, 0, c.cfg.DialOptions...)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	defer cc.Close()
+	api := hamsv1.NewManagerClient(cc)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.watchLoop(ctx, api)
+	}()
+	err = c.heartbeatLoop(ctx, api)
+	cancel()
+	wg.Wait()
+	if errors.Is(err, errStopped) {
+		return nil
+	}
+	return err
+}
+
+// register retries until the manager accepts the registration (nil) or ctx
+// ends (errStopped). A refusal (InvalidArgument, NotFound: a bad
+// registration or a model the deployment does not have) is permanent and
+// returned.
+func (c *Client) register(ctx context.Context, api hamsv1.ManagerClient) error {
+	b := newBackoff()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		resp, err := api.Register(rctx, c.cfg.Registration)
+		cancel()
+		if err == nil {
+			c.install(resp.GetTopology(), false)
+			iv := time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond
+			if iv <= 0 {
+				iv = defaultInterval
+			}
+			c.mu.Lock()
+			c.interval = iv
+			c.mu.Unlock()
+			c.log.Info("registered with manager", "manager", c.cfg.ManagerAddr,
+				"revision", resp.GetTopology().GetRevision(), "heartbeat_interval", iv)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return errStopped
+		}
+		if code := status.Code(err); code == codes.InvalidArgument || code == codes.NotFound {
+			return fmt.Errorf("client: manager %s refused registration of %s: %w", c.cfg.ManagerAddr, c.cfg.Registration.GetId(), err)
+		}
+		d := b.next()
+		c.log.Debug("register with manager", "err", err, "retry_in", d)
+		if !sleepCtx(ctx, d) {
+			return errStopped
+		}
+	}
+}
+
+// errStopped ends the loops when ctx ends; Run then returns nil.
+var errStopped = errors.New("client: stopped")
+
+// heartbeatLoop registers, then heartbeats every interval. When the
+// manager's answers stay ahead of the local topology for two heartbeats in a
+// row (a stalled watch stream), it fetches the topology directly.
+func (c *Client) heartbeatLoop(ctx context.Context, api hamsv1.ManagerClient) error {
+	if err := c.register(ctx, api); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	iv := c.interval
+	c.mu.Unlock()
+	tk := time.NewTicker(iv)
+	defer tk.Stop()
+	behind := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return errStopped
+		case <-tk.C:
+		}
+		c.mu.Lock()
+		local := c.topo.GetRevision()
+		req := &hamsv1.HeartbeatRequest{Id: c.cfg.Registration.GetId(), TopologyRevision: local}
+		if c.progress != nil {
+			req.MaxSeq, req.DurableSeq = c.progress()
+		}
+		c.mu.Unlock()
+		// A heartbeat older than a few intervals is worthless: give up on it
+		// and send the next one.
+		hctx, cancel := context.WithTimeout(ctx, max(4*iv, 100*time.Millisecond))
+		resp, err := api.Heartbeat(hctx, req)
+		cancel()
+		switch {
+		case err == nil:
+			if resp.GetTopologyRevision() > local {
+				behind++
+			} else {
+				behind = 0
+			}
+			if behind >= 2 {
+				behind = 0
+				gctx, cancel := context.WithTimeout(ctx, max(4*iv, 100*time.Millisecond))
+				t, err := api.GetTopology(gctx, &hamsv1.GetTopologyRequest{})
+				cancel()
+				if err == nil {
+					c.install(t, false)
+				}
+			}
+		case ctx.Err() != nil:
+			return errStopped
+		case status.Code(err) == codes.NotFound:
+			c.log.Info("manager does not know this component; registering again")
+			if err := c.register(ctx, api); err != nil {
+				return err
+			}
+			c.mu.Lock()
+			if c.interval != iv {
+				iv = c.interval
+				tk.Reset(iv)
+			}
+			c.mu.Unlock()
+		default:
+			c.log.Debug("heartbeat", "err", err)
+		}
+	}
+}
+
+// watchLoop keeps a WatchTopology stream open, reconnecting with backoff.
+func (c *Client) watchLoop(ctx context.Context, api hamsv1.ManagerClient) {
+	b := newBackoff()
+	for {
+		stream, err := api.WatchTopology(ctx, &hamsv1.GetTopologyRequest{})
+		if err == nil {
+			for {
+				t, rerr := stream.Recv()
+				if rerr != nil {
+					err = rerr
+					break
+				}
+				b.reset()
+				c.install(t, true)
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		d := b.next()
+		c.log.Debug("topology watch ended", "err", err, "retry_in", d)
+		if !sleepCtx(ctx, d) {
+			return
+		}
+	}
+}
+
+type backoff struct{ d time.Duration }
+
+func newBackoff() *backoff { return &backoff{} }
+
+func (b *backoff) reset() { b.d = 0 }
+
+// next returns the next delay: doubling from minBackoff to maxBackoff, with
+// up to 25% jitter so restarted components do not reconnect in lockstep.
+func (b *backoff) next() time.Duration {
+	if b.d == 0 {
+		b.d = minBackoff
+	} else {
+		b.d = min(2*b.d, maxBackoff)
+	}
+	return b.d - time.Duration(rand.Int64N(int64(b.d)/4+1))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,73 @@
+// Package manager holds the deployment state of one HAMS-Go deployment,
+// tracks membership through heartbeats, takes failure reports and (in a
+// later issue) orchestrates recovery. It serves hamsv1.Manager over gRPC.
+//
+// # Deployment state
+//
+// The state is one hamsv1.Topology, proto-encoded under the key
+// TopologyKey ("topology") of the JetStream KV bucket BucketName(name)
+// ("hams_<deployment name>"). Topology.revision is the KV revision of the
+// entry; the stored bytes carry revision 0, so a reader (another process
+// watching the bucket directly) sets it from the entry, as DecodeTopology
+// does. Every write is a revision-checked Update (compare-and-swap) in a
+// retry loop (store.mutate): the new value is recomputed from the latest
+// stored value each attempt, so concurrent writers, in this process or in
+// another manager, never lose each other's changes. Conflicts are counted
+// (hams_manager_kv_update_conflicts_total).
+//
+// The topology is a function of the registrations and the membership
+// (Manager.applyState): one Placement per registered sidecar (address =
+// sidecar_address) or model server (address = backend_address, empty
+// sidecar_address, so it is never resolved as a data-path target), keyed by
+// component id; alive from membership; epoch kept across re-registration
+// (a new placement starts at the model's highest epoch, at least 1).
+// Frontends are listed by address while alive. A restarted manager with a
+// persistent store seeds registrations and membership from the stored
+// topology and gives every component one suspicion timeout to heartbeat.
+//
+// # Main loop
+//
+// Run starts (or connects to) NATS, creates the bucket, loads or creates
+// the topology, then runs three goroutines until ctx ends: the gRPC server,
+// a KV watcher on the topology key that feeds the hub (the in-memory newest
+// topology that GetTopology, Heartbeat and WatchTopology answer from), and
+// the membership loop that ticks the pure Membership state machine every
+// SuspicionTimeout/8 and writes liveness changes. Register and a
+// dead->alive Heartbeat write synchronously. Shutdown: streaming handlers
+// end on the stopping channel, the gRPC server stops gracefully, the
+// goroutines are waited for, then the NATS connection closes and the
+// embedded server shuts down and is waited for.
+//
+// Recovery slots in at the membership actions (Action{Alive:false}) and at
+// ReportFailure (recorded in Failures(), logged, accepted): a recovery state
+// machine will consume both and emit topology mutations (promotions, epoch
+// bumps) through the same compare-and-swap store.
+//
+// # Heartbeats
+//
+// Defaults: heartbeat every 20 ms, dead after 70 ms of silence, checked
+// every ~9 ms: a killed component is marked dead within about 80 ms on one
+// machine. A heartbeat from an unknown id is answered NotFound and the
+// client re-registers (a manager that lost its state).
+//
+// # Embedded NATS and persistence
+//
+// With Config.NATSURL empty the manager runs nats-server in process with
+// JetStream (R1, file storage in Config.StoreDir, client port on
+// Config.NATSListen so other processes connect over TCP; the manager itself
+// uses an in-process connection). Server logs go to the slog logger:
+// notices at Debug, warnings and errors at their level.
+//
+// Persistence: JetStream acknowledges a write once it is in the OS page
+// cache, before fsync, and fsyncs every 2 minutes by default. We keep that
+// default (Config.SyncAlways=false): the embedded server is a single
+// machine's coordination store, a crash of any process (the manager
+// included) loses nothing that was acknowledged, and only a crash of the
+// whole machine, which stops every component of the embedded deployment
+// anyway, can lose the last writes. SyncAlways roughly doubles small-write
+// latency, which the durability announcements sharing this server feel on
+// every batch. Deployments that need the state to survive power loss set
+// SyncAlways, or better use an external three-server cluster
+// (Config.NATSURL, KVReplicas 3), where an acknowledged write is on a
+// majority of servers.
+package manager

@@ -1,0 +1,563 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Defaults aimed at detecting a dead component in under 100 ms on one
+// machine: a heartbeat every 20 ms, dead after 70 ms of silence (three
+// heartbeats missed plus half an interval of scheduling jitter), checked
+// every SuspicionTimeout/8 (about 9 ms). Worst case: 70 + 9 ms plus one
+// KV update (tens of microseconds on the embedded server).
+const (
+	DefaultHeartbeatInterval = 20 * time.Millisecond
+	DefaultSuspicionTimeout  = 70 * time.Millisecond
+	// DefaultNATSListen picks a random loopback port; NATSClientURL says
+	// which.
+	DefaultNATSListen = "127.0.0.1:-1"
+)
+
+// Errors.
+var (
+	// ErrConfig is wrapped by every Config validation error.
+	ErrConfig = errors.New("manager: invalid config")
+	// ErrAlreadyRun is returned by a second call of Run.
+	ErrAlreadyRun = errors.New("manager: Run called more than once")
+)
+
+// Config of a Manager.
+type Config struct {
+	Deployment *config.Deployment
+	// GRPCListener serves hamsv1.Manager. Run closes it.
+	GRPCListener net.Listener
+	// NATSURL of an external NATS (JetStream enabled); empty starts an
+	// embedded nats-server with JetStream.
+	NATSURL string
+	// StoreDir is the JetStream store directory of the embedded server;
+	// empty means a temporary directory removed when Run returns (the
+	// deployment state then does not survive a manager restart).
+	StoreDir string
+	// NATSListen is host:port of the embedded server's client port
+	// (default DefaultNATSListen; port -1 means random).
+	NATSListen string
+	// SyncAlways makes the embedded server fsync every JetStream write
+	// before acking it (see doc.go).
+	SyncAlways bool
+	// KVReplicas is the replication factor of the deployment state bucket
+	// (default 1; use 3 on an external three-server cluster).
+	KVReplicas int
+	// HeartbeatInterval the manager asks components to heartbeat at
+	// (default DefaultHeartbeatInterval).
+	HeartbeatInterval time.Duration
+	// SuspicionTimeout of silence after which a component is declared dead
+	// (default DefaultSuspicionTimeout); must exceed HeartbeatInterval.
+	SuspicionTimeout time.Duration
+	Logger           *slog.Logger
+	Registry         *prometheus.Registry
+}
+
+// Manager holds the deployment state of one deployment in a JetStream KV
+// bucket, serves hamsv1.Manager and tracks membership (see doc.go).
+type Manager struct {
+	cfg         Config
+	log         *slog.Logger
+	metrics     *metrics
+	grpcMetrics *grpcprom.ServerMetrics
+	hub         *hub
+	ready       chan struct{}
+	ran         atomic.Bool
+	natsURL     string // written before ready is closed
+
+	// stopping is closed when Run starts shutting down; streaming handlers
+	// end on it so the gRPC server can stop gracefully.
+	stopping chan struct{}
+
+	st *store // set before ready is closed
+
+	mu       sync.Mutex // guards the fields below
+	members  *Membership
+	regs     map[string]*hamsv1.RegisterRequest // by component id
+	dirty    bool                               // a liveness change is not yet written
+	failures []FailureRecord
+}
+
+// FailureRecord is one failure report as received.
+type FailureRecord struct {
+	At                            time.Time
+	Reporter, Suspect, Model, Why string
+}
+
+// maxFailureRecords bounds the kept failure reports (oldest dropped).
+const maxFailureRecords = 256
+
+// New validates cfg and applies defaults; it does no I/O.
+func New(cfg Config) (*Manager, error) {
+	var errs []error
+	if cfg.Deployment == nil {
+		errs = append(errs, fmt.Errorf("%w: Deployment is required", ErrConfig))
+	}
+	if cfg.GRPCListener == nil {
+		errs = append(errs, fmt.Errorf("%w: GRPCListener is required", ErrConfig))
+	}
+	if cfg.NATSListen == "" {
+		cfg.NATSListen = DefaultNATSListen
+	}
+	if cfg.NATSURL == "" {
+		if _, _, err := net.SplitHostPort(cfg.NATSListen); err != nil {
+			errs = append(errs, fmt.Errorf("%w: NATSListen %q: %v", ErrConfig, cfg.NATSListen, err))
+		}
+	}
+	if cfg.KVReplicas == 0 {
+		cfg.KVReplicas = 1
+	}
+	if cfg.KVReplicas < 0 || cfg.KVReplicas > 5 {
+		errs = append(errs, fmt.Errorf("%w: KVReplicas %d out of range 1..5", ErrConfig, cfg.KVReplicas))
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.SuspicionTimeout == 0 {
+		cfg.SuspicionTimeout = DefaultSuspicionTimeout
+	}
+	if cfg.HeartbeatInterval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("%w: HeartbeatInterval %v is below 1ms", ErrConfig, cfg.HeartbeatInterval))
+	}
+	if cfg.SuspicionTimeout <= cfg.HeartbeatInterval {
+		errs = append(errs, fmt.Errorf("%w: SuspicionTimeout %v must exceed HeartbeatInterval %v", ErrConfig, cfg.SuspicionTimeout, cfg.HeartbeatInterval))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m := &Manager{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "manager", "deployment", cfg.Deployment.Name),
+		metrics:  newMetrics(cfg.Registry),
+		hub:      newHub(),
+		ready:    make(chan struct{}),
+		stopping: make(chan struct{}),
+		members:  NewMembership(cfg.SuspicionTimeout),
+		regs:     map[string]*hamsv1.RegisterRequest{},
+	}
+	if cfg.Registry != nil {
+		m.grpcMetrics = grpcx.NewServerMetrics(cfg.Registry)
+	}
+	return m, nil
+}
+
+// Ready is closed once NATS is up, the deployment state is loaded and the
+// gRPC server accepts calls. It is never closed if Run fails before that.
+func (m *Manager) Ready() <-chan struct{} { return m.ready }
+
+// NATSClientURL is the nats:// URL other processes connect to (the embedded
+// server's client port, or Config.NATSURL). Valid once Ready is closed.
+func (m *Manager) NATSClientURL() string {
+	select {
+	case <-m.ready:
+		return m.natsURL
+	default:
+		return ""
+	}
+}
+
+// Topology returns the newest deployment state the manager has seen
+// (read-only; nil before Ready).
+func (m *Manager) Topology() *hamsv1.Topology {
+	t, _ := m.hub.get()
+	return t
+}
+
+// Failures returns the failure reports received so far (newest last).
+func (m *Manager) Failures() []FailureRecord {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]FailureRecord(nil), m.failures...)
+}
+
+// Run connects to (or starts) NATS, loads or creates the deployment state,
+// serves gRPC and runs membership until ctx ends. Every goroutine it starts
+// has returned, and NATS is shut down, when it returns. It may be called
+// once; a second call returns ErrAlreadyRun.
+func (m *Manager) Run(ctx context.Context) error {
+	if !m.ran.CompareAndSwap(false, true) {
+		return ErrAlreadyRun
+	}
+	defer m.stopOnce()
+	nc, err := connectNATS(&m.cfg, m.log)
+	if err != nil {
+		_ = m.cfg.GRPCListener.Close()
+		return err
+	}
+	defer nc.close()
+	if err := m.open(ctx, nc); err != nil {
+		_ = m.cfg.GRPCListener.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+
+	srv := grpc.NewServer(grpcx.ServerOptions(m.log, m.grpcMetrics, m.cfg.Deployment.Limits.MaxMessageBytes)...)
+	hamsv1.RegisterManagerServer(srv, &service{m: m})
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	start := func(name string, f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil {
+				errc <- fmt.Errorf("manager: %s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	start("watch deployment state", m.watchKV)
+	start("membership", m.membershipLoop)
+	start("serve gRPC", func(ctx context.Context) error {
+		// Streaming handlers end when stopping is closed; close it as
+		// soon as ctx ends so GracefulStop does not wait for them.
+		go func() { <-ctx.Done(); m.stopOnce() }()
+		return grpcx.Serve(ctx, srv, m.cfg.GRPCListener, 2*time.Second)
+	})
+	m.natsURL = nc.url
+	close(m.ready)
+	m.log.Info("manager ready", "grpc", m.cfg.GRPCListener.Addr().String(), "nats", nc.url,
+		"bucket", BucketName(m.cfg.Deployment.Name), "heartbeat_interval", m.cfg.HeartbeatInterval,
+		"suspicion_timeout", m.cfg.SuspicionTimeout)
+	<-ctx.Done()
+	wg.Wait()
+	close(errc)
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	m.log.Info("manager stopped")
+	return errors.Join(errs...)
+}
+
+// stopOnce closes stopping (idempotent).
+func (m *Manager) stopOnce() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-m.stopping:
+	default:
+		close(m.stopping)
+	}
+}
+
+// open creates the bucket, loads or creates the topology and seeds
+// membership from it.
+func (m *Manager) open(ctx context.Context, nc *natsConn) error {
+	js, err := jetstream.New(nc.nc)
+	if err != nil {
+		return fmt.Errorf("manager: JetStream context: %w", err)
+	}
+	bucket := BucketName(m.cfg.Deployment.Name)
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: "HAMS-Go deployment state of " + m.cfg.Deployment.Name,
+		History:     16,
+		Storage:     jetstream.FileStorage,
+		Replicas:    m.cfg.KVReplicas,
+	})
+	if err != nil {
+		return fmt.Errorf("manager: create KV bucket %s: %w", bucket, err)
+	}
+	m.st = &store{kv: kv, metrics: m.metrics}
+	t, err := m.st.ensure(ctx, &hamsv1.Topology{Deployment: m.cfg.Deployment.Name, Mode: m.cfg.Deployment.Mode})
+	if err != nil {
+		return err
+	}
+	m.seed(t, time.Now())
+	t, err = m.st.mutate(ctx, m.applyState)
+	if err != nil {
+		return err
+	}
+	m.hub.offer(t)
+	m.log.Info("deployment state loaded", "bucket", bucket, "revision", t.GetRevision(),
+		"placements", len(t.GetPlacements()), "frontends", len(t.GetFrontends()))
+	return nil
+}
+
+// seed rebuilds registrations and membership from a persisted topology (a
+// restarted manager): every component is given one suspicion timeout from
+// now to heartbeat before it is declared dead. Frontends are known only by
+// address; they get a placeholder id that their re-registration replaces.
+func (m *Manager) seed(t *hamsv1.Topology, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range t.GetPlacements() {
+		r := &hamsv1.RegisterRequest{
+			Kind:           hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR,
+			Id:             p.GetComponentId(),
+			Model:          p.GetModel(),
+			Role:           p.GetRole(),
+			Address:        p.GetSidecarAddress(),
+			BackendAddress: p.GetBackendAddress(),
+		}
+		if p.GetSidecarAddress() == "" {
+			r.Kind = hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER
+			r.Address = p.GetBackendAddress()
+		}
+		m.regs[r.Id] = r
+		m.members.Seed(r.Id, p.GetAlive(), now)
+	}
+	for _, a := range t.GetFrontends() {
+		id := frontendPlaceholder(a)
+		m.regs[id] = &hamsv1.RegisterRequest{Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: id, Address: a}
+		m.members.Seed(id, true, now)
+	}
+	m.updateGaugesLocked()
+}
+
+func frontendPlaceholder(addr string) string { return "frontend@" + addr }
+
+// applyState rewrites t so it reflects the registrations and membership:
+// one placement per registered sidecar or model server (keyed by component
+// id, alive from membership, epoch kept), the addresses of alive frontends,
+// and the deployment's name and mode. It is pure in t given the guarded
+// fields, so the CAS loop can re-run it.
+func (m *Manager) applyState(t *hamsv1.Topology) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t.Deployment = m.cfg.Deployment.Name
+	t.Mode = m.cfg.Deployment.Mode
+	byID := map[string]*hamsv1.Placement{}
+	maxEpoch := map[string]uint64{}
+	for _, p := range t.Placements {
+		byID[p.GetComponentId()] = p
+		maxEpoch[p.GetModel()] = max(maxEpoch[p.GetModel()], p.GetEpoch())
+	}
+	frontends := map[string]bool{}
+	var order []string
+	for _, a := range t.Frontends {
+		if !frontends[a] {
+			order = append(order, a)
+		}
+		frontends[a] = true
+	}
+	ids := make([]string, 0, len(m.regs))
+	for id := range m.regs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		r := m.regs[id]
+		alive, _ := m.members.Alive(id)
+		if r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND {
+			delete(byID, id)
+			switch {
+			case alive && !frontends[r.GetAddress()]:
+				frontends[r.GetAddress()] = true
+				order = append(order, r.GetAddress())
+			case !alive && frontends[r.GetAddress()] && !m.otherAliveFrontendLocked(id, r.GetAddress()):
+				frontends[r.GetAddress()] = false
+			}
+			continue
+		}
+		p := byID[id]
+		if p == nil {
+			p = &hamsv1.Placement{ComponentId: id, Epoch: max(maxEpoch[r.GetModel()], 1)}
+			byID[id] = p
+		}
+		p.Model = r.GetModel()
+		p.Role = r.GetRole()
+		p.Alive = alive
+		if r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER {
+			p.SidecarAddress = ""
+			p.BackendAddress = r.GetAddress()
+		} else {
+			p.SidecarAddress = r.GetAddress()
+			p.BackendAddress = r.GetBackendAddress()
+		}
+	}
+	t.Placements = t.Placements[:0]
+	for _, p := range byID {
+		t.Placements = append(t.Placements, p)
+	}
+	sort.Slice(t.Placements, func(i, j int) bool {
+		a, b := t.Placements[i], t.Placements[j]
+		if a.GetModel() != b.GetModel() {
+			return a.GetModel() < b.GetModel()
+		}
+		if a.GetRole() != b.GetRole() {
+			return a.GetRole() < b.GetRole()
+		}
+		return a.GetComponentId() < b.GetComponentId()
+	})
+	t.Frontends = t.Frontends[:0]
+	for _, a := range order {
+		if frontends[a] {
+			t.Frontends = append(t.Frontends, a)
+		}
+	}
+}
+
+// otherAliveFrontendLocked reports whether another registered, alive
+// frontend has addr (a restarted frontend re-registering under a new id).
+func (m *Manager) otherAliveFrontendLocked(id, addr string) bool {
+	for oid, r := range m.regs {
+		if oid == id || r.GetKind() != hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND || r.GetAddress() != addr {
+			continue
+		}
+		if alive, _ := m.members.Alive(oid); alive {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcile writes the registrations and membership into the deployment
+// state. On failure the state stays dirty and the membership loop retries.
+func (m *Manager) reconcile(ctx context.Context) (*hamsv1.Topology, error) {
+	m.mu.Lock()
+	m.dirty = false
+	m.mu.Unlock()
+	t, err := m.st.mutate(ctx, m.applyState)
+	if err != nil {
+		m.mu.Lock()
+		m.dirty = true
+		m.mu.Unlock()
+		return nil, err
+	}
+	m.hub.offer(t)
+	return t, nil
+}
+
+// membershipLoop ticks the membership state machine and writes liveness
+// changes. A recovery state machine (later issue) hooks in where dead
+// components are reported.
+func (m *Manager) membershipLoop(ctx context.Context) error {
+	period := max(m.cfg.SuspicionTimeout/8, time.Millisecond)
+	tk := time.NewTicker(period)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-tk.C:
+			m.mu.Lock()
+			acts := m.members.Tick(now)
+			dirty := m.dirty
+			for _, a := range acts {
+				m.log.Info("component declared dead", "id", a.ID, "timeout", m.cfg.SuspicionTimeout)
+				m.metrics.deaths.Inc()
+			}
+			m.updateGaugesLocked()
+			m.mu.Unlock()
+			if len(acts) == 0 && !dirty {
+				continue
+			}
+			if _, err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
+				m.log.Warn("write liveness to deployment state", "err", err)
+			}
+		}
+	}
+}
+
+func (m *Manager) updateGaugesLocked() {
+	total, alive := m.members.Counts()
+	m.metrics.registered.Set(float64(total))
+	m.metrics.alive.Set(float64(alive))
+}
+
+// watchKV follows the topology key (also written by other managers or
+// tools) and publishes every revision to the hub, re-creating the watcher
+// if it ends.
+func (m *Manager) watchKV(ctx context.Context) error {
+	backoff := 10 * time.Millisecond
+	for {
+		w, err := m.st.kv.Watch(ctx, TopologyKey)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			m.log.Warn("watch deployment state", "err", err, "retry_in", backoff)
+			if !sleepCtx(ctx, backoff) {
+				return nil
+			}
+			backoff = min(backoff*2, time.Second)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		m.followWatcher(ctx, w)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+func (m *Manager) followWatcher(ctx context.Context, w jetstream.KeyWatcher) {
+	defer func() {
+		_ = w.Stop()
+		// The watcher's callback blocks on a full channel; drain until it
+		// closes (or give up: the connection closes right after).
+		timeout := time.NewTimer(time.Second)
+		defer timeout.Stop()
+		for {
+			select {
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+			case <-timeout.C:
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			t, err := DecodeTopology(e)
+			if err != nil {
+				m.log.Error("bad deployment state in KV", "err", err)
+				continue
+			}
+			if m.hub.offer(t) {
+				m.log.Debug("topology changed", "revision", t.GetRevision())
+			}
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,218 @@
+package manager
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// service implements hamsv1.ManagerServer on top of the Manager.
+type service struct {
+	hamsv1.UnimplementedManagerServer
+	m *Manager
+}
+
+// validateRegistration checks req and fills defaults (the role of a sidecar
+// from its model's statefulness). Errors name the field at fault.
+func (m *Manager) validateRegistration(req *hamsv1.RegisterRequest) (*hamsv1.RegisterRequest, error) {
+	kind := req.GetKind()
+	switch kind {
+	case hamsv1.ComponentKind_COMPONENT_KIND_UNSPECIFIED:
+		return nil, status.Error(codes.InvalidArgument, "kind: required")
+	case hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND,
+		hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER:
+	case hamsv1.ComponentKind_COMPONENT_KIND_MANAGER:
+		return nil, status.Error(codes.InvalidArgument, "kind: a manager does not register with a manager")
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "kind: unknown component kind %d", int32(kind))
+	}
+	if req.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id: required")
+	}
+	if err := checkHostPort(req.GetAddress()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "address %q: %v", req.GetAddress(), err)
+	}
+	if req.GetBackendAddress() != "" {
+		if err := checkHostPort(req.GetBackendAddress()); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "backend_address %q: %v", req.GetBackendAddress(), err)
+		}
+	}
+	if _, ok := hamsv1.Role_name[int32(req.GetRole())]; !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "role: unknown role %d", int32(req.GetRole()))
+	}
+	r := &hamsv1.RegisterRequest{
+		Kind:           kind,
+		Id:             req.GetId(),
+		Model:          req.GetModel(),
+		Role:           req.GetRole(),
+		Address:        req.GetAddress(),
+		BackendAddress: req.GetBackendAddress(),
+		Pid:            req.GetPid(),
+	}
+	if kind == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND {
+		r.Model, r.Role = "", hamsv1.Role_ROLE_UNSPECIFIED
+		return r, nil
+	}
+	if r.Model == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "model: required for %s", kind)
+	}
+	mdl := m.cfg.Deployment.Model(r.Model)
+	if mdl == nil {
+		return nil, status.Errorf(codes.NotFound, "model %q: not in deployment %q", r.Model, m.cfg.Deployment.Name)
+	}
+	if r.Role == hamsv1.Role_ROLE_UNSPECIFIED && kind == hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR {
+		r.Role = hamsv1.Role_ROLE_ACTIVE
+		if mdl.Stateful {
+			r.Role = hamsv1.Role_ROLE_PRIMARY
+		}
+	}
+	return r, nil
+}
+
+func checkHostPort(a string) error {
+	if a == "" {
+		return fmt.Errorf("required (host:port)")
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("want host:port: %v", err)
+	}
+	if host == "" {
+		return fmt.Errorf("want host:port: missing host")
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("want host:port: port %q is not in 1..65535", port)
+	}
+	return nil
+}
+
+func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*hamsv1.RegisterResponse, error) {
+	m := s.m
+	r, err := m.validateRegistration(req)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	prev := m.regs[r.Id]
+	if r.Kind == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND {
+		// A placeholder from persisted state is replaced by the real id.
+		if ph := frontendPlaceholder(r.Address); ph != r.Id && m.regs[ph] != nil {
+			delete(m.regs, ph)
+			m.members.Remove(ph)
+		}
+	}
+	m.regs[r.Id] = r
+	m.members.Registered(r.Id, time.Now())
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+
+	t, err := m.reconcile(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "register %s: write deployment state: %v", r.Id, err)
+	}
+	m.metrics.registrations.Inc()
+	if prev == nil || !sameRegistration(prev, r) {
+		m.log.Info("component registered", "id", r.Id, "kind", r.Kind.String(), "model", r.Model,
+			"role", r.Role.String(), "address", r.Address, "pid", r.Pid, "revision", t.GetRevision())
+	} else {
+		m.log.Debug("component re-registered", "id", r.Id, "revision", t.GetRevision())
+	}
+	return &hamsv1.RegisterResponse{
+		Topology:            t,
+		HeartbeatIntervalMs: uint32(m.cfg.HeartbeatInterval / time.Millisecond),
+	}, nil
+}
+
+func sameRegistration(a, b *hamsv1.RegisterRequest) bool {
+	return a.GetKind() == b.GetKind() && a.GetModel() == b.GetModel() && a.GetRole() == b.GetRole() &&
+		a.GetAddress() == b.GetAddress() && a.GetBackendAddress() == b.GetBackendAddress() && a.GetPid() == b.GetPid()
+}
+
+func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (*hamsv1.HeartbeatResponse, error) {
+	m := s.m
+	if req.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id: required")
+	}
+	m.mu.Lock()
+	acts, known := m.members.Heartbeat(req.GetId(), Progress{
+		TopologyRevision: req.GetTopologyRevision(),
+		MaxSeq:           req.GetMaxSeq(),
+		DurableSeq:       req.GetDurableSeq(),
+	}, time.Now())
+	if known {
+		m.updateGaugesLocked()
+	}
+	m.mu.Unlock()
+	if !known {
+		return nil, status.Errorf(codes.NotFound, "id %q: not registered (register again)", req.GetId())
+	}
+	m.metrics.heartbeats.Inc()
+	if len(acts) > 0 {
+		m.log.Info("component alive again", "id", req.GetId())
+		if _, err := m.reconcile(ctx); err != nil {
+			// The membership loop retries the write.
+			m.log.Warn("write liveness to deployment state", "id", req.GetId(), "err", err)
+		}
+	}
+	cur, _ := m.hub.get()
+	return &hamsv1.HeartbeatResponse{TopologyRevision: cur.GetRevision()}, nil
+}
+
+func (s *service) ReportFailure(_ context.Context, req *hamsv1.FailureReport) (*hamsv1.FailureReportResponse, error) {
+	m := s.m
+	if req.GetSuspect() == "" {
+		return nil, status.Error(codes.InvalidArgument, "suspect: required")
+	}
+	rec := FailureRecord{At: time.Now(), Reporter: req.GetReporter(), Suspect: req.GetSuspect(), Model: req.GetModel(), Why: req.GetReason()}
+	m.mu.Lock()
+	m.failures = append(m.failures, rec)
+	if len(m.failures) > maxFailureRecords {
+		m.failures = append(m.failures[:0:0], m.failures[len(m.failures)-maxFailureRecords:]...)
+	}
+	m.mu.Unlock()
+	m.metrics.failures.Inc()
+	m.log.Warn("failure reported", "reporter", rec.Reporter, "suspect", rec.Suspect, "model", rec.Model, "reason", rec.Why)
+	return &hamsv1.FailureReportResponse{Accepted: true}, nil
+}
+
+func (s *service) GetTopology(context.Context, *hamsv1.GetTopologyRequest) (*hamsv1.Topology, error) {
+	t, _ := s.m.hub.get()
+	if t == nil {
+		return nil, status.Error(codes.Unavailable, "deployment state not loaded yet")
+	}
+	return t, nil
+}
+
+// WatchTopology sends the current topology, then the newest one after every
+// change (intermediate revisions may be skipped when several land while a
+// send is in flight; the last one is always sent).
+func (s *service) WatchTopology(_ *hamsv1.GetTopologyRequest, stream hamsv1.Manager_WatchTopologyServer) error {
+	var sent uint64
+	first := true
+	for {
+		t, changed := s.m.hub.get()
+		if t != nil && (first || t.GetRevision() != sent) {
+			if err := stream.Send(t); err != nil {
+				return err
+			}
+			sent, first = t.GetRevision(), false
+		}
+		select {
+		case <-changed:
+		case <-stream.Context().Done():
+			return nil
+		case <-s.m.stopping:
+			// A clean end of stream: the client reconnects (to this manager
+			// restarted, or another one) without a warning in either log.
+			return nil
+		}
+	}
+}
