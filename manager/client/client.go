@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,6 +132,12 @@ func (c *Client) Resolve(model string) (addr string, epoch uint64, ok bool) {
 	return Resolve(c.Topology(), model)
 }
 
+// ResolveBackup returns the sidecar address and epoch of the live backup
+// of a stateful model.
+func (c *Client) ResolveBackup(model string) (addr string, epoch uint64, ok bool) {
+	return resolveRole(c.Topology(), model, hamsv1.Role_ROLE_BACKUP)
+}
+
 // Resolve is Client.Resolve on a given topology.
 func Resolve(t *hamsv1.Topology, model string) (addr string, epoch uint64, ok bool) {
 	if t == nil {
@@ -142,12 +149,16 @@ func Resolve(t *hamsv1.Topology, model string) (addr string, epoch uint64, ok bo
 		}
 		return t.GetFrontends()[0], 0, true
 	}
+	return resolveRole(t, model, hamsv1.Role_ROLE_PRIMARY, hamsv1.Role_ROLE_ACTIVE)
+}
+
+func resolveRole(t *hamsv1.Topology, model string, roles ...hamsv1.Role) (addr string, epoch uint64, ok bool) {
 	var best *hamsv1.Placement
 	for _, p := range t.GetPlacements() {
 		if p.GetModel() != model || !p.GetAlive() || p.GetSidecarAddress() == "" {
 			continue
 		}
-		if r := p.GetRole(); r != hamsv1.Role_ROLE_PRIMARY && r != hamsv1.Role_ROLE_ACTIVE {
+		if !slices.Contains(roles, p.GetRole()) {
 			continue
 		}
 		if best == nil || p.GetEpoch() > best.GetEpoch() {

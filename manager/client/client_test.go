@@ -79,6 +79,12 @@ func TestResolve(t *testing.T) {
 			t.Errorf("Resolve(%q) = %q, %d, %v; want %q, %d, %v", tc.model, addr, epoch, ok, tc.addr, tc.epoch, tc.ok)
 		}
 	}
+	if addr, ep, ok := resolveRole(tp, "m", hamsv1.Role_ROLE_BACKUP); addr != "bk:1" || ep != 9 || !ok {
+		t.Errorf("backup of m = %q, %d, %v", addr, ep, ok)
+	}
+	if _, _, ok := resolveRole(tp, "s", hamsv1.Role_ROLE_BACKUP); ok {
+		t.Error("a stateless model resolved a backup")
+	}
 	if _, _, ok := Resolve(nil, "m"); ok {
 		t.Error("Resolve(nil topology) succeeded")
 	}
