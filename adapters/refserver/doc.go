@@ -1,0 +1,17 @@
+// Package refserver is the reference model server: it hosts the Go models
+// of adapters/refserver/models named in a deployment and serves them on
+// one gRPC port through four APIs:
+//
+//   - hams.v1.ModelRuntime (what the sidecar drives: Describe, Infer, the
+//     Compute/Update split of stateful models, chunked ReadState and
+//     WriteState with a SHA-256 check);
+//   - KServe v2 inference.GRPCInferenceService (typed and raw contents;
+//     request parameter "sequence_id" is the stream id of stateful models);
+//   - TF Serving tensorflow.serving.PredictionService (Predict,
+//     GetModelMetadata) and ModelService (GetModelStatus).
+//
+// Bad input never crashes the server: unknown models are NotFound, malformed
+// tensors InvalidArgument naming the tensor, an Update of a batch that is
+// not staged FailedPrecondition. New validates and builds the models (no
+// I/O); Run serves on the given listener until its context ends.
+package refserver

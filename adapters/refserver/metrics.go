@@ -1,0 +1,59 @@
+package refserver
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hams-go/hams/adapters/refserver/models"
+)
+
+// register registers c on reg, reusing an identical collector already
+// registered (two servers in one process may share a registry).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if reg == nil {
+		return c
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if old, ok := are.ExistingCollector.(C); ok {
+				return old
+			}
+		}
+		panic(fmt.Sprintf("refserver: register metrics: %v", err))
+	}
+	return c
+}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer, hosted map[string]models.Model) *metrics {
+	var state *prometheus.GaugeVec
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hams_refserver_requests_total",
+			Help: "Batches handled per model, API method and outcome (ok or the gRPC code).",
+		}, []string{"model", "method", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "hams_refserver_batch_seconds",
+			Help:    "Time to run one batch (Infer, Compute, Update) per model.",
+			Buckets: []float64{.0001, .0005, .001, .002, .005, .01, .02, .05, .1, .5, 1},
+		}, []string{"model", "method"}),
+	}
+	state = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "hams_refserver_state_bytes",
+		Help: "Size of a model's state (0 for stateless models).",
+	}, []string{"model"})
+	m.requests = register(reg, m.requests)
+	m.latency = register(reg, m.latency)
+	state = register(reg, state)
+	for name, h := range hosted {
+		state.WithLabelValues(name).Set(float64(h.StateInfo().TotalBytes))
+	}
+	return m
+}

@@ -1,0 +1,243 @@
+package refserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"io"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hams-go/hams/adapters/refserver/models"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+const (
+	defaultChunk = 1 << 20
+	minChunk     = 4 << 10
+	maxChunk     = 16 << 20
+)
+
+type runtimeAPI struct {
+	hamsv1.UnimplementedModelRuntimeServer
+	s *Server
+}
+
+func (a *runtimeAPI) Health(ctx context.Context, req *hamsv1.HealthRequest) (*hamsv1.HealthResponse, error) {
+	if req.GetModel() == "" {
+		return &hamsv1.HealthResponse{Live: true, Ready: true, Detail: "serving"}, nil
+	}
+	if _, err := a.s.lookup(req.GetModel()); err != nil {
+		return nil, err
+	}
+	return &hamsv1.HealthResponse{Live: true, Ready: true, Detail: "serving"}, nil
+}
+
+func (a *runtimeAPI) Describe(ctx context.Context, req *hamsv1.DescribeRequest) (*hamsv1.ModelDescription, error) {
+	h, err := a.s.lookup(req.GetModel())
+	if err != nil {
+		return nil, err
+	}
+	return h.m.Describe(), nil
+}
+
+func batchOf(req *hamsv1.BatchRequest) *models.Batch {
+	return &models.Batch{Inputs: req.Inputs, Rows: append([]uint32(nil), req.Rows...), StreamIDs: req.StreamIds, BatchID: req.BatchId}
+}
+
+func (a *runtimeAPI) step(req *hamsv1.BatchRequest, method string, fn func(models.Model, *models.Batch) (*models.Result, error)) (*hamsv1.BatchResponse, error) {
+	h, err := a.s.lookup(req.GetModel())
+	if err != nil {
+		return nil, err
+	}
+	var resp *hamsv1.BatchResponse
+	err = a.s.run(h, method, func() error {
+		b := batchOf(req)
+		r, err := fn(h.m, b)
+		if err != nil {
+			return err
+		}
+		resp = &hamsv1.BatchResponse{Outputs: r.Outputs, Rows: b.Rows, BatchId: req.BatchId, NextStateVersion: r.NextStateVersion}
+		return nil
+	})
+	return resp, err
+}
+
+func (a *runtimeAPI) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	return a.step(req, "Infer", models.Model.Infer)
+}
+
+func (a *runtimeAPI) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	return a.step(req, "Compute", models.Model.Compute)
+}
+
+func (a *runtimeAPI) Update(ctx context.Context, req *hamsv1.UpdateRequest) (*hamsv1.UpdateResponse, error) {
+	h, err := a.s.lookup(req.GetModel())
+	if err != nil {
+		return nil, err
+	}
+	var v uint64
+	err = a.s.run(h, "Update", func() error {
+		var err error
+		v, err = h.m.Update(req.BatchId)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &hamsv1.UpdateResponse{StateVersion: v}, nil
+}
+
+// chunkSender streams state bytes as StateChunks of up to size bytes; the
+// chunk that completes total carries last and the SHA-256.
+type chunkSender struct {
+	stream hamsv1.ModelRuntime_ReadStateServer
+	size   int
+	total  uint64
+	sent   uint64
+	buf    []byte
+	h      hash.Hash
+}
+
+func (c *chunkSender) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := min(len(p), c.size-len(c.buf))
+		c.buf = append(c.buf, p[:k]...)
+		p = p[k:]
+		if len(c.buf) == c.size {
+			if err := c.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (c *chunkSender) flush() error {
+	if len(c.buf) == 0 {
+		return nil
+	}
+	c.h.Write(c.buf)
+	ch := &hamsv1.StateChunk{Offset: c.sent, Data: c.buf}
+	c.sent += uint64(len(c.buf))
+	if c.sent > c.total {
+		return status.Errorf(codes.Internal, "state grew while being read: %d > %d bytes", c.sent, c.total)
+	}
+	if c.sent == c.total {
+		ch.Last, ch.Sha256 = true, hex.EncodeToString(c.h.Sum(nil))
+	}
+	err := c.stream.Send(ch)
+	c.buf = c.buf[:0]
+	return err
+}
+
+func (a *runtimeAPI) ReadState(req *hamsv1.ReadStateRequest, stream hamsv1.ModelRuntime_ReadStateServer) error {
+	h, err := a.s.lookup(req.GetModel())
+	if err != nil {
+		return err
+	}
+	size := int(req.ChunkBytes)
+	if size == 0 {
+		size = defaultChunk
+	}
+	size = max(minChunk, min(size, maxChunk))
+	cs := &chunkSender{stream: stream, size: size, h: sha256.New()}
+	err = h.m.ReadState(func(info models.StateInfo) (io.Writer, error) {
+		cs.total = info.TotalBytes
+		cs.buf = make([]byte, 0, min(uint64(size), max(info.TotalBytes, 1)))
+		hdr := &hamsv1.StateChunk{Model: h.name, StateVersion: info.Version, Tensors: info.Tensors, TotalBytes: info.TotalBytes}
+		if info.TotalBytes == 0 {
+			hdr.Last, hdr.Sha256 = true, hex.EncodeToString(cs.h.Sum(nil))
+		}
+		return cs, stream.Send(hdr)
+	})
+	if err == nil {
+		err = cs.flush()
+	}
+	if err == nil && cs.sent != cs.total {
+		err = status.Errorf(codes.Internal, "state of %q: sent %d of %d bytes", h.name, cs.sent, cs.total)
+	}
+	if err != nil {
+		if _, ok := status.FromError(err); !ok {
+			err = status.Errorf(codes.Unavailable, "read state of %q: %v", h.name, err)
+		}
+	}
+	return err
+}
+
+func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return status.Error(codes.InvalidArgument, "write state: empty stream")
+		}
+		return err
+	}
+	h, err := a.s.lookup(first.GetModel())
+	if err != nil {
+		return err
+	}
+	info := h.m.StateInfo()
+	if first.TotalBytes != info.TotalBytes {
+		return status.Errorf(codes.InvalidArgument, "write state of %q: %d bytes, the model's state is %d", h.name, first.TotalBytes, info.TotalBytes)
+	}
+	if len(first.Tensors) != len(info.Tensors) {
+		return status.Errorf(codes.InvalidArgument, "write state of %q: %d tensors, the model has %d", h.name, len(first.Tensors), len(info.Tensors))
+	}
+	for i, t := range first.Tensors {
+		if !proto.Equal(t, info.Tensors[i]) {
+			return status.Errorf(codes.InvalidArgument, "write state of %q: tensor %d is %v, want %v", h.name, i, t, info.Tensors[i])
+		}
+	}
+	data := make([]byte, 0, info.TotalBytes)
+	ch := first
+	for {
+		if ch.Offset != uint64(len(data)) && len(ch.Data) > 0 {
+			return status.Errorf(codes.InvalidArgument, "write state of %q: chunk at offset %d, expected %d", h.name, ch.Offset, len(data))
+		}
+		if uint64(len(data)+len(ch.Data)) > info.TotalBytes {
+			return status.Errorf(codes.InvalidArgument, "write state of %q: more than %d bytes", h.name, info.TotalBytes)
+		}
+		data = append(data, ch.Data...)
+		if ch.Last {
+			break
+		}
+		ch, err = stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return status.Errorf(codes.InvalidArgument, "write state of %q: stream ended without a last chunk", h.name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if uint64(len(data)) != info.TotalBytes {
+		return status.Errorf(codes.InvalidArgument, "write state of %q: %d of %d bytes", h.name, len(data), info.TotalBytes)
+	}
+	sum := sha(data)
+	if ch.Sha256 != sum {
+		return status.Errorf(codes.InvalidArgument, "write state of %q: sha256 %q does not match the data (%s)", h.name, ch.Sha256, sum)
+	}
+	var v uint64
+	err = a.s.run(h, "WriteState", func() error {
+		var err error
+		v, err = h.m.WriteState(first.StateVersion, data)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	a.s.log.Info("state written", "model", h.name, "version", v, "bytes", len(data))
+	return stream.SendAndClose(&hamsv1.WriteStateResponse{StateVersion: v, Sha256: sum})
+}
+
+func (a *runtimeAPI) StateHandles(ctx context.Context, req *hamsv1.StateHandlesRequest) (*hamsv1.StateHandlesResponse, error) {
+	if _, err := a.s.lookup(req.GetModel()); err != nil {
+		return nil, err
+	}
+	return nil, status.Error(codes.Unimplemented, "reference model server: StateHandles (POSIX shm / CUDA IPC state regions) is not implemented yet; use ReadState")
+}

@@ -1,0 +1,201 @@
+package refserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/adapters/refserver/models"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
+	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+)
+
+// ErrConfig is wrapped by every Config validation error.
+var ErrConfig = errors.New("refserver: invalid config")
+
+// Config of a reference model server.
+type Config struct {
+	Deployment *config.Deployment
+	// Models names the models of Deployment to host (kind and params from
+	// the deployment).
+	Models       []string
+	GRPCListener net.Listener
+	Logger       *slog.Logger
+	Registry     *prometheus.Registry
+}
+
+// Server hosts models on one gRPC port.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	models  map[string]*hosted
+	names   []string
+	metrics *metrics
+	srv     *grpc.Server
+}
+
+type hosted struct {
+	name string
+	m    models.Model
+	// nextID numbers the batches of the client APIs (KServe, TF Serving),
+	// which carry no batch id of their own.
+	nextID atomic.Uint64
+}
+
+// New validates cfg and builds the models; it does no I/O.
+func New(cfg Config) (*Server, error) {
+	if cfg.Deployment == nil {
+		return nil, fmt.Errorf("%w: no deployment", ErrConfig)
+	}
+	if len(cfg.Models) == 0 {
+		return nil, fmt.Errorf("%w: no models to host", ErrConfig)
+	}
+	if cfg.GRPCListener == nil {
+		return nil, fmt.Errorf("%w: no gRPC listener", ErrConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "refserver"), models: map[string]*hosted{}}
+	built := map[string]models.Model{}
+	var errs []error
+	for _, name := range cfg.Models {
+		mc := cfg.Deployment.Model(name)
+		if mc == nil {
+			errs = append(errs, fmt.Errorf("%w: model %q is not in the deployment", ErrConfig, name))
+			continue
+		}
+		if s.models[name] != nil {
+			errs = append(errs, fmt.Errorf("%w: model %q listed twice", ErrConfig, name))
+			continue
+		}
+		m, err := models.New(mc)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("build model %q: %w", name, err))
+			continue
+		}
+		s.models[name] = &hosted{name: name, m: m}
+		s.names = append(s.names, name)
+		built[name] = m
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	sort.Strings(s.names)
+	s.metrics = newMetrics(cfg.Registry, built)
+	gm := register(cfg.Registry, grpcx.NewServerMetrics(nil))
+	s.srv = grpc.NewServer(grpcx.ServerOptions(s.log, gm, cfg.Deployment.Limits.MaxMessageBytes)...)
+	hamsv1.RegisterModelRuntimeServer(s.srv, &runtimeAPI{s: s})
+	inference.RegisterGRPCInferenceServiceServer(s.srv, &kserveAPI{s: s})
+	tfapis.RegisterPredictionServiceServer(s.srv, &predictAPI{s: s})
+	tfapis.RegisterModelServiceServer(s.srv, &modelStatusAPI{s: s})
+	gm.InitializeMetrics(s.srv)
+	return s, nil
+}
+
+// Models lists the hosted model names, sorted.
+func (s *Server) Models() []string { return append([]string(nil), s.names...) }
+
+// Model returns a hosted model (nil if not hosted); tests and in-process
+// wiring use it.
+func (s *Server) Model(name string) models.Model {
+	if h := s.models[name]; h != nil {
+		return h.m
+	}
+	return nil
+}
+
+// Run serves until ctx ends, then stops gracefully.
+func (s *Server) Run(ctx context.Context) error {
+	s.log.Info("reference model server serving", "addr", s.cfg.GRPCListener.Addr().String(), "models", s.names)
+	err := grpcx.Serve(ctx, s.srv, s.cfg.GRPCListener, 5*time.Second)
+	s.log.Info("reference model server stopped")
+	if err != nil {
+		return fmt.Errorf("refserver: serve: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) lookup(name string) (*hosted, error) {
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "no model named in the request")
+	}
+	h := s.models[name]
+	if h == nil {
+		return nil, status.Errorf(codes.NotFound, "model %q is not hosted here (hosted: %v)", name, s.names)
+	}
+	return h, nil
+}
+
+// toStatus maps model errors to gRPC status codes.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, models.ErrInvalidInput), errors.Is(err, models.ErrInvalidState):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, models.ErrNotStaged):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// run executes fn as one batch of model h for method, with metrics.
+func (s *Server) run(h *hosted, method string, fn func() error) error {
+	start := time.Now()
+	err := toStatus(fn())
+	s.metrics.latency.WithLabelValues(h.name, method).Observe(time.Since(start).Seconds())
+	code := "ok"
+	if err != nil {
+		code = status.Code(err).String()
+	}
+	s.metrics.requests.WithLabelValues(h.name, method, code).Inc()
+	return err
+}
+
+// infer runs a client-API request (KServe, TF Serving) as one batch: one
+// item of stream streamID, compute and update in one step.
+func (s *Server) infer(h *hosted, method string, ins []*hamsv1.Tensor, streamID string) ([]*hamsv1.Tensor, error) {
+	var res *models.Result
+	err := s.run(h, method, func() error {
+		var err error
+		b := &models.Batch{Inputs: ins, BatchID: h.nextID.Add(1)}
+		if len(ins) > 0 && len(ins[0].Shape) > 0 {
+			b.Rows = []uint32{uint32(ins[0].Shape[0])}
+			b.StreamIDs = []string{streamID}
+		}
+		res, err = h.m.Infer(b)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res.Outputs, nil
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}

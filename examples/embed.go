@@ -1,0 +1,41 @@
+// Package examples embeds the example deployments: the six services of the
+// HAMS paper's Fig. 8/9 (sa, sp, ap, fd, olv, olm, one file each) and
+// retrofit.yaml (one Fashion-MNIST classifier for `hams up`).
+package examples
+
+import (
+	"embed"
+	"fmt"
+
+	"github.com/hams-go/hams/internal/config"
+)
+
+//go:embed *.yaml
+var files embed.FS
+
+var names = []string{"sa", "sp", "ap", "fd", "olv", "olm"}
+
+// Names lists the six example services in the paper's order.
+func Names() []string { return append([]string(nil), names...) }
+
+// Raw returns the YAML of example name ("sa" ... "olm", or "retrofit").
+func Raw(name string) ([]byte, error) {
+	b, err := files.ReadFile(name + ".yaml")
+	if err != nil {
+		return nil, fmt.Errorf("examples: no example %q: %w", name, err)
+	}
+	return b, nil
+}
+
+// Load parses and validates example name.
+func Load(name string) (*config.Deployment, error) {
+	b, err := Raw(name)
+	if err != nil {
+		return nil, err
+	}
+	d, err := config.Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("examples: %s.yaml: %w", name, err)
+	}
+	return d, nil
+}
