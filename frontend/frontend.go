@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
@@ -66,6 +68,20 @@ type Config struct {
 	// ReplyCacheTTL is how long an answer is kept (default
 	// DefaultReplyCacheTTL).
 	ReplyCacheTTL time.Duration
+
+	// Coord is the coordination engine (*coord.Coord): durability notices
+	// gate replies in the early-release modes (nspb, nspb-s2), and the
+	// req_ids of answered requests are published in completion notices so
+	// primaries garbage-collect saved outputs. Nil means no coordination
+	// (bare deployments); New refuses nil in an early-release mode whose
+	// deployment replicates a stateful model.
+	Coord Coord
+	// Name identifies this frontend in completion notices and names its
+	// audit subdirectory (default config.Frontend).
+	Name string
+	// AuditDir, when set, receives AuditDir/<Name>/replies.jsonl: one
+	// record per reply released to a client.
+	AuditDir string
 }
 
 // sender is what the frontend needs of an outbound edge (edge.Sender).
@@ -96,10 +112,28 @@ type Frontend struct {
 	// kick wakes the expiry loop when an earlier deadline was added.
 	kick chan struct{}
 
-	// mu guards the request table, the calls, the in-flight index and the
-	// reply cache. Invariant: calls and table.pending hold the same req_ids;
-	// inflight holds exactly the calls with a request_id that are not done.
-	mu       sync.Mutex
+	name string
+	// stateful holds the replicated stateful models (stateful with ha:
+	// stateful) and watchModels the same names, sorted; a reply depends on
+	// the durability of those in its lineage.
+	stateful    map[string]bool
+	watchModels []string
+	// complKick wakes the completion loop when the first id is queued,
+	// complFull when a whole batch is.
+	complKick chan struct{}
+	complFull chan struct{}
+
+	// mu guards the request table, the hold area, the calls, the in-flight
+	// index, the reply cache and the completion and audit queues.
+	// Invariant: calls holds exactly the req_ids of table.pending plus those
+	// of holds (disjoint); inflight holds exactly the calls with a
+	// request_id that are not done; every done call's req_id was queued in
+	// doneIDs once (with a Coord).
+	mu sync.Mutex
+	// holds is nil when replies are not gated.
+	holds    *holds
+	doneIDs  []uint64
+	auditQ   []*hamsv1.PredictResponse
 	table    *table
 	calls    map[uint64]*call
 	inflight map[idemKey]*call
@@ -147,21 +181,43 @@ func New(cfg Config) (*Frontend, error) {
 	if cfg.ReplyCacheTTL <= 0 {
 		cfg.ReplyCacheTTL = DefaultReplyCacheTTL
 	}
+	if cfg.Name == "" {
+		cfg.Name = config.Frontend
+	}
+	if cfg.AuditDir != "" && (cfg.Name == "." || cfg.Name == ".." || strings.ContainsAny(cfg.Name, `/\`)) {
+		return nil, fmt.Errorf("%w: name %q cannot name an audit subdirectory", ErrConfig, cfg.Name)
+	}
 	d := cfg.Deployment
 	f := &Frontend{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "frontend"),
-		maxBytes: d.Limits.MaxMessageBytes,
-		timeout:  d.Limits.RequestTimeout.D(),
-		now:      time.Now,
-		services: map[string]*serviceInfo{},
-		senders:  map[string]sender{},
-		kick:     make(chan struct{}, 1),
-		drained:  make(chan struct{}),
-		table:    newTable(),
-		calls:    map[uint64]*call{},
-		inflight: map[idemKey]*call{},
-		cache:    newReplyCache(cfg.ReplyCacheSize, cfg.ReplyCacheTTL),
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "frontend"),
+		maxBytes:  d.Limits.MaxMessageBytes,
+		timeout:   d.Limits.RequestTimeout.D(),
+		now:       time.Now,
+		services:  map[string]*serviceInfo{},
+		senders:   map[string]sender{},
+		kick:      make(chan struct{}, 1),
+		drained:   make(chan struct{}),
+		table:     newTable(),
+		calls:     map[uint64]*call{},
+		inflight:  map[idemKey]*call{},
+		cache:     newReplyCache(cfg.ReplyCacheSize, cfg.ReplyCacheTTL),
+		name:      cfg.Name,
+		stateful:  map[string]bool{},
+		complKick: make(chan struct{}, 1),
+		complFull: make(chan struct{}, 1),
+	}
+	for _, m := range d.StatefulModels() {
+		f.stateful[m] = true
+		f.watchModels = append(f.watchModels, m)
+	}
+	sort.Strings(f.watchModels)
+	if gatingModes[d.Mode] && len(f.watchModels) > 0 {
+		if cfg.Coord == nil {
+			return nil, fmt.Errorf("%w: mode %q releases replies only once the states they depend on are durable, which needs a Coord (stateful models %v)",
+				ErrConfig, d.Mode, f.watchModels)
+		}
+		f.holds = newHolds()
 	}
 	if f.maxBytes <= 0 {
 		f.maxBytes = grpcx.DefaultMaxMessageBytes
@@ -194,7 +250,7 @@ func New(cfg Config) (*Frontend, error) {
 			f.senders[e] = snd
 		}
 	}
-	m, err := newMetrics(cfg.Registry, f.pendingCount, f.cacheCount)
+	m, err := newMetrics(cfg.Registry, f.pendingCount, f.cacheCount, f.heldCount)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: register metrics: %w", err)
 	}
@@ -220,6 +276,14 @@ func (f *Frontend) Handler() http.Handler { return f.http }
 // ctx ends, pending requests are answered Unavailable and Run returns after
 // every goroutine it started has ended.
 func (f *Frontend) Run(ctx context.Context) error {
+	var auditLog *audit.Log
+	if f.cfg.AuditDir != "" {
+		l, err := audit.Open(f.cfg.AuditDir, f.name, audit.RepliesFile)
+		if err != nil {
+			return fmt.Errorf("frontend: %w", err)
+		}
+		auditLog = l
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -247,6 +311,15 @@ func (f *Frontend) Run(ctx context.Context) error {
 		start("edge to "+name, func() error { return s.Run(ctx) })
 	}
 	start("expiry loop", func() error { f.expiryLoop(ctx); return nil })
+	if f.holds != nil {
+		start("durability watch", func() error { f.watchDurability(ctx); return nil })
+	}
+	if f.cfg.Coord != nil {
+		start("completion notices", func() error { f.completionLoop(ctx); return nil })
+	}
+	if auditLog != nil {
+		start("audit log", func() error { f.auditLoop(ctx, auditLog); return nil })
+	}
 	start("gRPC server", func() error { return f.serveGRPC(ctx) })
 	if f.cfg.HTTPListener != nil {
 		start("HTTP server", func() error { return grpcx.ServeHTTP(ctx, f.http, f.cfg.HTTPListener) })
@@ -254,6 +327,15 @@ func (f *Frontend) Run(ctx context.Context) error {
 	<-ctx.Done()
 	f.shutdown()
 	wg.Wait()
+	if f.cfg.Coord != nil {
+		f.finalCompletions()
+	}
+	if auditLog != nil {
+		f.writeAudit(auditLog)
+		if err := auditLog.Close(); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("frontend: close audit log: %w", err)
+		}
+	}
 	f.log.Info("frontend stopped")
 	return firstErr
 }
@@ -311,6 +393,9 @@ func (f *Frontend) shutdown() {
 	}
 	for id, c := range f.calls {
 		f.table.remove(id)
+		if f.holds != nil {
+			f.holds.drop(id)
+		}
 		f.finishLocked(c, nil, status.Error(codes.Unavailable, ErrShutdown.Error()), false)
 	}
 	if f.active == 0 {
@@ -347,12 +432,23 @@ func (f *Frontend) expiryLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		f.mu.Lock()
-		for _, c := range f.table.expire(f.now()) {
+		now := f.now()
+		for _, c := range f.table.expire(now) {
 			if cl := f.calls[c.reqID]; cl != nil {
 				f.finishLocked(cl, nil, c.err, false)
 			}
 		}
 		next, ok := f.table.nextDeadline()
+		if f.holds != nil {
+			for _, h := range f.holds.expire(now) {
+				if cl := f.calls[h.reqID]; cl != nil {
+					f.finishLocked(cl, nil, h.err, false)
+				}
+			}
+			if hn, hok := f.holds.nextDeadline(); hok && (!ok || hn.Before(next)) {
+				next, ok = hn, true
+			}
+		}
 		f.mu.Unlock()
 		wait := time.Hour
 		if ok {
@@ -376,9 +472,7 @@ func (f *Frontend) deliver(from string, items []*hamsv1.Item) {
 		res, comp := f.table.deliver(from, it)
 		switch res {
 		case completed:
-			if c := f.calls[comp.reqID]; c != nil {
-				f.finishLocked(c, comp.resp, comp.err, true)
-			}
+			f.completeLocked(comp)
 		case partStored:
 			f.log.Debug("sink part arrived", "req_id", it.GetReqId(), "from", from)
 		default:
@@ -404,6 +498,32 @@ func (r deliverResult) String() string {
 	return "unknown"
 }
 
+// completeLocked handles a request that left the table: an error is
+// answered at once; a reply is answered once every stateful state it
+// depends on is durable (at once when replies are not gated), else it
+// waits in the hold area.
+func (f *Frontend) completeLocked(comp *completion) {
+	c := f.calls[comp.reqID]
+	if c == nil {
+		return
+	}
+	if comp.err != nil || f.holds == nil {
+		f.finishLocked(c, comp.resp, comp.err, true)
+		return
+	}
+	now := f.now()
+	deps := replyDeps(comp.resp.GetLineage(), f.stateful)
+	if f.holds.hold(comp.reqID, comp.resp, deps, now, comp.deadline) {
+		f.m.gatingWait.Observe(0)
+		f.finishLocked(c, comp.resp, nil, true)
+		return
+	}
+	f.log.Debug("reply held for durability", "req_id", comp.reqID, "deps", deps)
+	if next, _ := f.holds.nextDeadline(); next.Equal(comp.deadline) {
+		signal(f.kick)
+	}
+}
+
 // finishLocked answers a call once; remember says whether the answer is
 // kept for idempotent retries (replies and model errors are; deadline,
 // cancellation and shutdown are not, so a retry executes again).
@@ -422,6 +542,7 @@ func (f *Frontend) finishLocked(c *call, resp *hamsv1.PredictResponse, err error
 			f.cache.put(c.key, resp, err, f.now())
 		}
 	}
+	f.noteAnsweredLocked(c.reqID, resp, err)
 }
 
 // epoch is the frontend's own epoch as the topology knows it (0 when it is
@@ -435,6 +556,15 @@ func (f *Frontend) pendingCount() float64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return float64(f.table.len())
+}
+
+func (f *Frontend) heldCount() float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holds == nil {
+		return 0
+	}
+	return float64(f.holds.len())
 }
 
 func (f *Frontend) cacheCount() float64 {
@@ -518,10 +648,7 @@ func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (res
 		f.inflight[key] = c
 	}
 	if next, _ := f.table.nextDeadline(); next.Equal(deadline) {
-		select {
-		case f.kick <- struct{}{}:
-		default:
-		}
+		signal(f.kick)
 	}
 	streamID := req.GetStreamId()
 	if streamID == "" {
@@ -592,6 +719,9 @@ func (f *Frontend) wait(ctx context.Context, c *call) (*hamsv1.PredictResponse, 
 	c.waiters--
 	if c.waiters == 0 {
 		f.table.remove(c.reqID)
+		if f.holds != nil {
+			f.holds.drop(c.reqID)
+		}
 		f.finishLocked(c, nil, err, false)
 	}
 	return nil, err

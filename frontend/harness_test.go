@@ -176,7 +176,23 @@ func listen(t *testing.T) net.Listener {
 
 func newEnv(t *testing.T, requestTimeout string) *env {
 	t.Helper()
-	dep, err := config.Parse([]byte(fmt.Sprintf(testYAML, requestTimeout)))
+	return newEnvWith(t, envOpts{yaml: fmt.Sprintf(testYAML, requestTimeout)})
+}
+
+// envOpts varies the environment: the deployment, extra frontend Config
+// fields, and the seq each fake model starts from (its first request gets
+// seqStart+1).
+type envOpts struct {
+	yaml     string
+	config   func(*Config)
+	seqStart map[string]uint64
+	// beforeRun adjusts the frontend after New, before Run.
+	beforeRun func(*Frontend)
+}
+
+func newEnvWith(t *testing.T, o envOpts) *env {
+	t.Helper()
+	dep, err := config.Parse([]byte(o.yaml))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
@@ -185,7 +201,11 @@ func newEnv(t *testing.T, requestTimeout string) *env {
 
 	gl, hl := listen(t), listen(t)
 	e.res.set(config.Frontend, gl.Addr().String())
-	fe, err := New(Config{Deployment: dep, Resolver: e.res, GRPCListener: gl, HTTPListener: hl, Registry: e.reg})
+	cfg := Config{Deployment: dep, Resolver: e.res, GRPCListener: gl, HTTPListener: hl, Registry: e.reg}
+	if o.config != nil {
+		o.config(&cfg)
+	}
+	fe, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -195,7 +215,7 @@ func newEnv(t *testing.T, requestTimeout string) *env {
 	for _, svc := range dep.Services {
 		g := svc.Graph()
 		for _, name := range g.Models() {
-			m := &fakeModel{name: name, in: make(chan inItem, 1024), senders: map[string]*edge.Sender{}, gate: make(chan struct{})}
+			m := &fakeModel{name: name, in: make(chan inItem, 1024), senders: map[string]*edge.Sender{}, gate: make(chan struct{}), seq: o.seqStart[name]}
 			for _, succ := range g.Succ(name) {
 				s, err := edge.NewSender(edge.SenderConfig{From: name, To: succ, Resolver: e.res, MaxMessageBytes: dep.Limits.MaxMessageBytes})
 				if err != nil {
@@ -217,6 +237,9 @@ func newEnv(t *testing.T, requestTimeout string) *env {
 			e.goRun(func() { m.process(ctx) })
 			e.models[name] = m
 		}
+	}
+	if o.beforeRun != nil {
+		o.beforeRun(fe)
 	}
 	feCtx, feCancel := context.WithCancel(ctx)
 	e.feCancel = feCancel

@@ -17,9 +17,16 @@ type metrics struct {
 	lateItems  prometheus.Counter
 	pending    prometheus.GaugeFunc
 	replyCache prometheus.GaugeFunc
+
+	held             prometheus.GaugeFunc
+	gatingWait       prometheus.Histogram
+	watchRestarts    prometheus.Counter
+	completions      prometheus.Counter
+	completionErrors prometheus.Counter
+	auditErrors      prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, pending, cached func() float64) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "hams", Subsystem: "frontend", Name: "requests_total",
@@ -50,8 +57,34 @@ func newMetrics(reg prometheus.Registerer, pending, cached func() float64) (*met
 			Namespace: "hams", Subsystem: "frontend", Name: "reply_cache_entries",
 			Help: "Answers remembered for idempotent retries.",
 		}, cached),
+		held: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "held_replies",
+			Help: "Replies whose sinks all arrived, held until the stateful states they depend on are durable.",
+		}, held),
+		gatingWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "gating_wait_seconds",
+			Help:    "Time from a gated reply's last sink item to its release (0 when its states were already durable).",
+			Buckets: []float64{.0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5},
+		}),
+		watchRestarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "durability_watch_restarts_total",
+			Help: "Times the durability watch failed and was restarted.",
+		}),
+		completions: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "completed_requests_published_total",
+			Help: "Req_ids published in completion notices.",
+		}),
+		completionErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "completion_notice_errors_total",
+			Help: "Completion notices that failed to publish (each is retried).",
+		}),
+		auditErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "audit_write_errors_total",
+			Help: "Reply audit records that could not be written.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
+		m.held, m.gatingWait, m.watchRestarts, m.completions, m.completionErrors, m.auditErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -45,6 +45,9 @@ type completion struct {
 	reqID uint64
 	resp  *hamsv1.PredictResponse
 	err   error
+	// deadline is the request's deadline (a reply held for durability
+	// keeps it).
+	deadline time.Time
 }
 
 func newTable() *table {
@@ -103,14 +106,14 @@ func (t *table) deliver(from string, it *hamsv1.Item) (deliverResult, *completio
 	}
 	if it.GetError() != "" {
 		t.drop(e)
-		return completed, &completion{reqID: e.reqID, err: itemError(it)}
+		return completed, &completion{reqID: e.reqID, err: itemError(it), deadline: e.deadline}
 	}
 	e.parts[from] = it
 	if len(e.parts) < len(e.sinks) {
 		return partStored, nil
 	}
 	t.drop(e)
-	return completed, &completion{reqID: e.reqID, resp: e.reply()}
+	return completed, &completion{reqID: e.reqID, resp: e.reply(), deadline: e.deadline}
 }
 
 // expire removes every request whose deadline is at or before now and

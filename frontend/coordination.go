@@ -1,0 +1,259 @@
+package frontend
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/hams-go/hams/internal/audit"
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Coord is what the frontend needs of the coordination engine
+// (*coord.Coord satisfies it).
+type Coord interface {
+	// WatchDurable calls fn for the last durability notice of each of
+	// models and then for every new one, until ctx ends (nil) or the watch
+	// fails (an error). fn runs on one goroutine.
+	WatchDurable(ctx context.Context, models []string, fn func(*hamsv1.DurabilityNotice)) error
+	// Complete publishes that requests left the graph.
+	Complete(ctx context.Context, n *hamsv1.CompletionNotice) error
+}
+
+// Timing of the coordination loops.
+const (
+	// completionFlush is how long answered req_ids wait to be batched into
+	// one completion notice; completionBatch ids flush at once.
+	completionFlush = 5 * time.Millisecond
+	completionBatch = 256
+	// completionCallTimeout bounds one Complete call.
+	completionCallTimeout = 2 * time.Second
+	// finalFlushTimeout bounds the completion flush after shutdown.
+	finalFlushTimeout = 2 * time.Second
+	// auditFlush is the period of the audit log's flush.
+	auditFlush = 100 * time.Millisecond
+	// Backoff of the durability watch and of failed completion notices.
+	minBackoff = 20 * time.Millisecond
+	maxBackoff = 2 * time.Second
+	// stableWatch is how long a durability watch must have run for the next
+	// failure to restart it after minBackoff again.
+	stableWatch = 10 * time.Second
+)
+
+// watchDurability keeps a durability watch on every replicated stateful
+// model of the deployment until ctx ends, restarting it with backoff when
+// it fails, and feeds its notices to the gate.
+func (f *Frontend) watchDurability(ctx context.Context) {
+	backoff := minBackoff
+	for {
+		start := time.Now()
+		err := f.cfg.Coord.WatchDurable(ctx, f.watchModels, f.onDurable)
+		if ctx.Err() != nil {
+			return
+		}
+		f.m.watchRestarts.Inc()
+		if time.Since(start) >= stableWatch {
+			backoff = minBackoff
+		}
+		f.log.Warn("durability watch ended; restarting", "err", err, "backoff", backoff)
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// onDurable applies one durability notice: the replies it makes releasable
+// go to their callers.
+func (f *Frontend) onDurable(n *hamsv1.DurabilityNotice) {
+	if !f.stateful[n.GetModel()] {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holds == nil {
+		return
+	}
+	now := f.now()
+	for _, r := range f.holds.durable(n.GetModel(), n.GetDurableSeq()) {
+		f.m.gatingWait.Observe(now.Sub(r.since).Seconds())
+		if c := f.calls[r.reqID]; c != nil {
+			f.finishLocked(c, r.resp, nil, true)
+		}
+	}
+}
+
+// noteAnsweredLocked queues the req_id of an answered request for its
+// completion notice and, for a reply, its audit record. Called with mu
+// held, once per request (from finishLocked).
+func (f *Frontend) noteAnsweredLocked(reqID uint64, resp *hamsv1.PredictResponse, err error) {
+	if f.cfg.Coord != nil {
+		f.doneIDs = append(f.doneIDs, reqID)
+		switch len(f.doneIDs) {
+		case 1:
+			signal(f.complKick)
+		case completionBatch:
+			signal(f.complFull)
+		}
+	}
+	if f.cfg.AuditDir != "" && err == nil && resp != nil {
+		f.auditQ = append(f.auditQ, resp)
+	}
+}
+
+// completionLoop publishes the req_ids of answered requests in completion
+// notices: a batch leaves completionFlush after its first id, or at once
+// when it holds completionBatch ids.
+func (f *Frontend) completionLoop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.complKick:
+		}
+		timer.Reset(completionFlush)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		case <-f.complFull:
+			timer.Stop()
+		}
+		f.flushCompletions(ctx)
+	}
+}
+
+// flushCompletions publishes every queued req_id, completionBatch ids per
+// notice. A failed notice is retried as the same batch (so the
+// coordination engine's duplicate window absorbs a retry of a notice that
+// was in fact published) until it succeeds or ctx ends; what is left then
+// goes back to the front of the queue. It reports whether the queue was
+// emptied.
+func (f *Frontend) flushCompletions(ctx context.Context) bool {
+	f.mu.Lock()
+	ids := f.doneIDs
+	f.doneIDs = nil
+	f.mu.Unlock()
+	backoff := minBackoff
+	for len(ids) > 0 {
+		n := min(len(ids), completionBatch)
+		cctx, cancel := context.WithTimeout(ctx, completionCallTimeout)
+		err := f.cfg.Coord.Complete(cctx, &hamsv1.CompletionNotice{Frontend: f.name, ReqIds: ids[:n:n]})
+		cancel()
+		if err == nil {
+			f.m.completions.Add(float64(n))
+			ids = ids[n:]
+			backoff = minBackoff
+			continue
+		}
+		f.m.completionErrors.Inc()
+		f.log.Warn("completion notice failed; retrying", "req_ids", n, "err", err, "backoff", backoff)
+		if !sleepCtx(ctx, backoff) {
+			f.mu.Lock()
+			f.doneIDs = append(ids, f.doneIDs...)
+			f.mu.Unlock()
+			return false
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+	return true
+}
+
+// finalCompletions publishes what is still queued once Run's goroutines
+// ended (the answers shutdown gave included).
+func (f *Frontend) finalCompletions() {
+	ctx, cancel := context.WithTimeout(context.Background(), finalFlushTimeout)
+	defer cancel()
+	if !f.flushCompletions(ctx) {
+		f.mu.Lock()
+		n := len(f.doneIDs)
+		f.doneIDs = nil
+		f.mu.Unlock()
+		f.log.Warn("completion notices not published at shutdown", "req_ids", n)
+	}
+}
+
+// auditLoop writes the queued reply records and flushes the log every
+// auditFlush until ctx ends.
+func (f *Frontend) auditLoop(ctx context.Context, log *audit.Log) {
+	t := time.NewTicker(auditFlush)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		f.writeAudit(log)
+		if err := log.Flush(); err != nil {
+			f.log.Warn("audit flush failed", "err", err)
+		}
+	}
+}
+
+// writeAudit writes one record per queued reply. Digests are computed here,
+// off the request path and outside mu.
+func (f *Frontend) writeAudit(log *audit.Log) {
+	f.mu.Lock()
+	q := f.auditQ
+	f.auditQ = nil
+	f.mu.Unlock()
+	for _, resp := range q {
+		if err := log.Write(auditReply(resp)); err != nil {
+			f.m.auditErrors.Inc()
+			f.log.Warn("audit write failed", "req_id", resp.GetReqId(), "err", err)
+		}
+	}
+}
+
+// auditReply is the replies.jsonl record of a released reply: the frontend
+// req_id (so records join with the lineage the sidecars saw, even when the
+// client named its own request_id), the merged lineage in traversal order
+// with one step per (model, seq), and the digest of every output tensor in
+// reply order (outputs sorted by model, tensors in order).
+func auditReply(resp *hamsv1.PredictResponse) audit.Reply {
+	rec := audit.Reply{ReqID: strconv.FormatUint(resp.GetReqId(), 10), Lineage: []audit.LineageStep{}}
+	type step struct {
+		model string
+		seq   uint64
+	}
+	seen := map[step]bool{}
+	for _, l := range resp.GetLineage() {
+		k := step{l.GetModel(), l.GetSeq()}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		rec.Lineage = append(rec.Lineage, audit.LineageStep{Model: l.GetModel(), Seq: l.GetSeq(), OutputDigest: l.GetOutputDigest()})
+	}
+	var ts []*hamsv1.Tensor
+	for _, o := range resp.GetOutputs() {
+		ts = append(ts, o.GetTensors()...)
+	}
+	rec.ReplyDigest = tensor.Digest(ts...)
+	return rec
+}
+
+// signal wakes a loop without blocking (a pending wake-up suffices).
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// sleepCtx waits d; it reports false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

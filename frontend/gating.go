@@ -1,0 +1,194 @@
+package frontend
+
+import (
+	"container/heap"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/nspb"
+)
+
+// gatingModes are the modes whose primaries release outputs before their
+// state is durable (early release), so the frontend must hold replies until
+// the states they depend on are durable (protocol step 5). In remus and
+// nspb-s1 the primaries hold outputs themselves; bare and replay promise no
+// such consistency.
+var gatingModes = map[string]bool{"nspb": true, "nspb-s2": true}
+
+// replyDeps are the dependencies of a reply: for every lineage entry of a
+// replicated stateful model (in stateful), the highest seq the lineage
+// names for that model. Nil when the reply depends on no such model.
+func replyDeps(lineage []*hamsv1.LineageEntry, stateful map[string]bool) map[string]uint64 {
+	var deps map[string]uint64
+	for _, l := range lineage {
+		if !stateful[l.GetModel()] {
+			continue
+		}
+		if deps == nil {
+			deps = map[string]uint64{}
+		}
+		if l.GetSeq() > deps[l.GetModel()] {
+			deps[l.GetModel()] = l.GetSeq()
+		}
+	}
+	return deps
+}
+
+// holds is the frontend's pure hold area: replies whose sinks all arrived
+// but that wait for the durability of the stateful states they depend on.
+// It wraps an nspb.ReplyGate (the release rule) and adds the replies
+// themselves and their deadlines. No goroutines, no locks, no clock (the
+// caller passes now).
+//
+// Invariants: byID and the gate's held set hold the same req_ids; the
+// deadline heap holds exactly the entries of byID; a reply leaves through
+// exactly one of release (durable), expire or drop, at most once.
+type holds struct {
+	gate  *nspb.ReplyGate
+	byID  map[uint64]*heldReply
+	byDue heldHeap
+}
+
+// heldReply is one reply waiting for durability.
+type heldReply struct {
+	reqID    uint64
+	resp     *hamsv1.PredictResponse
+	deps     map[string]uint64
+	since    time.Time // when the last sink item arrived
+	deadline time.Time
+	heapIdx  int
+}
+
+func newHolds() *holds {
+	return &holds{gate: nspb.NewReplyGate(), byID: map[uint64]*heldReply{}}
+}
+
+// hold registers a complete reply with its dependencies. It reports true
+// when every dependency is durable already: the reply is not kept and may
+// leave at once.
+func (h *holds) hold(reqID uint64, resp *hamsv1.PredictResponse, deps map[string]uint64, since, deadline time.Time) bool {
+	if h.gate.Hold(reqID, deps) {
+		return true
+	}
+	r := &heldReply{reqID: reqID, resp: resp, deps: deps, since: since, deadline: deadline}
+	h.byID[reqID] = r
+	heap.Push(&h.byDue, r)
+	return false
+}
+
+// durable records that model is durable up to seq and returns the replies
+// this releases, in req_id order.
+func (h *holds) durable(model string, seq uint64) []*heldReply {
+	ids := h.gate.Durable(model, seq)
+	if len(ids) == 0 {
+		return nil
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	out := make([]*heldReply, 0, len(ids))
+	for _, id := range ids {
+		r := h.byID[id]
+		if r == nil {
+			continue // cannot happen: the gate and byID hold the same ids
+		}
+		h.remove(r)
+		out = append(out, r)
+	}
+	return out
+}
+
+// drop forgets a held reply (its caller gave up, shutdown); it reports
+// whether the reply was held.
+func (h *holds) drop(reqID uint64) bool {
+	r := h.byID[reqID]
+	if r == nil {
+		return false
+	}
+	h.gate.Drop(reqID)
+	h.remove(r)
+	return true
+}
+
+// expire drops every held reply whose deadline is at or before now and
+// returns them with the DeadlineExceeded status their callers get.
+func (h *holds) expire(now time.Time) []expiredHold {
+	var out []expiredHold
+	for len(h.byDue) > 0 && !h.byDue[0].deadline.After(now) {
+		r := h.byDue[0]
+		err := status.Errorf(codes.DeadlineExceeded, "request %d of service %q: deadline exceeded waiting for durability of %s",
+			r.reqID, r.resp.GetService(), h.missing(r))
+		h.gate.Drop(r.reqID)
+		h.remove(r)
+		out = append(out, expiredHold{reqID: r.reqID, err: err})
+	}
+	return out
+}
+
+// expiredHold is a held reply that passed its deadline.
+type expiredHold struct {
+	reqID uint64
+	err   error
+}
+
+// missing describes the dependencies of r that are not durable yet, e.g.
+// "m (seq 5, durable 3)", sorted by model.
+func (h *holds) missing(r *heldReply) string {
+	var parts []string
+	for m, s := range r.deps {
+		if d := h.gate.DurableSeq(m); d < s {
+			parts = append(parts, fmt.Sprintf("%s (seq %d, durable %d)", m, s, d))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// nextDeadline is the earliest deadline of a held reply.
+func (h *holds) nextDeadline() (time.Time, bool) {
+	if len(h.byDue) == 0 {
+		return time.Time{}, false
+	}
+	return h.byDue[0].deadline, true
+}
+
+// len is the number of held replies.
+func (h *holds) len() int { return len(h.byID) }
+
+func (h *holds) remove(r *heldReply) {
+	delete(h.byID, r.reqID)
+	heap.Remove(&h.byDue, r.heapIdx)
+}
+
+// heldHeap orders held replies by deadline (then req_id).
+type heldHeap []*heldReply
+
+func (q heldHeap) Len() int { return len(q) }
+func (q heldHeap) Less(i, j int) bool {
+	if q[i].deadline.Equal(q[j].deadline) {
+		return q[i].reqID < q[j].reqID
+	}
+	return q[i].deadline.Before(q[j].deadline)
+}
+func (q heldHeap) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].heapIdx = i
+	q[j].heapIdx = j
+}
+func (q *heldHeap) Push(x any) {
+	r := x.(*heldReply)
+	r.heapIdx = len(*q)
+	*q = append(*q, r)
+}
+func (q *heldHeap) Pop() any {
+	old := *q
+	r := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	r.heapIdx = -1
+	return r
+}
