@@ -21,6 +21,11 @@ var ErrClosed = errors.New("coord: watch closed")
 type Coord struct {
 	js         jetstream.JetStream
 	deployment string
+	// incarnation makes message ids of this process unique: a restarted
+	// frontend numbers its requests from 1 again, and its completion
+	// notices must not fall into the previous incarnation's duplicate
+	// window.
+	incarnation int64
 }
 
 func streamName(dep, what string) string {
@@ -69,7 +74,7 @@ func Open(ctx context.Context, nc *nats.Conn, deployment string, replicas int) (
 			return nil, fmt.Errorf("coord: create stream %s: %w", c.Name, err)
 		}
 	}
-	return &Coord{js: js, deployment: deployment}, nil
+	return &Coord{js: js, deployment: deployment, incarnation: time.Now().UnixNano()}, nil
 }
 
 // Announce publishes that n.Model is durable up to n.DurableSeq.
@@ -94,7 +99,7 @@ func (c *Coord) Complete(ctx context.Context, n *hamsv1.CompletionNotice) error 
 	if err != nil {
 		return fmt.Errorf("coord: encode completion notice: %w", err)
 	}
-	id := fmt.Sprintf("c/%s/%d/%d", n.Frontend, n.ReqIds[0], len(n.ReqIds))
+	id := fmt.Sprintf("c/%s/%d/%d/%d", n.Frontend, c.incarnation, n.ReqIds[0], len(n.ReqIds))
 	if _, err := c.js.Publish(ctx, CompletedSubject(c.deployment), b, jetstream.WithMsgID(id)); err != nil {
 		return fmt.Errorf("coord: publish completion of %d requests: %w", len(n.ReqIds), err)
 	}
