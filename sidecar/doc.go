@@ -24,6 +24,24 @@
 // successor so the frontend answers the client. A batch failing with
 // InvalidArgument is re-run request by request so only the bad one fails.
 //
-// The state manager (replication of stateful models) hooks in after a
-// batch's compute: execute is where snapshots will be taken and Update held.
+// State manager (replicated stateful models: stateful, ha stateful, mode
+// not bare; stateless models and bare mode take the path above unchanged).
+// On the primary, the executor goroutine becomes a driver of an
+// nspb.Pipeline (primary.go): Compute runs on its own goroutine; when it
+// returns, lineage is recorded in batch order and the pipeline decides when
+// to Release (fan out, and keep in the OutputLog until the frontend's
+// completion notices), Update, Copy (ReadState into a snapshot, concurrent
+// with the next compute in nspb, with the model stopped in remus/nspb-s2)
+// and Ship. The shipper goroutine (shipper.go) sends snapshots <requests
+// with lineage and digests, state, outputs> to the backup over
+// Replication.ShipSnapshot in batch order, resends after a break, and
+// reports acks back to the driver (release-on-ack modes release then). New
+// batches are held while the output log is full or too many snapshots are
+// unacknowledged (backpressure, never loss).
+//
+// A sidecar with Role backup (backup.go) serves only Replication: it
+// buffers snapshots, feeds nspb.Backup (Algorithm 2) with them and with
+// its PFMs' durability notices (Coord.WatchDurable), and on its actions
+// writes the state (WriteState), keeps the outputs, writes audit records
+// and announces its durable seq (Coord.Announce).
 package sidecar

@@ -84,9 +84,16 @@ type collector struct {
 	mu    sync.Mutex
 	items map[uint64][]*hamsv1.Item
 	n     int
+	// check, when set before traffic starts, sees every item on arrival.
+	check func(*hamsv1.Item)
 }
 
 func (c *collector) deliver(_ string, items []*hamsv1.Item) {
+	if c.check != nil {
+		for _, it := range items {
+			c.check(it)
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, it := range items {

@@ -194,11 +194,27 @@ func (s *Sidecar) run(ctx context.Context, reqs []request) {
 
 // infer builds the batch request and splits the response per request.
 func (s *Sidecar) infer(ctx context.Context, reqs []request) ([][]*hamsv1.Tensor, error) {
+	s.batchID++
+	req, err := s.batchRequest(reqs, s.batchID)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	resp, err := s.cfg.Backend.Infer(ctx, req)
+	s.metrics.backend.Observe(time.Since(start).Seconds())
+	s.metrics.batches.Inc()
+	s.metrics.batchSize.Observe(float64(len(reqs)))
+	if err != nil {
+		return nil, err
+	}
+	return splitOutputs(resp, len(reqs))
+}
+
+// batchRequest concatenates the requests' inputs along dimension 0.
+func (s *Sidecar) batchRequest(reqs []request, batchID uint64) (*hamsv1.BatchRequest, error) {
 	n := len(reqs)
 	width := len(reqs[0].inputs)
-	req := &hamsv1.BatchRequest{Model: s.model.Backend.Model, Rows: make([]uint32, n), StreamIds: make([]string, n)}
-	s.batchID++
-	req.BatchId = s.batchID
+	req := &hamsv1.BatchRequest{Model: s.model.Backend.Model, Rows: make([]uint32, n), StreamIds: make([]string, n), BatchId: batchID}
 	for i, r := range reqs {
 		if len(r.inputs) != width {
 			return nil, status.Errorf(codes.InvalidArgument, "request %d has %d inputs, request 0 has %d", r.j.ReqID, len(r.inputs), width)
@@ -218,14 +234,11 @@ func (s *Sidecar) infer(ctx context.Context, reqs []request) ([][]*hamsv1.Tensor
 		}
 		req.Inputs[k] = t
 	}
-	start := time.Now()
-	resp, err := s.cfg.Backend.Infer(ctx, req)
-	s.metrics.backend.Observe(time.Since(start).Seconds())
-	s.metrics.batches.Inc()
-	s.metrics.batchSize.Observe(float64(n))
-	if err != nil {
-		return nil, err
-	}
+	return req, nil
+}
+
+// splitOutputs cuts a batch response into each request's outputs.
+func splitOutputs(resp *hamsv1.BatchResponse, n int) ([][]*hamsv1.Tensor, error) {
 	if len(resp.GetRows()) != n {
 		return nil, status.Errorf(codes.Internal, "backend returned rows for %d requests, batch has %d", len(resp.GetRows()), n)
 	}

@@ -15,6 +15,21 @@ type metrics struct {
 	queue     prometheus.Gauge
 	errors    *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
+
+	// State manager (replicated stateful models).
+	update        prometheus.Histogram
+	snapCopy      prometheus.Histogram
+	snapDelivery  prometheus.Histogram
+	stateBytes    prometheus.Gauge
+	shipped       prometheus.Counter
+	shipRetries   prometheus.Counter
+	outlogBytes   prometheus.Gauge
+	outlogItems   prometheus.Gauge
+	outlogBlocked prometheus.Counter
+	applied       prometheus.Counter
+	applySeconds  prometheus.Histogram
+	pending       prometheus.Gauge
+	durableSeq    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, model string) *metrics {
@@ -42,8 +57,37 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hams_sidecar_items_dropped_total", Help: "Inbound items dropped (unknown predecessor, late or duplicate join part).", ConstLabels: cl}, []string{"reason"}),
 	}
+	secs := []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5}
+	m.update = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_update_seconds", Help: "Latency of one backend Update (stateful primary).", ConstLabels: cl, Buckets: secs})
+	m.snapCopy = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_snapshot_copy_seconds", Help: "Time to copy the state after a batch into a snapshot buffer (ReadState).", ConstLabels: cl, Buckets: secs})
+	m.snapDelivery = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_snapshot_delivery_seconds", Help: "From a snapshot's copy to the backup's acknowledgement.", ConstLabels: cl, Buckets: secs})
+	m.stateBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hams_sidecar_state_bytes", Help: "Bytes of the model state in the last snapshot.", ConstLabels: cl})
+	m.shipped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_snapshots_shipped_total", Help: "Snapshots acknowledged by the backup.", ConstLabels: cl})
+	m.shipRetries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_snapshot_ship_retries_total", Help: "Snapshot shipments that failed and were resent.", ConstLabels: cl})
+	m.outlogBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hams_sidecar_output_log_bytes", Help: "Tensor bytes of released outputs kept until their requests complete.", ConstLabels: cl})
+	m.outlogItems = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hams_sidecar_output_log_items", Help: "Items (per out-edge) kept in the output log.", ConstLabels: cl})
+	m.outlogBlocked = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_output_log_full_total", Help: "Times a batch was held because the output log was full.", ConstLabels: cl})
+	m.applied = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_backup_applied_total", Help: "Snapshots the backup applied.", ConstLabels: cl})
+	m.applySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_backup_apply_seconds", Help: "Backup WriteState latency.", ConstLabels: cl, Buckets: secs})
+	m.pending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hams_sidecar_backup_pending_snapshots", Help: "Snapshots the backup holds, waiting for earlier batches or PFM durability.", ConstLabels: cl})
+	m.durableSeq = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hams_sidecar_durable_seq", Help: "Highest request seq covered by an applied snapshot (backup).", ConstLabels: cl})
 	if reg != nil {
-		reg.MustRegister(m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped)
+		reg.MustRegister(m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
+			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.outlogBytes, m.outlogItems,
+			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq)
 	}
 	return m
 }

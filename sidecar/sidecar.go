@@ -18,6 +18,7 @@ import (
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/nspb"
 )
 
 // Backend is the model server a sidecar drives; adapters implement it.
@@ -46,9 +47,29 @@ type Config struct {
 	Model        string
 	Backend      Backend
 	Resolver     Resolver
-	GRPCListener net.Listener // serves hamsv1.Dataplane (+ Replication later)
+	GRPCListener net.Listener // serves hamsv1.Dataplane (primary) and hamsv1.Replication
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
+
+	// Role is RolePrimary (default) or RoleBackup. A backup sidecar sits
+	// next to its own model server instance, serves only Replication
+	// (snapshots from the primary) and applies them (Algorithm 2).
+	Role string
+	// Coord carries durability and completion notices; required for a
+	// replicated stateful model (stateful, ha stateful, mode not bare).
+	Coord Coord
+	// BackupResolver finds the backup of this model; required for the
+	// primary of a replicated stateful model.
+	BackupResolver BackupResolver
+	// AuditDir, when set, receives AuditDir/<model>-backup/durable.jsonl
+	// from a backup.
+	AuditDir string
+	// Epoch of this instance, stamped on snapshots and durability notices.
+	Epoch uint64
+	// OutputLogBytes bounds the outputs a replicated primary keeps until
+	// their requests complete (default DefaultOutputLogBytes); when full,
+	// no new batch starts until completion notices free space.
+	OutputLogBytes int64
 }
 
 // AnyInput is the declared input name that accepts every tensor of a request.
@@ -88,6 +109,19 @@ type Sidecar struct {
 	inbox   chan *hamsv1.Item
 	done    chan struct{} // closed when Run's context ends
 	started atomic.Bool
+
+	// State manager (replicated stateful models only).
+	role       string
+	mode       nspb.Mode
+	replicated bool // stateful, ha stateful, mode not bare
+	sbe        StatefulBackend
+	pfm, nfm   []string
+	outlog     *OutputLog // primary: released outputs; backup: applied outputs
+	ship       *shipper   // primary
+	bk         *backupState
+	// shipHook, when set (tests), runs on the shipper before batch is
+	// shipped; it may block until ctx ends.
+	shipHook func(ctx context.Context, batch uint64)
 }
 
 // New validates cfg and builds the sidecar (no I/O).
@@ -100,8 +134,18 @@ func New(cfg Config) (*Sidecar, error) {
 	if cfg.Backend == nil {
 		bad("no backend")
 	}
-	if cfg.Resolver == nil {
+	role := cfg.Role
+	if role == "" {
+		role = RolePrimary
+	}
+	if role != RolePrimary && role != RoleBackup {
+		bad("role %q is not %s or %s", cfg.Role, RolePrimary, RoleBackup)
+	}
+	if cfg.Resolver == nil && role == RolePrimary {
 		bad("no resolver")
+	}
+	if cfg.OutputLogBytes < 0 {
+		bad("negative output log bound %d", cfg.OutputLogBytes)
 	}
 	if cfg.GRPCListener == nil {
 		bad("no gRPC listener")
@@ -118,6 +162,10 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
+	}
+	mode, replicated, sbe, err := replicationOf(cfg, role)
+	if err != nil {
+		return nil, err
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -139,10 +187,30 @@ func New(cfg Config) (*Sidecar, error) {
 		lineage: NewLineage(cfg.Model, 0),
 		inbox:   make(chan *hamsv1.Item, inboxSize),
 		done:    make(chan struct{}),
+		role:    role, mode: mode, replicated: replicated, sbe: sbe,
+	}
+	if replicated {
+		stateful := func(name string) bool {
+			mm := cfg.Deployment.Model(name)
+			return mm != nil && mm.Stateful && mm.HA == "stateful"
+		}
+		pfm, nfm := nspb.StatefulNeighbours(g, stateful)
+		s.pfm, s.nfm = pfm[cfg.Model], nfm[cfg.Model]
+		limit := cfg.OutputLogBytes
+		if limit == 0 {
+			limit = DefaultOutputLogBytes
+		}
+		s.outlog = NewOutputLog(limit)
 	}
 	grpcM := grpcx.NewServerMetrics(reg)
 	s.serverOpts = grpcx.ServerOptions(log, grpcM, s.maxMsg)
-	var err error
+	if role == RoleBackup {
+		s.bk = newBackupState(s)
+		return s, nil
+	}
+	if replicated {
+		s.ship = newShipper(s)
+	}
 	if s.joiner, err = NewJoiner(g.Pred(cfg.Model), m.FanIn, maxWaitingJoin); err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrConfig, cfg.Model, err)
 	}
@@ -189,10 +257,13 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv := grpc.NewServer(s.serverOpts...)
-	hamsv1.RegisterDataplaneServer(srv, s.receiver)
+	hamsv1.RegisterReplicationServer(srv, &replicationServer{s: s})
+	if s.role == RolePrimary {
+		hamsv1.RegisterDataplaneServer(srv, s.receiver)
+	}
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 2+len(s.senders))
+	errc := make(chan error, 8+len(s.senders))
 	goRun := func(name string, f func(context.Context) error) {
 		wg.Add(1)
 		go func() {
@@ -209,18 +280,40 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		<-ctx.Done()
 		close(s.done)
 	}()
-	goRun("dataplane server", func(ctx context.Context) error {
+	goRun("grpc server", func(ctx context.Context) error {
 		return grpcx.Serve(ctx, srv, s.cfg.GRPCListener, stopGrace)
 	})
-	for _, snd := range s.senders {
-		goRun("sender", snd.Run)
+	if s.replicated {
+		goRun("completion watch", func(ctx context.Context) error {
+			return s.cfg.Coord.WatchCompleted(ctx, s.completed)
+		})
 	}
-	work := make(chan []*Joined)
-	idle := make(chan struct{})
-	goRun("executor", func(ctx context.Context) error { s.executor(ctx, work, idle); return nil })
-	goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
-	s.log.Info("sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "service", s.service,
-		"successors", s.succs, "batch", s.model.Batch.Size, "fan_in", s.model.FanIn)
+	if s.role == RoleBackup {
+		goRun("backup", s.bk.run)
+		s.log.Info("backup sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "mode", s.mode,
+			"pfm", s.pfm, "nfm", s.nfm, "epoch", s.cfg.Epoch)
+	} else {
+		for _, snd := range s.senders {
+			goRun("sender", snd.Run)
+		}
+		work := make(chan []*Joined)
+		idle := make(chan struct{})
+		if s.replicated {
+			goRun("shipper", s.ship.run)
+			goRun("executor", func(ctx context.Context) error { return s.primaryExecutor(ctx, work, idle) })
+		} else {
+			if s.model.Stateful && s.mode == nspb.Bare && s.cfg.Deployment.Mode == "replay" {
+				s.log.Warn("mode replay is not implemented by the sidecar; stateful model runs without replication")
+			}
+			goRun("executor", func(ctx context.Context) error { s.executor(ctx, work, idle); return nil })
+		}
+		goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
+	}
+	if s.role == RolePrimary {
+		s.log.Info("sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "service", s.service,
+			"successors", s.succs, "batch", s.model.Batch.Size, "fan_in", s.model.FanIn,
+			"mode", s.mode, "replicated", s.replicated)
+	}
 	wg.Wait()
 	close(errc)
 	var err error
@@ -389,7 +482,18 @@ func (s *Sidecar) sendError(j *Joined, code codes.Code, msg string) {
 
 // fanOut sends it to every successor (one copy per out-edge, sharing
 // tensors and lineage: Send stamps edge_seq on its own copy).
-func (s *Sidecar) fanOut(it *hamsv1.Item) {
+func (s *Sidecar) fanOut(it *hamsv1.Item) { s.fanOutTo(it, nil) }
+
+// fanOutKeep is fanOut returning the items sent, in successor order.
+func (s *Sidecar) fanOutKeep(it *hamsv1.Item) []*hamsv1.Item {
+	sent := make([]*hamsv1.Item, len(s.senders))
+	s.fanOutTo(it, sent)
+	return sent
+}
+
+// fanOutTo records the item sent on out-edge i in sent[i] when sent is not
+// nil.
+func (s *Sidecar) fanOutTo(it *hamsv1.Item, sent []*hamsv1.Item) {
 	for i, snd := range s.senders {
 		c := it
 		if i < len(s.senders)-1 {
@@ -397,6 +501,9 @@ func (s *Sidecar) fanOut(it *hamsv1.Item) {
 				ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
 				Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Error: it.Error, ErrorCode: it.ErrorCode,
 			}
+		}
+		if sent != nil {
+			sent[i] = c
 		}
 		snd.Send(c)
 	}

@@ -50,6 +50,11 @@ func (f *fakeRuntime) Health(context.Context, *hamsv1.HealthRequest) (*hamsv1.He
 
 func start(t *testing.T, f *fakeRuntime) *grpc.ClientConn {
 	t.Helper()
+	return startRuntime(t, f)
+}
+
+func startRuntime(t *testing.T, f hamsv1.ModelRuntimeServer) *grpc.ClientConn {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,177 @@
+package reference
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// StateChunkBytes is the data size of one StateChunk this adapter asks for
+// and sends.
+const StateChunkBytes = 1 << 20
+
+// Compute runs the compute stage of a stateful step: outputs of the batch
+// from the installed state; the next state is staged until Update.
+func (b *Backend) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	if req.GetModel() == "" {
+		req.Model = b.model
+	}
+	resp, err := b.rt.Compute(ctx, req)
+	return resp, b.mapErr("compute", err)
+}
+
+// Update installs the state staged by batch batchID's Compute.
+func (b *Backend) Update(ctx context.Context, batchID uint64) error {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	_, err := b.rt.Update(ctx, &hamsv1.UpdateRequest{Model: b.model, BatchId: batchID})
+	return b.mapErr("update", err)
+}
+
+// ReadState streams the installed state and returns it as tensors (one per
+// state tensor spec, in the model's order) with its version. It verifies
+// the stream: header first, offsets contiguous, exactly total_bytes, and
+// the SHA-256 on the last chunk.
+func (b *Backend) ReadState(ctx context.Context) ([]*hamsv1.Tensor, uint64, error) {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	st, err := b.rt.ReadState(ctx, &hamsv1.ReadStateRequest{Model: b.model, ChunkBytes: StateChunkBytes})
+	if err != nil {
+		return nil, 0, b.mapErr("read state", err)
+	}
+	var (
+		first *hamsv1.StateChunk
+		data  []byte
+		h     = sha256.New()
+	)
+	for {
+		ch, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: stream ended without a last chunk", b.model)
+		}
+		if err != nil {
+			return nil, 0, b.mapErr("read state", err)
+		}
+		if first == nil {
+			first = ch
+			if ch.GetTotalBytes() > 1<<34 {
+				return nil, 0, status.Errorf(codes.ResourceExhausted, "reference %s read state: %d bytes", b.model, ch.GetTotalBytes())
+			}
+			data = make([]byte, 0, ch.GetTotalBytes())
+		}
+		if len(ch.GetData()) > 0 && ch.GetOffset() != uint64(len(data)) {
+			return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: chunk at offset %d, expected %d", b.model, ch.GetOffset(), len(data))
+		}
+		if uint64(len(data)+len(ch.GetData())) > first.GetTotalBytes() {
+			return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: more than the announced %d bytes", b.model, first.GetTotalBytes())
+		}
+		data = append(data, ch.GetData()...)
+		h.Write(ch.GetData())
+		if ch.GetLast() {
+			if uint64(len(data)) != first.GetTotalBytes() {
+				return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: %d of %d bytes", b.model, len(data), first.GetTotalBytes())
+			}
+			if sum := hex.EncodeToString(h.Sum(nil)); ch.GetSha256() != sum {
+				return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: sha256 %q does not match the data (%s)", b.model, ch.GetSha256(), sum)
+			}
+			break
+		}
+	}
+	ts, err := SplitState(first.GetTensors(), data)
+	if err != nil {
+		return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: %v", b.model, err)
+	}
+	return ts, first.GetStateVersion(), nil
+}
+
+// WriteState overwrites the installed state with tensors (the model's state
+// tensors in order) and sets its version, streamed in chunks with the
+// SHA-256 on the last one.
+func (b *Backend) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, version uint64) error {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	specs := make([]*hamsv1.TensorSpec, len(tensors))
+	var total uint64
+	h := sha256.New()
+	for i, t := range tensors {
+		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
+		total += uint64(len(t.GetData()))
+		h.Write(t.GetData())
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	st, err := b.rt.WriteState(ctx)
+	if err != nil {
+		return b.mapErr("write state", err)
+	}
+	hdr := &hamsv1.StateChunk{Model: b.model, StateVersion: version, Tensors: specs, TotalBytes: total}
+	if total == 0 {
+		hdr.Last, hdr.Sha256 = true, sum
+	}
+	if err := st.Send(hdr); err != nil {
+		_, err = st.CloseAndRecv()
+		return b.mapErr("write state", err)
+	}
+	var off uint64
+	for _, t := range tensors {
+		d := t.GetData()
+		for len(d) > 0 {
+			k := min(len(d), StateChunkBytes)
+			ch := &hamsv1.StateChunk{Offset: off, Data: d[:k]}
+			off += uint64(k)
+			d = d[k:]
+			if off == total {
+				ch.Last, ch.Sha256 = true, sum
+			}
+			if err := st.Send(ch); err != nil {
+				_, err = st.CloseAndRecv()
+				return b.mapErr("write state", err)
+			}
+		}
+	}
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		return b.mapErr("write state", err)
+	}
+	if resp.GetSha256() != "" && resp.GetSha256() != sum {
+		return status.Errorf(codes.DataLoss, "reference %s write state: server hashed %s, sent %s", b.model, resp.GetSha256(), sum)
+	}
+	return nil
+}
+
+// SplitState cuts contiguous state bytes into one tensor per spec (specs
+// must have fixed shapes; BYTES tensors are not state).
+func SplitState(specs []*hamsv1.TensorSpec, data []byte) ([]*hamsv1.Tensor, error) {
+	out := make([]*hamsv1.Tensor, len(specs))
+	off := 0
+	for i, sp := range specs {
+		es := tensor.ElemSize(sp.GetDatatype())
+		if es <= 0 {
+			return nil, fmt.Errorf("state tensor %q: datatype %q has no fixed element size", sp.GetName(), sp.GetDatatype())
+		}
+		n, err := tensor.NumElements(sp.GetShape())
+		if err != nil {
+			return nil, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
+		}
+		size := int(n) * es
+		if size < 0 || off+size > len(data) {
+			return nil, fmt.Errorf("state tensor %q needs %d bytes at offset %d, state has %d", sp.GetName(), size, off, len(data))
+		}
+		out[i] = &hamsv1.Tensor{Name: sp.GetName(), Datatype: sp.GetDatatype(), Shape: sp.GetShape(), Data: data[off : off+size : off+size]}
+		off += size
+	}
+	if off != len(data) {
+		return nil, fmt.Errorf("state specs cover %d bytes, state has %d", off, len(data))
+	}
+	return out, nil
+}

@@ -1,0 +1,380 @@
+package sidecar
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/audit"
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/nspb"
+)
+
+// maxSnapshotBytes bounds the state a backup accepts in one snapshot.
+const maxSnapshotBytes = 1 << 34
+
+// received is a snapshot buffered by the backup until it is applied.
+type received struct {
+	header *hamsv1.SnapshotHeader
+	state  []*hamsv1.Tensor
+	digest string
+}
+
+// backupState is a backup sidecar's state manager: it buffers snapshots
+// from the primary, feeds nspb.Backup (Algorithm 2) with them and with its
+// PFMs' durability notices, and performs the resulting actions in order:
+// Apply = WriteState + keep the outputs + audit records, Announce =
+// Coord.Announce.
+//
+// Invariants (under mu): snaps holds exactly the snapshots alg has pending
+// (received, not yet applied); acts holds the actions alg returned that
+// the applier has not performed yet, in the order returned. doneBatch and
+// doneSeq advance only after the applier has written a state.
+type backupState struct {
+	s *Sidecar
+
+	mu        sync.Mutex
+	alg       *nspb.Backup
+	snaps     map[uint64]*received
+	acts      []nspb.Action
+	applying  map[uint64]*received // taken out of snaps with their Apply
+	doneBatch uint64
+	doneSeq   uint64
+	// maxRecvSeq is the highest request seq of any snapshot buffered.
+	maxRecvSeq uint64
+	wake       chan struct{}
+}
+
+func newBackupState(s *Sidecar) *backupState {
+	return &backupState{
+		s: s, alg: nspb.NewBackup(s.cfg.Model, s.pfm, s.nfm, 0, 0),
+		snaps: map[uint64]*received{}, applying: map[uint64]*received{}, wake: make(chan struct{}, 1),
+	}
+}
+
+// push queues actions (caller holds mu) and wakes the applier.
+func (b *backupState) push(acts []nspb.Action) {
+	for _, a := range acts {
+		if ap, ok := a.(nspb.Apply); ok {
+			b.applying[ap.BatchID] = b.snaps[ap.BatchID]
+			delete(b.snaps, ap.BatchID)
+		}
+	}
+	b.acts = append(b.acts, acts...)
+	b.s.metrics.pending.Set(float64(len(b.snaps)))
+	if len(acts) > 0 {
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// durable is the PFM watch callback.
+func (b *backupState) durable(n *hamsv1.DurabilityNotice) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.push(b.alg.Durable(n.GetModel(), n.GetDurableSeq()))
+}
+
+// MaxSeq is the highest request seq and batch covered by an applied
+// (written) snapshot.
+func (b *backupState) MaxSeq() (seq, batch uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.doneSeq, b.doneBatch
+}
+
+// run watches the PFMs' durability and applies snapshots until ctx ends.
+func (b *backupState) run(ctx context.Context) error {
+	s := b.s
+	var alog *audit.Log
+	if s.cfg.AuditDir != "" {
+		var err error
+		if alog, err = audit.Open(s.cfg.AuditDir, s.cfg.Model+"-backup", audit.DurableFile); err != nil {
+			return err
+		}
+		defer alog.Close()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	if len(s.pfm) > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.cfg.Coord.WatchDurable(ctx, s.pfm, b.durable); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("watch durability of %v: %w", s.pfm, err)
+				cancel()
+			}
+		}()
+	}
+	err := b.applier(ctx, alog)
+	cancel()
+	wg.Wait()
+	select {
+	case werr := <-errc:
+		err = errors.Join(err, werr)
+	default:
+	}
+	return err
+}
+
+func (b *backupState) applier(ctx context.Context, alog *audit.Log) error {
+	for {
+		select {
+		case <-b.wake:
+		case <-ctx.Done():
+			return nil
+		}
+		b.mu.Lock()
+		acts := b.acts
+		b.acts = nil
+		b.mu.Unlock()
+		if len(acts) == 0 {
+			continue
+		}
+		if err := b.perform(ctx, acts, alog); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// perform applies a run of actions. Each snapshot holds the full state
+// after its batch, so of consecutive Applies only the last state is
+// written; audit records, kept outputs and the announcement (the highest
+// durable seq) follow the write.
+func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *audit.Log) error {
+	s := b.s
+	var applies []*received
+	var last *nspb.Announce
+	for _, a := range acts {
+		switch a := a.(type) {
+		case nspb.Apply:
+			b.mu.Lock()
+			r := b.applying[a.BatchID]
+			delete(b.applying, a.BatchID)
+			b.mu.Unlock()
+			if r == nil {
+				return fmt.Errorf("apply of batch %d, which was not received", a.BatchID)
+			}
+			applies = append(applies, r)
+		case nspb.Announce:
+			an := a
+			last = &an
+		}
+	}
+	if len(applies) == 0 {
+		return nil
+	}
+	top := applies[len(applies)-1]
+	var err error
+	for attempt := 0; attempt < stateOpAttempts; attempt++ {
+		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
+			return ctx.Err()
+		}
+		start := time.Now()
+		err = s.sbe.WriteState(ctx, top.state, top.header.GetStateVersion())
+		s.metrics.applySeconds.Observe(time.Since(start).Seconds())
+		if err == nil {
+			break
+		}
+		s.log.Warn("write state failed", "batch", top.header.GetBatchId(), "attempt", attempt+1, "err", err)
+	}
+	if err != nil {
+		return fmt.Errorf("write state of batch %d: %w", top.header.GetBatchId(), err)
+	}
+	var maxSeq uint64
+	for _, r := range applies {
+		h := r.header
+		outs, oerr := splitOutputs(&hamsv1.BatchResponse{Outputs: h.GetOutputs(), Rows: h.GetOutputRows()}, len(h.GetRequests()))
+		if oerr != nil {
+			s.log.Warn("snapshot outputs do not split per request; not kept", "batch", h.GetBatchId(), "err", oerr)
+		}
+		for i, rq := range h.GetRequests() {
+			maxSeq = max(maxSeq, rq.GetSeq())
+			if oerr == nil {
+				s.outlog.Add(rq.GetReqId(), []*hamsv1.Item{{
+					ReqId: rq.GetReqId(), StreamId: rq.GetStreamId(), Tensors: outs[i], Lineage: rq.GetLineage(),
+				}})
+			}
+			if werr := alog.Write(audit.Durable{Model: s.cfg.Model, Seq: rq.GetSeq(), InputDigest: rq.GetInputDigest(),
+				OutputDigest: rq.GetOutputDigest(), StateDigest: r.digest}); werr != nil {
+				return werr
+			}
+		}
+		s.metrics.applied.Inc()
+	}
+	if err := alog.Flush(); err != nil {
+		return fmt.Errorf("flush audit log: %w", err)
+	}
+	b.mu.Lock()
+	b.doneBatch = top.header.GetBatchId()
+	b.doneSeq = max(b.doneSeq, maxSeq)
+	done := b.doneSeq
+	b.mu.Unlock()
+	s.metrics.durableSeq.Set(float64(done))
+	_, items, bytes := s.outlog.Stats()
+	s.metrics.outlogItems.Set(float64(items))
+	s.metrics.outlogBytes.Set(float64(bytes))
+	if last == nil {
+		return nil
+	}
+	n := &hamsv1.DurabilityNotice{Model: last.Model, Epoch: s.cfg.Epoch, DurableSeq: last.DurableSeq, BatchId: last.BatchID}
+	backoff := stateOpBackoff
+	for {
+		err := s.cfg.Coord.Announce(ctx, n)
+		if err == nil {
+			s.log.Debug("durable", "seq", n.DurableSeq, "batch", n.BatchId)
+			return nil
+		}
+		s.log.Warn("durability announcement failed, retrying", "seq", n.DurableSeq, "err", err)
+		if !sleepCtx(ctx, backoff) {
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// receive reads one snapshot from a ShipSnapshot stream and checks it:
+// header first, no data past state_bytes, the digest on the last chunk
+// and matching the data.
+func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*received, error) {
+	s := b.s
+	first, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		return nil, status.Error(codes.InvalidArgument, "ship snapshot: empty stream")
+	}
+	if err != nil {
+		return nil, err
+	}
+	h := first.GetHeader()
+	switch {
+	case h == nil:
+		return nil, status.Error(codes.InvalidArgument, "ship snapshot: first chunk has no header")
+	case h.GetModel() != s.cfg.Model:
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: model %q, this is the backup of %q", h.GetModel(), s.cfg.Model)
+	case h.GetBatchId() == 0:
+		return nil, status.Error(codes.InvalidArgument, "ship snapshot: batch id 0")
+	case len(h.GetRequests()) == 0:
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: batch %d covers no request", h.GetBatchId())
+	case h.GetStateBytes() > maxSnapshotBytes:
+		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot: %d state bytes (limit %d)", h.GetStateBytes(), uint64(maxSnapshotBytes))
+	}
+	data := make([]byte, 0, h.GetStateBytes())
+	digest := first.GetStateDigest()
+	for {
+		ch, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if digest != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: chunk after the one with the state digest", h.GetBatchId())
+		}
+		if ch.GetHeader() != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: second header", h.GetBatchId())
+		}
+		if uint64(len(data)+len(ch.GetData())) > h.GetStateBytes() {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d state bytes", h.GetBatchId(), h.GetStateBytes())
+		}
+		data = append(data, ch.GetData()...)
+		digest = ch.GetStateDigest()
+	}
+	if digest == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: stream ended without the state digest", h.GetBatchId())
+	}
+	if uint64(len(data)) != h.GetStateBytes() {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(data), h.GetStateBytes())
+	}
+	sum := sha256.Sum256(data)
+	if got := hex.EncodeToString(sum[:]); got != digest {
+		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
+	}
+	state, err := splitState(h.GetStateTensors(), data)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
+	}
+	return &received{header: h, state: state, digest: digest}, nil
+}
+
+// shipSnapshot serves Replication.ShipSnapshot: it answers as soon as the
+// snapshot is buffered; applying it follows Algorithm 2.
+func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer) error {
+	r, err := b.receive(stream)
+	if err != nil {
+		return err
+	}
+	h := r.header
+	lineages := make([][]*hamsv1.LineageEntry, len(h.GetRequests()))
+	var maxSeq uint64
+	for i, rq := range h.GetRequests() {
+		lineages[i] = rq.GetLineage()
+		maxSeq = max(maxSeq, rq.GetSeq())
+	}
+	meta := nspb.SnapshotMeta{BatchID: h.GetBatchId(), MaxSeq: maxSeq, Deps: nspb.DepsOf(b.s.pfm, lineages...)}
+	b.mu.Lock()
+	applied, _ := b.alg.Applied()
+	_, pending := b.snaps[meta.BatchID]
+	dup := meta.BatchID <= applied || pending
+	if !dup {
+		b.snaps[meta.BatchID] = r
+		acts, err := b.alg.Snapshot(meta)
+		if err != nil {
+			delete(b.snaps, meta.BatchID)
+			b.mu.Unlock()
+			return status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", meta.BatchID, err)
+		}
+		b.push(acts)
+		b.maxRecvSeq = max(b.maxRecvSeq, maxSeq)
+	}
+	applied, _ = b.alg.Applied()
+	b.mu.Unlock()
+	if dup {
+		b.s.log.Debug("duplicate snapshot dropped", "batch", meta.BatchID)
+	} else {
+		b.s.log.Debug("snapshot buffered", "batch", meta.BatchID, "max_seq", maxSeq, "deps", meta.Deps)
+	}
+	return stream.SendAndClose(&hamsv1.ShipSnapshotResponse{BatchId: meta.BatchID, Applied: meta.BatchID <= applied})
+}
+
+// splitState cuts contiguous state bytes into one tensor per spec.
+func splitState(specs []*hamsv1.TensorSpec, data []byte) ([]*hamsv1.Tensor, error) {
+	out := make([]*hamsv1.Tensor, len(specs))
+	off := 0
+	for i, sp := range specs {
+		es := tensor.ElemSize(sp.GetDatatype())
+		if es <= 0 {
+			return nil, fmt.Errorf("state tensor %q: datatype %q has no fixed element size", sp.GetName(), sp.GetDatatype())
+		}
+		n, err := tensor.NumElements(sp.GetShape())
+		if err != nil {
+			return nil, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
+		}
+		size := int(n) * es
+		if size < 0 || off+size > len(data) {
+			return nil, fmt.Errorf("state tensor %q needs %d bytes at offset %d, state has %d", sp.GetName(), size, off, len(data))
+		}
+		out[i] = &hamsv1.Tensor{Name: sp.GetName(), Datatype: sp.GetDatatype(), Shape: sp.GetShape(), Data: data[off : off+size : off+size]}
+		off += size
+	}
+	if off != len(data) {
+		return nil, fmt.Errorf("state specs cover %d bytes, state has %d", off, len(data))
+	}
+	return out, nil
+}

@@ -1,0 +1,408 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/nspb"
+)
+
+// Retries of a failed Update or ReadState before the primary gives up (the
+// sidecar then stops, fail-stop, and the manager fails it over).
+const (
+	stateOpAttempts = 5
+	stateOpBackoff  = 10 * time.Millisecond
+)
+
+// maxUnacked bounds the snapshots copied but not yet acknowledged by the
+// backup: beyond it no new batch starts (shipping slower than computing
+// would otherwise grow the queue, and memory, without bound).
+const maxUnacked = 8
+
+type eventKind int
+
+const (
+	evComputed eventKind = iota
+	evUpdated
+	evCopied
+)
+
+// opDone reports the end of a backend operation the driver started.
+type opDone struct {
+	kind    eventKind
+	batch   uint64
+	reqs    []request
+	resp    *hamsv1.BatchResponse
+	outs    [][]*hamsv1.Tensor
+	state   []*hamsv1.Tensor
+	version uint64
+	attempt int
+	dur     time.Duration
+	err     error
+}
+
+// computedBatch is a batch between its compute and the moment both its
+// release and its snapshot are done.
+type computedBatch struct {
+	id       uint64
+	items    []*hamsv1.Item // one output item per request, before fan-out
+	records  []*hamsv1.RequestRecord
+	outputs  []*hamsv1.Tensor
+	rows     []uint32
+	released bool
+	copied   bool
+}
+
+// snapshot is <requests with lineage, state tensors, outputs> after one
+// batch (paper IV-D), as shipped to the backup.
+type snapshot struct {
+	batch    uint64
+	header   *hamsv1.SnapshotHeader
+	state    []*hamsv1.Tensor
+	digest   string // of the state bytes; set by the shipper
+	copiedAt time.Time
+}
+
+// primary drives a replicated stateful model's batches through an
+// nspb.Pipeline. It runs on the executor goroutine; backend operations run
+// on their own goroutines and report on events.
+//
+// Invariants: at most one Compute runs, and it starts only when the
+// pipeline allows it (so compute n+1 never starts before update n, nor
+// during copy n in stop-to-copy modes); Update n+1 is issued only after
+// copy n finished; every computed batch's outputs are released exactly
+// once, in batch order, when the pipeline says so; a batch failing Compute
+// consumes no batch id and leaves the state untouched.
+type primary struct {
+	s       *Sidecar
+	pipe    *nspb.Pipeline
+	events  chan opDone
+	ops     sync.WaitGroup
+	batches map[uint64]*computedBatch
+	queue   [][]request // validated batches waiting for the pipeline
+	busy    bool        // a Compute is running
+	blocked bool        // holding batches because the output log is full
+}
+
+// primaryExecutor replaces executor for a replicated stateful primary.
+func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
+	if !s.describe(ctx) {
+		return nil
+	}
+	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, 0), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{}}
+	defer p.ops.Wait()
+	idleSent := false
+	for {
+		full, space := s.outlog.Full()
+		if full != p.blocked {
+			p.blocked = full
+			if full {
+				s.metrics.outlogBlocked.Inc()
+				s.log.Info("output log full, holding new batches until completions free space")
+			} else {
+				s.log.Info("output log has space again")
+			}
+		}
+		_, unacked := s.ship.Kept()
+		canStart := !p.busy && !full && unacked < maxUnacked && p.pipe.CanCompute()
+		if canStart && len(p.queue) > 0 {
+			reqs := p.queue[0]
+			p.queue = p.queue[1:]
+			p.startCompute(ctx, reqs)
+			continue
+		}
+		var idleC chan<- struct{}
+		if canStart && !idleSent {
+			idleC = idle
+		}
+		var spaceC <-chan struct{}
+		if full {
+			spaceC = space
+		}
+		select {
+		case idleC <- struct{}{}:
+			idleSent = true
+		case b := <-work:
+			idleSent = false
+			if reqs := s.prepare(b); len(reqs) > 0 {
+				p.queue = append(p.queue, reqs)
+			}
+		case ev := <-p.events:
+			if err := p.handle(ctx, ev); err != nil {
+				return err
+			}
+		case n := <-s.ship.acks:
+			p.do(ctx, p.pipe.Acked(n))
+		case <-spaceC:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// prepare checks deadlines and inputs per request (failing the bad ones).
+func (s *Sidecar) prepare(batch []*Joined) []request {
+	now := time.Now().UnixNano()
+	reqs := make([]request, 0, len(batch))
+	for _, j := range batch {
+		if j.Deadline != 0 && now >= j.Deadline {
+			s.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
+			continue
+		}
+		ins, rows, err := s.selectInputs(j)
+		if err != nil {
+			s.fail(j, codes.InvalidArgument, err.Error())
+			continue
+		}
+		reqs = append(reqs, request{j: j, inputs: ins, rows: rows})
+	}
+	return reqs
+}
+
+// spawn runs f on its own goroutine and delivers its report.
+func (p *primary) spawn(ctx context.Context, f func() opDone) {
+	p.ops.Add(1)
+	go func() {
+		defer p.ops.Done()
+		ev := f()
+		select {
+		case p.events <- ev:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+func (p *primary) startCompute(ctx context.Context, reqs []request) {
+	p.busy = true
+	computed, _, _, _, _ := p.pipe.Progress()
+	id := computed + 1
+	s := p.s
+	p.spawn(ctx, func() opDone {
+		ev := opDone{kind: evComputed, batch: id, reqs: reqs}
+		req, err := s.batchRequest(reqs, id)
+		if err != nil {
+			ev.err = err
+			return ev
+		}
+		start := time.Now()
+		resp, err := s.sbe.Compute(ctx, req)
+		ev.dur = time.Since(start)
+		s.metrics.backend.Observe(ev.dur.Seconds())
+		s.metrics.batches.Inc()
+		s.metrics.batchSize.Observe(float64(len(reqs)))
+		if err == nil {
+			ev.resp = resp
+			ev.outs, err = splitOutputs(resp, len(reqs))
+		}
+		ev.err = err
+		return ev
+	})
+}
+
+func (p *primary) handle(ctx context.Context, ev opDone) error {
+	s := p.s
+	switch ev.kind {
+	case evComputed:
+		p.busy = false
+		if ev.err != nil {
+			p.computeFailed(ctx, ev)
+			return nil
+		}
+		if id := p.pipe.StartCompute(); id != ev.batch {
+			return fmt.Errorf("pipeline started batch %d, compute ran %d", id, ev.batch)
+		}
+		p.batches[ev.batch] = p.record(ev)
+		p.do(ctx, p.pipe.Computed(ev.batch))
+	case evUpdated:
+		s.metrics.update.Observe(ev.dur.Seconds())
+		if ev.err != nil {
+			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
+				return fmt.Errorf("update batch %d: %w", ev.batch, ev.err)
+			}
+			s.log.Warn("update failed, retrying", "batch", ev.batch, "attempt", ev.attempt+1, "err", ev.err)
+			p.update(ctx, ev.batch, ev.attempt+1)
+			return nil
+		}
+		p.do(ctx, p.pipe.Updated(ev.batch))
+	case evCopied:
+		if ev.err != nil {
+			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
+				return fmt.Errorf("copy state after batch %d: %w", ev.batch, ev.err)
+			}
+			s.log.Warn("state copy failed, retrying", "batch", ev.batch, "attempt", ev.attempt+1, "err", ev.err)
+			p.copyState(ctx, ev.batch, ev.attempt+1)
+			return nil
+		}
+		s.metrics.snapCopy.Observe(ev.dur.Seconds())
+		b := p.batches[ev.batch]
+		var bytes uint64
+		specs := make([]*hamsv1.TensorSpec, len(ev.state))
+		for i, t := range ev.state {
+			bytes += uint64(len(t.GetData()))
+			specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
+		}
+		s.metrics.stateBytes.Set(float64(bytes))
+		sn := &snapshot{batch: ev.batch, state: ev.state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+			Model: s.cfg.Model, Epoch: s.cfg.Epoch, BatchId: ev.batch, StateVersion: ev.version,
+			Requests: b.records, StateTensors: specs, StateBytes: bytes, Outputs: b.outputs, OutputRows: b.rows,
+		}}
+		b.copied = true
+		p.forget(b)
+		acts := p.pipe.Copied(ev.batch)
+		for _, a := range acts {
+			if sh, ok := a.(nspb.Ship); ok && sh.Batch == ev.batch {
+				s.ship.enqueue(sn)
+			}
+		}
+		p.do(ctx, acts)
+	}
+	return nil
+}
+
+// computeFailed fails the batch's requests, or re-queues them one by one
+// when the backend rejected the batch as invalid, so only the bad request
+// fails. No state was staged, so the batch id is reused.
+func (p *primary) computeFailed(ctx context.Context, ev opDone) {
+	s := p.s
+	code := status.Code(ev.err)
+	if code == codes.InvalidArgument && len(ev.reqs) > 1 {
+		s.log.Debug("batch rejected as invalid, re-running requests one by one", "size", len(ev.reqs), "err", ev.err)
+		singles := make([][]request, len(ev.reqs))
+		for i := range ev.reqs {
+			singles[i] = ev.reqs[i : i+1]
+		}
+		p.queue = append(singles, p.queue...)
+		return
+	}
+	if ctx.Err() != nil && code != codes.InvalidArgument {
+		code = codes.Unavailable
+	}
+	msg := ev.err.Error()
+	if st, ok := status.FromError(ev.err); ok {
+		msg = st.Message()
+	}
+	for _, r := range ev.reqs {
+		s.fail(r.j, code, msg)
+	}
+}
+
+// record assigns seqs and lineage to a computed batch (in batch order) and
+// prepares its output items and request records.
+func (p *primary) record(ev opDone) *computedBatch {
+	s := p.s
+	start := time.Now()
+	parts := make([][]*hamsv1.Item, len(ev.reqs))
+	for i, r := range ev.reqs {
+		parts[i] = r.j.Parts
+	}
+	seqs, lineages := s.lineage.RecordBatch(parts, ev.outs)
+	b := &computedBatch{id: ev.batch, outputs: ev.resp.GetOutputs(), rows: ev.resp.GetRows(),
+		items: make([]*hamsv1.Item, len(ev.reqs)), records: make([]*hamsv1.RequestRecord, len(ev.reqs))}
+	for i, r := range ev.reqs {
+		p0 := r.j.Parts[0]
+		lin := lineages[i]
+		b.items[i] = &hamsv1.Item{
+			ReqId: r.j.ReqID, Service: p0.GetService(), StreamId: p0.GetStreamId(),
+			Tensors: ev.outs[i], Lineage: lin, DeadlineUnixNano: r.j.Deadline,
+		}
+		b.records[i] = &hamsv1.RequestRecord{
+			ReqId: r.j.ReqID, Seq: seqs[i], StreamId: p0.GetStreamId(), Lineage: lin,
+			InputDigest: tensor.Digest(r.inputs...), OutputDigest: lin[len(lin)-1].GetOutputDigest(),
+		}
+	}
+	s.metrics.lineage.Observe(time.Since(start).Seconds())
+	s.metrics.requests.Add(float64(len(ev.reqs)))
+	return b
+}
+
+// do performs pipeline actions in order. Ship is handled where the
+// snapshot is built (Copied).
+func (p *primary) do(ctx context.Context, acts []nspb.Action) {
+	for _, a := range acts {
+		switch a := a.(type) {
+		case nspb.Release:
+			p.release(a.Batch)
+		case nspb.Update:
+			p.update(ctx, a.Batch, 0)
+		case nspb.Copy:
+			p.copyState(ctx, a.Batch, 0)
+		}
+	}
+}
+
+func (p *primary) release(n uint64) {
+	s := p.s
+	b := p.batches[n]
+	if b == nil {
+		s.log.Error("release of an unknown batch", "batch", n)
+		return
+	}
+	for _, it := range b.items {
+		s.outlog.Add(it.ReqId, s.fanOutKeep(it))
+	}
+	b.released = true
+	b.items = nil
+	_, items, bytes := s.outlog.Stats()
+	s.metrics.outlogItems.Set(float64(items))
+	s.metrics.outlogBytes.Set(float64(bytes))
+	p.forget(b)
+}
+
+// forget drops a batch once it is both released and in a snapshot.
+func (p *primary) forget(b *computedBatch) {
+	if b.released && b.copied {
+		delete(p.batches, b.id)
+	}
+}
+
+func (p *primary) update(ctx context.Context, n uint64, attempt int) {
+	s := p.s
+	p.spawn(ctx, func() opDone {
+		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
+			return opDone{kind: evUpdated, batch: n, attempt: attempt, err: ctx.Err()}
+		}
+		start := time.Now()
+		err := s.sbe.Update(ctx, n)
+		return opDone{kind: evUpdated, batch: n, attempt: attempt, dur: time.Since(start), err: err}
+	})
+}
+
+func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
+	s := p.s
+	p.spawn(ctx, func() opDone {
+		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
+			return opDone{kind: evCopied, batch: n, attempt: attempt, err: ctx.Err()}
+		}
+		start := time.Now()
+		ts, v, err := s.sbe.ReadState(ctx)
+		return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, dur: time.Since(start), err: err}
+	})
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// completed garbage-collects the output log on a completion notice.
+func (s *Sidecar) completed(n *hamsv1.CompletionNotice) {
+	if s.outlog.Complete(n.GetReqIds()) == 0 {
+		return
+	}
+	_, items, bytes := s.outlog.Stats()
+	s.metrics.outlogItems.Set(float64(items))
+	s.metrics.outlogBytes.Set(float64(bytes))
+}

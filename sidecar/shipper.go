@@ -1,0 +1,196 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Shipping parameters.
+const (
+	shipChunkBytes = 1 << 20
+	shipTimeout    = 60 * time.Second
+	shipMinBackoff = 5 * time.Millisecond
+	shipMaxBackoff = time.Second
+)
+
+// shipper sends a primary's snapshots to its backup over
+// Replication.ShipSnapshot (one call per snapshot, chunked), off the
+// request path, in batch order. A snapshot stays queued until the backup's
+// response arrives; after a broken call it is sent again (the backup drops
+// duplicates by batch id).
+//
+// Invariants (under mu): queue holds the unacknowledged snapshots in batch
+// order; kept is the last acknowledged one: the primary keeps the previous
+// state until the backup has the next (rollback case of IV-C).
+type shipper struct {
+	s    *Sidecar
+	acks chan uint64 // batch ids acknowledged, in order, to the driver
+
+	mu    sync.Mutex
+	queue []*snapshot
+	kept  *snapshot
+	wake  chan struct{}
+
+	// dialOptions are appended to grpcx.DialOptions (tests).
+	dialOptions []grpc.DialOption
+}
+
+func newShipper(s *Sidecar) *shipper {
+	return &shipper{s: s, acks: make(chan uint64, 64), wake: make(chan struct{}, 1)}
+}
+
+func (sh *shipper) enqueue(sn *snapshot) {
+	sh.mu.Lock()
+	sh.queue = append(sh.queue, sn)
+	sh.mu.Unlock()
+	select {
+	case sh.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (sh *shipper) head() *snapshot {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if len(sh.queue) == 0 {
+		return nil
+	}
+	return sh.queue[0]
+}
+
+// Kept returns the last snapshot the backup acknowledged (nil before the
+// first) and the number of unacknowledged ones.
+func (sh *shipper) Kept() (*snapshot, int) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.kept, len(sh.queue)
+}
+
+func (sh *shipper) run(ctx context.Context) error {
+	s := sh.s
+	var (
+		cc      *grpc.ClientConn
+		ccAddr  string
+		backoff = shipMinBackoff
+	)
+	defer func() {
+		if cc != nil {
+			_ = cc.Close()
+		}
+	}()
+	for {
+		sn := sh.head()
+		if sn == nil {
+			select {
+			case <-sh.wake:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if s.shipHook != nil {
+			s.shipHook(ctx, sn.batch)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		addr, _, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model)
+		var err error
+		if !ok {
+			err = fmt.Errorf("backup of %s not resolvable", s.cfg.Model)
+		} else {
+			if cc == nil || addr != ccAddr {
+				if cc != nil {
+					_ = cc.Close()
+				}
+				cc, err = grpcx.Dial(addr, s.maxMsg, sh.dialOptions...)
+				if err != nil {
+					return fmt.Errorf("dial backup %s: %w", addr, err)
+				}
+				ccAddr = addr
+			}
+			err = sh.send(ctx, cc, sn)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.metrics.shipRetries.Inc()
+			s.log.Info("snapshot shipment failed, resending", "batch", sn.batch, "backup", addr, "err", err, "backoff", backoff)
+			if !sleepCtx(ctx, backoff) {
+				return nil
+			}
+			backoff = min(2*backoff, shipMaxBackoff)
+			continue
+		}
+		backoff = shipMinBackoff
+		sh.mu.Lock()
+		sh.queue[0] = nil
+		sh.queue = sh.queue[1:]
+		sh.kept = sn
+		sh.mu.Unlock()
+		s.metrics.shipped.Inc()
+		s.metrics.snapDelivery.Observe(time.Since(sn.copiedAt).Seconds())
+		s.log.Debug("snapshot acknowledged", "batch", sn.batch, "bytes", sn.header.GetStateBytes())
+		select {
+		case sh.acks <- sn.batch:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// send ships one snapshot: header, state data in chunks of at most
+// shipChunkBytes, the state digest on the last chunk.
+func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) error {
+	if sn.digest == "" {
+		sn.digest = tensor.Digest(sn.state...)
+	}
+	ctx, cancel := context.WithTimeout(ctx, shipTimeout)
+	defer cancel()
+	st, err := hamsv1.NewReplicationClient(cc).ShipSnapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("open ShipSnapshot: %w", err)
+	}
+	first := &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: sn.header}}
+	if sn.header.GetStateBytes() == 0 {
+		first.StateDigest = sn.digest
+	}
+	if err := st.Send(first); err != nil {
+		_, err = st.CloseAndRecv()
+		return fmt.Errorf("send header of batch %d: %w", sn.batch, err)
+	}
+	var sent uint64
+	for _, t := range sn.state {
+		d := t.GetData()
+		for len(d) > 0 {
+			k := min(len(d), shipChunkBytes)
+			ch := &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: d[:k]}}
+			d = d[k:]
+			sent += uint64(k)
+			if sent == sn.header.GetStateBytes() {
+				ch.StateDigest = sn.digest
+			}
+			if err := st.Send(ch); err != nil {
+				_, err = st.CloseAndRecv()
+				return fmt.Errorf("send state of batch %d: %w", sn.batch, err)
+			}
+		}
+	}
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		return fmt.Errorf("ship batch %d: %w", sn.batch, err)
+	}
+	if resp.GetBatchId() != sn.batch {
+		return fmt.Errorf("backup acknowledged batch %d for batch %d", resp.GetBatchId(), sn.batch)
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package sidecar
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func histMean(h prometheus.Histogram) float64 {
+	var m dto.Metric
+	if err := h.Write(&m); err != nil || m.GetHistogram().GetSampleCount() == 0 {
+		return 0
+	}
+	return m.GetHistogram().GetSampleSum() / float64(m.GetHistogram().GetSampleCount())
+}
+
+// BenchmarkReplicatedPrimary drives b.N requests (batches of 1) through a
+// replicated primary with a 1 MiB or 16 MiB state and reports the mean
+// per-batch snapshot copy and delivery (copy done -> backup ack) times.
+func BenchmarkReplicatedPrimary(b *testing.B) {
+	for _, mib := range []int{1, 16} {
+		b.Run(fmt.Sprintf("state=%dMiB", mib), func(b *testing.B) {
+			width := mib << 18
+			h := startRepl(b, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": newCounter(width)},
+				map[string]Backend{"a": newCounter(width)}, replOpts{})
+			defer h.stop()
+			b.ResetTimer()
+			for i := 1; i <= b.N; i++ {
+				h.send(uint64(i), uint64(i))
+				waitFor(b, "reply", func() bool { return h.sink.count() >= i })
+			}
+			waitFor(b, "durable", func() bool { return maxSeqOf(h.backups["a"]) == uint64(b.N) })
+			b.StopTimer()
+			m := h.sidecars["a"].metrics
+			b.ReportMetric(histMean(m.snapCopy)*1e3, "copy-ms")
+			b.ReportMetric(histMean(m.snapDelivery)*1e3, "deliver-ms")
+			b.ReportMetric(histMean(h.backups["a"].metrics.applySeconds)*1e3, "apply-ms")
+		})
+	}
+}

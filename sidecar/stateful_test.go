@@ -1,0 +1,425 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/audit"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/coord"
+	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// counterBackend is a fake stateful model: its state is a counter vector
+// of width FP32 values. Compute outputs x + state[0] per row and stages
+// state + (batch id) + (sum of inputs); Update installs it. With
+// slowUpdate, Update writes the two halves of the state with a yield in
+// between (a copy taken during an update would see a mix). Every state it
+// ever installed is remembered by digest.
+type counterBackend struct {
+	width      int
+	slowUpdate bool
+	onCompute  func(batch uint64)
+
+	mu       sync.Mutex
+	state    []float32
+	version  uint64
+	staged   map[uint64][]float32
+	history  map[string]uint64 // digest -> version
+	computes int
+	writes   int
+}
+
+func newCounter(width int) *counterBackend {
+	c := &counterBackend{width: width, state: make([]float32, width), staged: map[uint64][]float32{}, history: map[string]uint64{}}
+	c.history[c.digestLocked()] = 0
+	return c
+}
+
+func (c *counterBackend) digestLocked() string {
+	return tensor.Digest(tensor.FromFloat32("counter", []int64{int64(c.width)}, c.state))
+}
+
+func (c *counterBackend) Digest() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.digestLocked()
+}
+
+func (c *counterBackend) Describe(context.Context) (*hamsv1.ModelDescription, error) {
+	return &hamsv1.ModelDescription{Name: "counter", Kind: "counter", Stateful: true,
+		Inputs: []*hamsv1.TensorSpec{{Name: AnyInput}}, StateBytes: uint64(4 * c.width)}, nil
+}
+
+func (c *counterBackend) Compute(_ context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if c.onCompute != nil {
+		c.onCompute(req.BatchId)
+	}
+	x, err := tensor.Float32(req.Inputs[0])
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.computes++
+	out := make([]float32, len(x))
+	var sum float32
+	for i, v := range x {
+		out[i] = v + c.state[0]
+		sum += v
+	}
+	next := make([]float32, c.width)
+	for i := range next {
+		next[i] = c.state[i] + float32(req.BatchId) + sum
+	}
+	c.staged[req.BatchId] = next
+	return &hamsv1.BatchResponse{Outputs: []*hamsv1.Tensor{tensor.FromFloat32("out", req.Inputs[0].Shape, out)},
+		Rows: req.Rows, BatchId: req.BatchId}, nil
+}
+
+func (c *counterBackend) Update(_ context.Context, batch uint64) error {
+	c.mu.Lock()
+	next, ok := c.staged[batch]
+	if !ok {
+		c.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "no staged state for batch %d", batch)
+	}
+	delete(c.staged, batch)
+	half := c.width / 2
+	copy(c.state[:half], next[:half])
+	if c.slowUpdate {
+		c.mu.Unlock()
+		runtime.Gosched()
+		time.Sleep(50 * time.Microsecond) // widen the window a racing copy would hit
+		c.mu.Lock()
+	}
+	copy(c.state[half:], next[half:])
+	c.version++
+	c.history[c.digestLocked()] = c.version
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *counterBackend) ReadState(context.Context) ([]*hamsv1.Tensor, uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return []*hamsv1.Tensor{tensor.FromFloat32("counter", []int64{int64(c.width)}, append([]float32(nil), c.state...))}, c.version, nil
+}
+
+func (c *counterBackend) WriteState(_ context.Context, ts []*hamsv1.Tensor, version uint64) error {
+	if len(ts) != 1 {
+		return status.Errorf(codes.InvalidArgument, "%d state tensors", len(ts))
+	}
+	v, err := tensor.Float32(ts[0])
+	if err != nil || len(v) != c.width {
+		return status.Errorf(codes.InvalidArgument, "state tensor: %v (%d values)", err, len(v))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	copy(c.state, v)
+	c.version = version
+	c.writes++
+	return nil
+}
+
+func (c *counterBackend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	resp, err := c.Compute(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp, c.Update(ctx, req.BatchId)
+}
+
+func (c *counterBackend) Health(context.Context) error { return nil }
+func (c *counterBackend) Close() error                 { return nil }
+
+// backupMap is a BackupResolver over a table.
+type backupMap struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (b *backupMap) ResolveBackup(model string) (string, uint64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	a, ok := b.m[model]
+	return a, 1, ok
+}
+
+func natsConn(t testing.TB) *nats.Conn {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close(); s.Shutdown(); s.WaitForShutdown() })
+	return nc
+}
+
+// durableSeen records durability notices in arrival order.
+type durableSeen struct {
+	mu    sync.Mutex
+	max   map[string]uint64
+	order []*hamsv1.DurabilityNotice
+}
+
+func (d *durableSeen) add(n *hamsv1.DurabilityNotice) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.order = append(d.order, n)
+	if n.DurableSeq > d.max[n.Model] {
+		d.max[n.Model] = n.DurableSeq
+	}
+}
+
+func (d *durableSeen) get(m string) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.max[m]
+}
+
+type replHarness struct {
+	*harness
+	coord    *coord.Coord
+	backups  map[string]*Sidecar
+	durable  *durableSeen
+	audit    string
+	complete int
+}
+
+type replOpts struct {
+	outputLog int64
+	tweak     func(name string, s *Sidecar) // before Run
+}
+
+// startRepl runs a primary sidecar per primaries entry, a backup sidecar
+// per backups entry, the frontend stand-in, and a Coord on an embedded
+// JetStream; it watches the durability notices of every model.
+func startRepl(t testing.TB, yaml string, primaries, backups map[string]Backend, o replOpts) *replHarness {
+	t.Helper()
+	dep, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := natsConn(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	co, err := coord.Open(ctx, nc, dep.Name, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &replHarness{
+		harness: &harness{t: t, res: edge.NewStaticResolver(nil), sink: &collector{items: map[uint64][]*hamsv1.Item{}},
+			senders: map[string]*edge.Sender{}, sidecars: map[string]*Sidecar{}, cancel: cancel},
+		coord: co, backups: map[string]*Sidecar{}, durable: &durableSeen{max: map[string]uint64{}}, audit: t.TempDir(),
+	}
+	var models []string
+	for _, m := range dep.Models {
+		models = append(models, m.Name)
+	}
+	h.wg.Add(1)
+	go func() { defer h.wg.Done(); _ = co.WatchDurable(ctx, models, h.durable.add) }()
+	flis := listen(t)
+	h.res.Set(config.Frontend, flis.Addr().String(), 0)
+	srv := grpc.NewServer()
+	hamsv1.RegisterDataplaneServer(srv, edge.NewReceiver(config.Frontend, h.sink.deliver, nil))
+	h.wg.Add(1)
+	go func() { defer h.wg.Done(); _ = srv.Serve(flis) }()
+	h.wg.Add(1)
+	go func() { defer h.wg.Done(); <-ctx.Done(); srv.Stop() }()
+	bres := &backupMap{m: map[string]string{}}
+	run := func(name string, sc *Sidecar) {
+		if o.tweak != nil {
+			o.tweak(name, sc)
+		}
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			if err := sc.Run(ctx); err != nil {
+				t.Errorf("sidecar %s (%s): %v", name, sc.role, err)
+			}
+		}()
+	}
+	for name, be := range backups {
+		lis := listen(t)
+		bres.m[name] = lis.Addr().String()
+		sc, err := New(Config{Deployment: dep, Model: name, Backend: be, GRPCListener: lis, Role: RoleBackup,
+			Coord: co, AuditDir: h.audit, Epoch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.backups[name] = sc
+		run(name, sc)
+	}
+	for name, be := range primaries {
+		lis := listen(t)
+		h.res.Set(name, lis.Addr().String(), 1)
+		sc, err := New(Config{Deployment: dep, Model: name, Backend: be, Resolver: h.res, GRPCListener: lis,
+			Coord: co, BackupResolver: bres, Epoch: 1, OutputLogBytes: o.outputLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.sidecars[name] = sc
+		run(name, sc)
+	}
+	for _, entry := range dep.Services[0].Graph().Entries() {
+		s, err := edge.NewSender(edge.SenderConfig{From: config.Frontend, To: entry, Resolver: h.res})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.senders[entry] = s
+		h.wg.Add(1)
+		go func() { defer h.wg.Done(); _ = s.Run(ctx) }()
+	}
+	return h
+}
+
+// send sends requests first..last (one row of value id each) to every
+// entry model.
+func (h *replHarness) send(first, last uint64) {
+	for id := first; id <= last; id++ {
+		for _, s := range h.senders {
+			s.Send(&hamsv1.Item{ReqId: id, Service: "s", StreamId: "s1", Tensors: []*hamsv1.Tensor{row(float32(id), 2)}})
+		}
+	}
+}
+
+// completeAll publishes completion notices for ids until cond holds
+// (republished under a fresh frontend name, so a notice published before
+// a watcher subscribed is not the only one).
+func (h *replHarness) completeUntil(t *testing.T, ids []uint64, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	next := time.Now()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		if time.Now().After(next) {
+			h.complete++
+			if err := h.coord.Complete(context.Background(), &hamsv1.CompletionNotice{Frontend: fmt.Sprint("fe", h.complete), ReqIds: ids}); err != nil {
+				t.Fatal(err)
+			}
+			next = time.Now().Add(200 * time.Millisecond)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func maxSeqOf(s *Sidecar) uint64 {
+	seq, _ := s.bk.MaxSeq()
+	return seq
+}
+
+const oneStateful = `
+name: t1
+mode: %s
+models:
+  - {name: a, kind: counter, stateful: true, batch: {size: 4, max_wait: 1ms}, placement: {primary: h1, backup: h2}}
+services:
+  - name: s
+    edges: [[frontend, a], [a, frontend]]
+`
+
+// (a) After N requests and quiescence the backup's state equals the
+// primary's, every request is durable, and the audit log has one record
+// per request.
+func TestBackupConvergesToPrimary(t *testing.T) {
+	for _, mode := range []string{"nspb", "remus", "nspb-s1", "nspb-s2"} {
+		t.Run(mode, func(t *testing.T) {
+			prim, back := newCounter(16), newCounter(16)
+			h := startRepl(t, fmt.Sprintf(oneStateful, mode), map[string]Backend{"a": prim}, map[string]Backend{"a": back}, replOpts{})
+			defer h.stop()
+			const n = 60
+			h.send(1, n)
+			waitFor(t, "all replies", func() bool { return h.sink.count() >= n })
+			waitFor(t, "backup durable to n", func() bool { return maxSeqOf(h.backups["a"]) == n })
+			waitFor(t, "durability notice of n", func() bool { return h.durable.get("a") == n })
+			if prim.Digest() != back.Digest() {
+				t.Fatalf("backup state %s != primary state %s", back.Digest(), prim.Digest())
+			}
+			h.sink.mu.Lock()
+			for id := uint64(1); id <= n; id++ {
+				if got := h.sink.items[id]; len(got) != 1 || got[0].Error != "" {
+					t.Fatalf("req %d: %v", id, got)
+				}
+			}
+			h.sink.mu.Unlock()
+			h.stop()
+			recs, err := audit.ReadAll[audit.Durable](h.audit, audit.DurableFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := map[uint64]bool{}
+			for _, r := range recs {
+				if r.Model != "a" || seen[r.Seq] || r.InputDigest == "" || r.OutputDigest == "" || r.StateDigest == "" {
+					t.Fatalf("bad or duplicate audit record %+v", r)
+				}
+				seen[r.Seq] = true
+			}
+			if len(seen) != n {
+				t.Fatalf("%d audit records, want %d", len(seen), n)
+			}
+		})
+	}
+}
+
+// (b) Every shipped snapshot is a state the primary had after some batch,
+// even when Update writes the state in two halves.
+func TestSnapshotsNeverHalfUpdated(t *testing.T) {
+	prim, back := newCounter(1024), newCounter(1024)
+	prim.slowUpdate = true
+	var mu sync.Mutex
+	var shipped []string
+	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": back}, replOpts{
+		tweak: func(name string, s *Sidecar) {
+			if s.role != RolePrimary {
+				return
+			}
+			s.shipHook = func(_ context.Context, batch uint64) {
+				sh := s.ship.head()
+				mu.Lock()
+				shipped = append(shipped, tensor.Digest(sh.state...))
+				mu.Unlock()
+			}
+		},
+	})
+	defer h.stop()
+	const n = 150
+	for id := uint64(1); id <= n; id++ {
+		h.send(id, id) // one at a time: batches of 1, a snapshot per request
+	}
+	waitFor(t, "all replies", func() bool { return h.sink.count() >= n })
+	waitFor(t, "backup durable", func() bool { return maxSeqOf(h.backups["a"]) == n })
+	prim.mu.Lock()
+	defer prim.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(shipped) == 0 {
+		t.Fatal("nothing shipped")
+	}
+	for i, d := range shipped {
+		if _, ok := prim.history[d]; !ok {
+			t.Fatalf("shipment %d carries state %s, which the primary never had after a batch", i, d)
+		}
+	}
+}
