@@ -131,10 +131,13 @@ func (c *Coord) WatchDurable(ctx context.Context, models []string, fn func(*hams
 	})
 }
 
-// WatchCompleted calls fn for every completion notice published from now on.
+// WatchCompleted calls fn for every completion notice the stream retains
+// (its last 4096 notices) and every later one: a primary that subscribes
+// late, or restarts, still learns which of its saved outputs may go; ids it
+// does not hold are the caller's to ignore.
 func (c *Coord) WatchCompleted(ctx context.Context, fn func(*hamsv1.CompletionNotice)) error {
 	return c.watch(ctx, streamName(c.deployment, "COMPLETED"), jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverNewPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}, func(b []byte) error {
 		n := &hamsv1.CompletionNotice{}
 		if err := proto.Unmarshal(b, n); err != nil {

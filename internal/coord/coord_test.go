@@ -106,6 +106,10 @@ func TestCompletionNotices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A notice published before anyone watches is still delivered.
+	if err := c.Complete(ctx, &hamsv1.CompletionNotice{Frontend: "f", ReqIds: []uint64{1000}}); err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	var got []uint64
 	ready := make(chan struct{})
@@ -125,6 +129,11 @@ func TestCompletionNotices(t *testing.T) {
 		next += 3
 		mu.Lock()
 		defer mu.Unlock()
-		return len(got) >= 3
+		return len(got) >= 4
 	})
+	mu.Lock()
+	defer mu.Unlock()
+	if got[0] != 1000 {
+		t.Fatalf("first completion delivered %d, want the one published before the watch (1000)", got[0])
+	}
 }
