@@ -38,10 +38,26 @@
 // goroutines are waited for, then the NATS connection closes and the
 // embedded server shuts down and is waited for.
 //
-// Recovery slots in at the membership actions (Action{Alive:false}) and at
-// ReportFailure (recorded in Failures(), logged, accepted): a recovery state
-// machine will consume both and emit topology mutations (promotions, epoch
-// bumps) through the same compare-and-swap store.
+// # Recovery and the active manager
+//
+// Membership deaths (after the liveness write) and ReportFailure feed
+// Suspect events to the recovery loop, which owns the pure state machine
+// of package manager/recovery and performs its actions: Replication RPCs
+// to sidecars (GetMaxSeq, GetLineageSummary, Promote, Rollback, Resend,
+// Demote; SyncBackup is a Demote of the new backup) with Config.RPCTimeout
+// each, StartInstance through Config.Starter, and Rewire as one CAS write
+// (roles and epochs recorded in assigned, which applyState lets win over
+// registrations). The time from the first suspicion of a round to its
+// rewired topology is hams_manager_recovery_seconds. A stateless standby's
+// Promote carries its start seq in gRPC metadata StartSeqMetadata.
+//
+// Several managers may share one bucket: the lease (lease.go, key
+// LeaseKey) elects one active manager; only it writes the deployment state,
+// declares components dead and runs recovery. A standby answers Register,
+// Heartbeat and topology calls from what it sees and records them; when it
+// takes over (the lease's revision unchanged for a whole LeaseTTL) it adopts
+// the stored placements, gives every component one suspicion timeout to
+// heartbeat, and writes. A clean stop releases the lease.
 //
 // # Heartbeats
 //

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -69,8 +71,18 @@ type Config struct {
 	// SuspicionTimeout of silence after which a component is declared dead
 	// (default DefaultSuspicionTimeout); must exceed HeartbeatInterval.
 	SuspicionTimeout time.Duration
-	Logger           *slog.Logger
-	Registry         *prometheus.Registry
+	// Starter starts new instances for recovery (new backups, standbys);
+	// optional: without it those actions fail and are logged.
+	Starter InstanceStarter
+	// RPCTimeout bounds each recovery RPC to a sidecar (default
+	// DefaultRPCTimeout).
+	RPCTimeout time.Duration
+	// LeaseTTL of the active-manager lease (default DefaultLeaseTTL).
+	LeaseTTL time.Duration
+	// ID names this manager in the lease (default hostname/pid/random).
+	ID       string
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
 }
 
 // Manager holds the deployment state of one deployment in a JetStream KV
@@ -91,11 +103,19 @@ type Manager struct {
 
 	st *store // set before ready is closed
 
+	// active: this manager holds the lease; only then does it write the
+	// deployment state and run recovery.
+	active    atomic.Bool
+	lease     *lease
+	recCh     chan recEvent
+	keepLease bool // tests: do not release the lease on stop
+
 	mu       sync.Mutex // guards the fields below
 	members  *Membership
 	regs     map[string]*hamsv1.RegisterRequest // by component id
 	dirty    bool                               // a liveness change is not yet written
 	failures []FailureRecord
+	assigned map[string]assignment // roles and epochs set by recovery
 }
 
 // FailureRecord is one failure report as received.
@@ -142,6 +162,22 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.SuspicionTimeout <= cfg.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("%w: SuspicionTimeout %v must exceed HeartbeatInterval %v", ErrConfig, cfg.SuspicionTimeout, cfg.HeartbeatInterval))
 	}
+	if cfg.RPCTimeout == 0 {
+		cfg.RPCTimeout = DefaultRPCTimeout
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.RPCTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: RPCTimeout %v is negative", ErrConfig, cfg.RPCTimeout))
+	}
+	if cfg.LeaseTTL < 3*time.Millisecond {
+		errs = append(errs, fmt.Errorf("%w: LeaseTTL %v is below 3ms", ErrConfig, cfg.LeaseTTL))
+	}
+	if cfg.ID == "" {
+		host, _ := os.Hostname()
+		cfg.ID = fmt.Sprintf("%s/%d/%08x", host, os.Getpid(), rand.Uint32())
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -157,6 +193,8 @@ func New(cfg Config) (*Manager, error) {
 		stopping: make(chan struct{}),
 		members:  NewMembership(cfg.SuspicionTimeout),
 		regs:     map[string]*hamsv1.RegisterRequest{},
+		assigned: map[string]assignment{},
+		recCh:    make(chan recEvent, 256),
 	}
 	if cfg.Registry != nil {
 		m.grpcMetrics = grpcx.NewServerMetrics(cfg.Registry)
@@ -222,7 +260,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 5)
 	start := func(name string, f func(context.Context) error) {
 		wg.Add(1)
 		go func() {
@@ -235,6 +273,8 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	start("watch deployment state", m.watchKV)
 	start("membership", m.membershipLoop)
+	start("recovery", m.recoveryLoop)
+	start("lease", m.lease.run)
 	start("serve gRPC", func(ctx context.Context) error {
 		// Streaming handlers end when stopping is closed; close it as
 		// soon as ctx ends so GracefulStop does not wait for them.
@@ -292,9 +332,12 @@ func (m *Manager) open(ctx context.Context, nc *natsConn) error {
 		return err
 	}
 	m.seed(t, time.Now())
-	t, err = m.st.mutate(ctx, m.applyState)
-	if err != nil {
-		return err
+	m.lease = &lease{kv: kv, id: m.cfg.ID, ttl: m.cfg.LeaseTTL, log: m.log, onChange: m.setActive, keep: m.keepLease}
+	m.lease.step(ctx, time.Now())
+	if m.active.Load() {
+		if t, err = m.st.mutate(ctx, m.applyState); err != nil {
+			return err
+		}
 	}
 	m.hub.offer(t)
 	m.log.Info("deployment state loaded", "bucket", bucket, "revision", t.GetRevision(),
@@ -310,20 +353,7 @@ func (m *Manager) seed(t *hamsv1.Topology, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, p := range t.GetPlacements() {
-		r := &hamsv1.RegisterRequest{
-			Kind:           hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR,
-			Id:             p.GetComponentId(),
-			Model:          p.GetModel(),
-			Role:           p.GetRole(),
-			Address:        p.GetSidecarAddress(),
-			BackendAddress: p.GetBackendAddress(),
-		}
-		if p.GetSidecarAddress() == "" {
-			r.Kind = hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER
-			r.Address = p.GetBackendAddress()
-		}
-		m.regs[r.Id] = r
-		m.members.Seed(r.Id, p.GetAlive(), now)
+		m.seedPlacementLocked(p, now)
 	}
 	for _, a := range t.GetFrontends() {
 		id := frontendPlaceholder(a)
@@ -334,6 +364,58 @@ func (m *Manager) seed(t *hamsv1.Topology, now time.Time) {
 }
 
 func frontendPlaceholder(addr string) string { return "frontend@" + addr }
+
+// setActive is called by the lease when this manager becomes (or stops
+// being) the active one. A manager that takes over adopts the components
+// the deployment state lists that it has not heard from itself, and gives
+// every component one suspicion timeout from now to heartbeat here.
+func (m *Manager) setActive(active bool) {
+	if active {
+		t, _ := m.hub.get()
+		now := time.Now()
+		m.mu.Lock()
+		for _, p := range t.GetPlacements() {
+			if _, ok := m.regs[p.GetComponentId()]; !ok {
+				m.seedPlacementLocked(p, now)
+			}
+			// Epoch above 1: recovery changed the model; keep its roles
+			// even when a component re-registers with its initial role.
+			if p.GetEpoch() > 1 {
+				if a, ok := m.assigned[p.GetComponentId()]; !ok || a.epoch < p.GetEpoch() {
+					m.assigned[p.GetComponentId()] = assignment{role: p.GetRole(), epoch: p.GetEpoch()}
+				}
+			}
+		}
+		for id := range m.regs {
+			alive, _ := m.members.Alive(id)
+			m.members.Seed(id, alive, now)
+		}
+		m.dirty = true
+		m.updateGaugesLocked()
+		m.mu.Unlock()
+		m.metrics.active.Set(1)
+	} else {
+		m.metrics.active.Set(0)
+	}
+	m.active.Store(active)
+}
+
+func (m *Manager) seedPlacementLocked(p *hamsv1.Placement, now time.Time) {
+	r := &hamsv1.RegisterRequest{
+		Kind:           hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR,
+		Id:             p.GetComponentId(),
+		Model:          p.GetModel(),
+		Role:           p.GetRole(),
+		Address:        p.GetSidecarAddress(),
+		BackendAddress: p.GetBackendAddress(),
+	}
+	if p.GetSidecarAddress() == "" {
+		r.Kind = hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER
+		r.Address = p.GetBackendAddress()
+	}
+	m.regs[r.Id] = r
+	m.members.Seed(r.Id, p.GetAlive(), now)
+}
 
 // applyState rewrites t so it reflects the registrations and membership:
 // one placement per registered sidecar or model server (keyed by component
@@ -385,6 +467,11 @@ func (m *Manager) applyState(t *hamsv1.Topology) {
 		}
 		p.Model = r.GetModel()
 		p.Role = r.GetRole()
+		if a, ok := m.assigned[id]; ok {
+			// Recovery's decision outlives a re-registration with the
+			// role the component started with.
+			p.Role, p.Epoch = a.role, a.epoch
+		}
 		p.Alive = alive
 		if r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER {
 			p.SidecarAddress = ""
@@ -433,6 +520,14 @@ func (m *Manager) otherAliveFrontendLocked(id, addr string) bool {
 // reconcile writes the registrations and membership into the deployment
 // state. On failure the state stays dirty and the membership loop retries.
 func (m *Manager) reconcile(ctx context.Context) (*hamsv1.Topology, error) {
+	if !m.active.Load() {
+		// A standby manager never writes; it answers from what it sees.
+		m.mu.Lock()
+		m.dirty = true
+		m.mu.Unlock()
+		t, _ := m.hub.get()
+		return t, nil
+	}
 	m.mu.Lock()
 	m.dirty = false
 	m.mu.Unlock()
@@ -459,12 +554,23 @@ func (m *Manager) membershipLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-tk.C:
+			if !m.active.Load() {
+				continue
+			}
 			m.mu.Lock()
 			acts := m.members.Tick(now)
 			dirty := m.dirty
+			type dead struct {
+				id, model string
+				role      hamsv1.Role
+			}
+			var deaths []dead
 			for _, a := range acts {
 				m.log.Info("component declared dead", "id", a.ID, "timeout", m.cfg.SuspicionTimeout)
 				m.metrics.deaths.Inc()
+				if r := m.regs[a.ID]; r != nil && r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR {
+					deaths = append(deaths, dead{a.ID, r.GetModel(), r.GetRole()})
+				}
 			}
 			m.updateGaugesLocked()
 			m.mu.Unlock()
@@ -473,6 +579,10 @@ func (m *Manager) membershipLoop(ctx context.Context) error {
 			}
 			if _, err := m.reconcile(ctx); err != nil && ctx.Err() == nil {
 				m.log.Warn("write liveness to deployment state", "err", err)
+			}
+			// After the write, so recovery sees the death in the topology.
+			for _, d := range deaths {
+				m.suspect(d.id, d.model, d.role, "missed heartbeats")
 			}
 		}
 	}

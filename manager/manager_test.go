@@ -82,6 +82,9 @@ func startManager(t *testing.T, mod func(*manager.Config), lis net.Listener) *ru
 	if err != nil {
 		t.Fatal(err)
 	}
+	if strings.HasPrefix(cfg.ID, "crash:") {
+		m.KeepLeaseOnStop() // stopping it is a crash for the lease
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
@@ -679,8 +682,8 @@ func TestManagerExternalNATSUnreachable(t *testing.T) {
 	}
 }
 
-// A second manager process (same external NATS) sees the first one's state
-// through the bucket: the deployment state is shared, not per process.
+// A second manager process (same NATS) sees the first one's state through
+// the bucket, and stays a standby: it answers but does not write.
 func TestExternalNATSSharedState(t *testing.T) {
 	r1 := startManager(t, nil, nil)
 	sc := startClient(t, r1.addr, sidecarReg("sidecar/a", "a", "127.0.0.1:7001"))
@@ -695,10 +698,20 @@ func TestExternalNATSSharedState(t *testing.T) {
 	if p := placement(r2.m.Topology(), "sidecar/a"); p == nil {
 		t.Fatalf("second manager does not see sidecar/a: %v", r2.m.Topology())
 	}
-	// A registration at the second manager reaches the first one's
-	// watchers through the KV watcher.
-	startClient(t, r2.addr, frontendReg("frontend/0", "127.0.0.1:7000"))
-	if err := sc.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return len(tp.GetFrontends()) == 1 }); err != nil {
-		t.Fatalf("first manager's watcher never saw the second's write: %v", err)
+	if metricValue(t, r1.reg, "hams_manager_active") != 1 || metricValue(t, r2.reg, "hams_manager_active") != 0 {
+		t.Fatal("want the first manager active and the second standby")
+	}
+	// A registration at the standby is answered but not written.
+	cc, err := grpcx.Dial(r2.addr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	resp, err := hamsv1.NewManagerClient(cc).Register(ctx, frontendReg("frontend/0", "127.0.0.1:7000"))
+	if err != nil || placement(resp.GetTopology(), "sidecar/a") == nil {
+		t.Fatalf("Register at standby = %v, %v", resp, err)
+	}
+	if len(r1.m.Topology().GetFrontends()) != 0 {
+		t.Fatal("standby manager wrote the deployment state")
 	}
 }

@@ -12,6 +12,10 @@ type metrics struct {
 	deaths        prometheus.Counter
 	kvConflicts   prometheus.Counter
 	kvUpdates     prometheus.Counter
+	recoveryTime  prometheus.Histogram
+	recoveries    prometheus.Counter
+	unrecoverable prometheus.Counter
+	active        prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -48,9 +52,27 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "hams_manager_kv_updates_total",
 			Help: "Writes of the deployment state.",
 		}),
+		recoveryTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "hams_manager_recovery_seconds",
+			Help:    "Time from the suspicion that started a recovery round to the rewired topology.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+		recoveries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hams_manager_recoveries_total",
+			Help: "Recovery rounds that rewired the topology.",
+		}),
+		unrecoverable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hams_manager_unrecoverable_total",
+			Help: "Models recovery had to give up on (e.g. primary and backup both dead).",
+		}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "hams_manager_active",
+			Help: "1 while this manager holds the active-manager lease.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.kvConflicts, m.kvUpdates)
+		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.kvConflicts, m.kvUpdates,
+			m.recoveryTime, m.recoveries, m.unrecoverable, m.active)
 	}
 	return m
 }

@@ -180,6 +180,7 @@ func (s *service) ReportFailure(_ context.Context, req *hamsv1.FailureReport) (*
 	m.mu.Unlock()
 	m.metrics.failures.Inc()
 	m.log.Warn("failure reported", "reporter", rec.Reporter, "suspect", rec.Suspect, "model", rec.Model, "reason", rec.Why)
+	m.suspect(rec.Suspect, rec.Model, hamsv1.Role_ROLE_UNSPECIFIED, "reported by "+rec.Reporter+": "+rec.Why)
 	return &hamsv1.FailureReportResponse{Accepted: true}, nil
 }
 

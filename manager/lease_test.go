@@ -1,0 +1,103 @@
+package manager_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/hams-go/hams/manager"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// startNATS runs a standalone JetStream server for the test.
+func startNATS(t *testing.T) string {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv.ClientURL()
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Two managers on one NATS: the active one crashes (Run cancelled without
+// releasing the lease); the standby takes over within the lease time and
+// serves Register, Heartbeat and the topology, writing what it learned as
+// a standby.
+func TestActiveManagerFailover(t *testing.T) {
+	url := startNATS(t)
+	const ttl = 400 * time.Millisecond
+	r1 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "crash:m1" }, nil)
+	r2 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "m2" }, nil)
+	ctx := waitCtx(t)
+	c1 := startClient(t, r1.addr, sidecarReg("sidecar/a", "a", "127.0.0.1:7001"))
+	if err := c1.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return placement(tp, "sidecar/a") != nil }); err != nil {
+		t.Fatal(err)
+	}
+	// A component of the standby: kept alive there, not written yet.
+	c2 := startClient(t, r2.addr, frontendReg("frontend/0", "127.0.0.1:7000"))
+	if metricValue(t, r2.reg, "hams_manager_active") != 0 {
+		t.Fatal("second manager active while the first holds the lease")
+	}
+	if len(r1.m.Topology().GetFrontends()) != 0 {
+		t.Fatal("standby wrote its registration")
+	}
+
+	// Crash the active manager.
+	c1.stop()
+	t0 := time.Now()
+	if err := r1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "standby to become active", 3*ttl, func() bool { return metricValue(t, r2.reg, "hams_manager_active") == 1 })
+	if el := time.Since(t0); el > 2*ttl+200*time.Millisecond {
+		t.Fatalf("takeover took %v with a %v lease", el, ttl)
+	}
+	// The new active manager writes what it learned while standby and keeps
+	// serving: its client sees itself; sidecar/a (heartbeating nowhere) dies.
+	if err := c2.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool {
+		p := placement(tp, "sidecar/a")
+		return len(tp.GetFrontends()) == 1 && p != nil && !p.GetAlive()
+	}); err != nil {
+		t.Fatalf("new active manager: %v (topology %v)", err, c2.c.Topology())
+	}
+	c3 := startClient(t, r2.addr, sidecarReg("sidecar/a2", "a", "127.0.0.1:7002"))
+	if err := c3.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool {
+		p := placement(tp, "sidecar/a2")
+		return p != nil && p.GetAlive()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	hb := metricValue(t, r2.reg, "hams_manager_heartbeats_received_total")
+	waitFor(t, "heartbeats at the new active manager", 5*time.Second, func() bool {
+		return metricValue(t, r2.reg, "hams_manager_heartbeats_received_total") > hb+3
+	})
+}
+
+// A manager stopped cleanly releases the lease: a successor becomes active
+// at once.
+func TestLeaseReleasedOnStop(t *testing.T) {
+	url := startNATS(t)
+	r1 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL = url, 5*time.Second }, nil)
+	r2 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL = url, 5*time.Second }, nil)
+	if err := r1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "successor active", 4*time.Second, func() bool { return metricValue(t, r2.reg, "hams_manager_active") == 1 })
+}

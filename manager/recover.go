@@ -1,0 +1,272 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/manager/recovery"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// InstanceStarter starts a new instance of a model in a role (a new
+// backup, or a hot standby): the process supervisor (cmd/hams) implements
+// it. It returns once the process is started; the instance then registers
+// with the manager like any other.
+type InstanceStarter interface {
+	StartInstance(ctx context.Context, model string, role hamsv1.Role) error
+}
+
+// StartSeqMetadata is the gRPC metadata key on a Promote of a stateless
+// standby that carries the output seq to continue after (decimal). It
+// stands in for a PromoteRequest field until the proto has one.
+const StartSeqMetadata = "hams-start-seq"
+
+// DefaultRPCTimeout bounds one recovery RPC to a sidecar.
+const DefaultRPCTimeout = 500 * time.Millisecond
+
+// ErrNoStarter is the outcome of StartInstance without a Config.Starter.
+var ErrNoStarter = errors.New("manager: no InstanceStarter configured")
+
+// assignment is a role and epoch set by recovery; it overrides the
+// registration in the deployment state.
+type assignment struct {
+	role  hamsv1.Role
+	epoch uint64
+}
+
+// recEvent is one input for the recovery state machine, run on the
+// recovery loop's goroutine.
+type recEvent func(*recovery.Machine) ([]recovery.Action, error)
+
+// suspect posts a suspicion of component id to the recovery loop (only
+// the active manager recovers).
+func (m *Manager) suspect(id, model string, role hamsv1.Role, why string) {
+	if !m.active.Load() {
+		return
+	}
+	m.log.Info("recovery: suspect", "id", id, "model", model, "why", why)
+	ev := func(r *recovery.Machine) ([]recovery.Action, error) {
+		return r.Suspect(model, role, id), nil
+	}
+	select {
+	case m.recCh <- ev:
+	default:
+		m.log.Error("recovery: event queue full; suspicion dropped", "id", id)
+	}
+}
+
+// recoveryLoop owns the recovery state machine: it feeds it topology
+// changes, suspicions and the answers of its actions, and performs the
+// actions (RPCs in their own goroutines, waited for before it returns).
+func (m *Manager) recoveryLoop(ctx context.Context) error {
+	rec, err := recovery.New(recovery.Config{Graph: recovery.NewGraph(m.cfg.Deployment)})
+	if err != nil {
+		return err
+	}
+	d := &driver{m: m, ctx: ctx, conns: map[string]*grpc.ClientConn{}}
+	defer func() {
+		d.wg.Wait()
+		for _, cc := range d.conns {
+			_ = cc.Close()
+		}
+	}()
+	t, changed := m.hub.get()
+	d.perform(rec.Topology(t))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			t, changed = m.hub.get()
+			d.perform(rec.Topology(t))
+		case ev := <-m.recCh:
+			if rec.Idle() {
+				d.roundStart = time.Now()
+			}
+			acts, err := ev(rec)
+			if err != nil {
+				m.log.Debug("recovery: stale answer", "err", err)
+			}
+			d.perform(acts)
+		}
+	}
+}
+
+type driver struct {
+	m          *Manager
+	ctx        context.Context
+	wg         sync.WaitGroup
+	conns      map[string]*grpc.ClientConn
+	roundStart time.Time
+}
+
+func (d *driver) conn(addr string) (hamsv1.ReplicationClient, error) {
+	cc := d.conns[addr]
+	if cc == nil {
+		var err error
+		cc, err = grpcx.Dial(addr, d.m.cfg.Deployment.Limits.MaxMessageBytes)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
+		}
+		d.conns[addr] = cc
+	}
+	return hamsv1.NewReplicationClient(cc), nil
+}
+
+// post hands an answer back to the loop.
+func (d *driver) post(ev recEvent) {
+	select {
+	case d.m.recCh <- ev:
+	case <-d.ctx.Done():
+	}
+}
+
+// async runs f in a goroutine with a per-call timeout and posts its result.
+func (d *driver) async(timeout time.Duration, f func(ctx context.Context) recEvent) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		ctx, cancel := context.WithTimeout(d.ctx, timeout)
+		ev := f(ctx)
+		cancel()
+		d.post(ev)
+	}()
+}
+
+func done(id recovery.ActionID, err error) recEvent {
+	return func(r *recovery.Machine) ([]recovery.Action, error) { return r.ActionDone(id, err) }
+}
+
+func (d *driver) perform(acts []recovery.Action) {
+	m := d.m
+	to := m.cfg.RPCTimeout
+	for _, a := range acts {
+		a := a
+		m.log.Debug("recovery: action", "action", a.String())
+		if a.Kind.Notice() {
+			switch a.Kind {
+			case recovery.Recovered:
+				el := time.Since(d.roundStart)
+				m.metrics.recoveryTime.Observe(el.Seconds())
+				m.metrics.recoveries.Inc()
+				m.log.Info("recovery: rewired", "models", a.Models, "elapsed", el)
+			case recovery.Unrecoverable:
+				m.metrics.unrecoverable.Inc()
+				m.log.Error("recovery: model cannot be recovered", "model", a.Model, "reason", a.Reason)
+			}
+			continue
+		}
+		var cl hamsv1.ReplicationClient
+		if a.Address != "" {
+			var err error
+			if cl, err = d.conn(a.Address); err != nil {
+				d.async(to, func(context.Context) recEvent { return failed(a, err) })
+				continue
+			}
+		}
+		switch a.Kind {
+		case recovery.GetMaxSeq:
+			d.async(to, func(ctx context.Context) recEvent {
+				resp, err := cl.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: a.Model})
+				if err != nil {
+					return failed(a, err)
+				}
+				return func(r *recovery.Machine) ([]recovery.Action, error) { return r.MaxSeq(a.ID, resp.GetMaxSeq()) }
+			})
+		case recovery.GetLineageSummary:
+			d.async(to, func(ctx context.Context) recEvent {
+				resp, err := cl.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{FailedModel: a.FailedModel, FailedMaxSeq: a.FailedMaxSeq})
+				if err != nil {
+					return failed(a, err)
+				}
+				s := recovery.Summary{MaxOut: resp.GetMaxOutSeq(), MaxIn: resp.GetMaxInByPred(), ConsumedBeyond: resp.GetConsumedBeyond()}
+				return func(r *recovery.Machine) ([]recovery.Action, error) { return r.LineageSummary(a.ID, s) }
+			})
+		case recovery.Promote:
+			d.async(to, func(ctx context.Context) recEvent {
+				if !d.m.cfg.Deployment.Model(a.Model).Stateful {
+					ctx = metadata.AppendToOutgoingContext(ctx, StartSeqMetadata, strconv.FormatUint(a.StartSeq, 10))
+				}
+				_, err := cl.Promote(ctx, &hamsv1.PromoteRequest{Model: a.Model, Epoch: a.Epoch})
+				return done(a.ID, wrap(a, err))
+			})
+		case recovery.Rollback:
+			d.async(to, func(ctx context.Context) recEvent {
+				_, err := cl.Rollback(ctx, &hamsv1.RollbackRequest{Model: a.Model, Epoch: a.Epoch})
+				return done(a.ID, wrap(a, err))
+			})
+		case recovery.Resend:
+			d.async(to, func(ctx context.Context) recEvent {
+				_, err := cl.Resend(ctx, &hamsv1.ResendRequest{ToModel: a.ToModel, ToAddress: a.ToAddress, AfterEdgeSeq: a.After, Epoch: a.Epoch})
+				if err != nil {
+					m.log.Warn("recovery: resend failed", "action", a.String(), "err", err)
+				}
+				return done(a.ID, wrap(a, err))
+			})
+		case recovery.Demote, recovery.SyncBackup:
+			d.async(to, func(ctx context.Context) recEvent {
+				_, err := cl.Demote(ctx, &hamsv1.DemoteRequest{Model: a.Model, Epoch: a.Epoch, PrimaryAddress: a.PrimaryAddress})
+				return done(a.ID, wrap(a, err))
+			})
+		case recovery.StartInstance:
+			d.async(30*time.Second, func(ctx context.Context) recEvent {
+				if m.cfg.Starter == nil {
+					return done(a.ID, ErrNoStarter)
+				}
+				err := m.cfg.Starter.StartInstance(ctx, a.Model, a.Role)
+				if err != nil {
+					m.log.Warn("recovery: start instance", "model", a.Model, "role", a.Role.String(), "err", err)
+				}
+				return done(a.ID, wrap(a, err))
+			})
+		case recovery.Rewire:
+			d.async(10*time.Second, func(ctx context.Context) recEvent {
+				return done(a.ID, wrap(a, m.rewire(ctx, a.Changes)))
+			})
+		default:
+			d.async(to, func(context.Context) recEvent {
+				return done(a.ID, fmt.Errorf("manager: unknown recovery action %v", a))
+			})
+		}
+	}
+}
+
+func failed(a recovery.Action, err error) recEvent {
+	err = wrap(a, err)
+	if a.Kind == recovery.GetMaxSeq || a.Kind == recovery.GetLineageSummary {
+		return func(r *recovery.Machine) ([]recovery.Action, error) { return r.QueryFailed(a.ID, err) }
+	}
+	return done(a.ID, err)
+}
+
+func wrap(a recovery.Action, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("recovery %s at %s: %w", a.Kind, a.Address, err)
+}
+
+// rewire applies recovery's role and epoch changes atomically (one CAS
+// write) and keeps them across re-registrations.
+func (m *Manager) rewire(ctx context.Context, changes []recovery.Change) error {
+	m.mu.Lock()
+	for _, c := range changes {
+		m.assigned[c.Component] = assignment{role: c.Role, epoch: c.Epoch}
+	}
+	m.mu.Unlock()
+	t, err := m.st.mutate(ctx, m.applyState)
+	if err != nil {
+		return err
+	}
+	m.hub.offer(t)
+	m.log.Info("recovery: topology rewired", "revision", t.GetRevision(), "changes", len(changes))
+	return nil
+}

@@ -1,0 +1,52 @@
+// Package recovery is the manager's failover logic (HAMS paper IV-C, IV-E)
+// as a pure state machine: no goroutines, sockets or clocks. The driver
+// (package manager) feeds it events (Topology, Suspect, the answers to its
+// queries and the outcomes of its actions) and performs the Actions it
+// returns; tests drive it from a simulated service graph.
+//
+// # Rounds
+//
+// A suspicion starts a round. While the round queries (stage "query"),
+// further suspicions, and targets of queries that fail QueryAttempts times,
+// are merged into it (failures identified iteratively, paper VI-D); once it
+// commits they wait for the next round. Per model the round holds one task:
+//   - stateless model whose ACTIVE died: pick a live STANDBY (or
+//     StartInstance(model, STANDBY) and wait for it in the topology); ask
+//     every successor for GetLineageSummary(failed_model=model); a dead
+//     successor is replaced by its backup (stateful) or its own successors
+//     (stateless), a frontend that does not answer counts as "seen nothing".
+//     The standby is promoted with StartSeq = the highest max_out seen
+//     (seqs are never reused) and resend positions = the lowest positions
+//     seen (nothing is skipped; receivers drop duplicates).
+//   - stateful model whose PRIMARY died (failover): GetMaxSeq and
+//     GetLineageSummary (its resend positions) from the live backup; then
+//     GetLineageSummary(failed_model, failed_max_seq=max_seq) from the
+//     primary of every stateful model downstream. One that consumed beyond
+//     is failed over too (its backup promoted, the old primary demoted) or,
+//     when its backup is dead, rolled back (Rollback, then its positions are
+//     asked from the rolled-back primary).
+//   - a dead BACKUP or STANDBY is replaced after the round
+//     (StartInstance, then SyncBackup once the new backup shows up).
+//
+// Commit: Promote/Rollback every task at epoch = the model's highest
+// epoch + 1; then one Rewire (an atomic topology update: new primaries and
+// actives at the new epoch, old primaries become backups at the new epoch,
+// old actives become standbys); then the Recovered notice, the Resends
+// (per recovered model X, from every stateful or frontend model S that
+// reaches X through stateless models only, on the edge S -> first hop,
+// after X's position for S, merged per edge with the minimum), Demote of
+// an old primary that is still alive, and StartInstance for lost backups
+// and used standbys. A model with primary and backup both dead is reported
+// Unrecoverable.
+//
+// # LineageSummary semantics expected from sidecars
+//
+// With failed_model F set: max_out_seq is the highest seq of F in the
+// lineage of requests the responder received; max_in_by_pred[U], for every
+// model U upstream of F in that lineage (including "frontend"), the highest
+// U seq such that every request of U up to it that reached F is covered;
+// consumed_beyond: a request the responder executed names F with a seq
+// above failed_max_seq. Without failed_model: the same about the
+// responder itself (for a backup: the requests its applied snapshots
+// cover).
+package recovery

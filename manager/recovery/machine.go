@@ -1,0 +1,1052 @@
+package recovery
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/hams-go/hams/internal/config"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// ErrUnknownAction is returned (wrapped) for an answer to an action the
+// machine is not waiting for.
+var ErrUnknownAction = errors.New("recovery: answer to an unknown or finished action")
+
+// DefaultQueryAttempts is how often a query is sent before its target is
+// deemed dead.
+const DefaultQueryAttempts = 3
+
+// Config of a Machine.
+type Config struct {
+	Graph *Graph
+	// QueryAttempts per query before the target is deemed dead (default
+	// DefaultQueryAttempts).
+	QueryAttempts int
+	// RewireAttempts before a round gives up rewiring (default 5).
+	RewireAttempts int
+}
+
+type taskKind int
+
+const (
+	tStateless taskKind = iota + 1 // dead ACTIVE replaced by a standby
+	tFailover                      // primary replaced by its backup
+	tRollback                      // primary rolls back to its kept previous state
+)
+
+func (k taskKind) String() string {
+	return map[taskKind]string{tStateless: "stateless", tFailover: "failover", tRollback: "rollback"}[k]
+}
+
+// task is the recovery of one model within a round.
+type task struct {
+	model string
+	kind  taskKind
+	gen   int // bumped when kind or instance changes; stale answers are ignored
+
+	old     []*hamsv1.Placement // the instance(s) being replaced (or rolled back)
+	inst    *hamsv1.Placement   // new primary / active (rollback: the primary itself)
+	waitStd bool                // a StartInstance(STANDBY) is pending; inst chosen from the topology
+
+	maxSeq     uint64
+	haveMaxSeq bool
+	pos        map[string]uint64 // upstream model -> resend after
+	havePos    bool
+
+	// stateless: summaries from successors (or fallbacks).
+	sources   []Summary
+	visited   map[string]bool
+	startSeq  uint64
+	installed bool
+	newEpoch  uint64
+	abandoned string
+}
+
+type qPurpose int
+
+const (
+	qMaxSeq qPurpose = iota + 1
+	qBackupPos
+	qDownstream
+	qSource
+	qPostRollback
+)
+
+type query struct {
+	purpose  qPurpose
+	task     string // model of the task it serves
+	gen      int
+	act      Action
+	attempts int
+	target   string // model the target serves
+}
+
+const (
+	stQuery = iota + 1
+	stInstall
+	stRewire
+	stFinish
+)
+
+type round struct {
+	id      int
+	stage   int
+	dead    map[string]bool // component ids deemed dead in this round
+	tasks   map[string]*task
+	backupL map[string]bool // models whose backup is lost
+	standL  map[string]int  // models whose standby was lost or used
+	pending map[ActionID]func(err error) []Action
+	queries map[ActionID]*query
+	rewires int
+	// consumed records downstream models found to have consumed beyond a
+	// failed model's max_seq (for tests and logs).
+	consumed map[string]bool
+}
+
+// Machine is the recovery state machine (see doc.go). Not safe for
+// concurrent use; the driver serialises calls.
+type Machine struct {
+	cfg    Config
+	g      *Graph
+	topo   *hamsv1.Topology
+	nextID ActionID
+	rounds int
+	r      *round
+	queued []suspicion
+	// awaitSync: model -> backup components known when a new backup was
+	// asked for; a new alive backup not in the set gets SyncBackup.
+	awaitSync map[string]map[string]bool
+	syncing   map[ActionID]string
+	// handled: components a finished round treated as dead; later
+	// suspicions of them are ignored until the topology shows them come
+	// back (dead -> alive).
+	handled   map[string]bool
+	lastAlive map[string]bool
+}
+
+type suspicion struct {
+	model, component string
+	role             hamsv1.Role
+}
+
+// New returns an idle machine.
+func New(cfg Config) (*Machine, error) {
+	if cfg.Graph == nil {
+		return nil, errors.New("recovery: Config.Graph is required")
+	}
+	if cfg.QueryAttempts <= 0 {
+		cfg.QueryAttempts = DefaultQueryAttempts
+	}
+	if cfg.RewireAttempts <= 0 {
+		cfg.RewireAttempts = 5
+	}
+	return &Machine{cfg: cfg, g: cfg.Graph, topo: &hamsv1.Topology{},
+		awaitSync: map[string]map[string]bool{}, syncing: map[ActionID]string{},
+		handled: map[string]bool{}, lastAlive: map[string]bool{}}, nil
+}
+
+// Idle reports whether no round is in progress and none is queued.
+func (m *Machine) Idle() bool { return m.r == nil && len(m.queued) == 0 }
+
+// Round returns the number of the current round (0 when idle).
+func (m *Machine) Round() int {
+	if m.r == nil {
+		return 0
+	}
+	return m.r.id
+}
+
+// Consumed lists the models found to have consumed beyond a failed model's
+// durable seq in the current round (sorted).
+func (m *Machine) Consumed() []string {
+	if m.r == nil {
+		return nil
+	}
+	return sortedKeys(m.r.consumed)
+}
+
+// Topology installs the newest deployment state. New instances started for
+// recovery are found here.
+func (m *Machine) Topology(t *hamsv1.Topology) []Action {
+	if t == nil {
+		return nil
+	}
+	m.topo = t
+	for _, p := range t.GetPlacements() {
+		id := p.GetComponentId()
+		if was, ok := m.lastAlive[id]; ok && !was && p.GetAlive() {
+			delete(m.handled, id)
+		}
+		m.lastAlive[id] = p.GetAlive()
+	}
+	var out []Action
+	// Backups waiting for a sync.
+	for _, model := range sortedKeys(m.awaitSync) {
+		known := m.awaitSync[model]
+		prim := m.livePrimary(model, nil)
+		if prim == nil {
+			continue
+		}
+		for _, p := range t.GetPlacements() {
+			if p.GetModel() != model || p.GetRole() != hamsv1.Role_ROLE_BACKUP || !p.GetAlive() || known[p.GetComponentId()] {
+				continue
+			}
+			delete(m.awaitSync, model)
+			a := m.act(Action{Kind: SyncBackup, Model: model, Component: p.GetComponentId(), Address: p.GetSidecarAddress(),
+				Epoch: prim.GetEpoch(), PrimaryAddress: prim.GetSidecarAddress()})
+			m.syncing[a.ID] = model
+			out = append(out, a)
+			break
+		}
+	}
+	if r := m.r; r != nil && r.stage == stQuery {
+		for _, model := range sortedKeys(r.tasks) {
+			tk := r.tasks[model]
+			if tk.kind != tStateless || !tk.waitStd || tk.abandoned != "" {
+				continue
+			}
+			if s := m.pickStandby(model); s != nil {
+				tk.inst, tk.waitStd = s, false
+				tk.gen++
+			}
+		}
+		out = append(out, m.maybeCommit()...)
+	}
+	return out
+}
+
+// Suspect starts (or extends) recovery for component, an instance of model
+// in role. The topology's view of the component wins over model/role when
+// it knows the component.
+func (m *Machine) Suspect(model string, role hamsv1.Role, component string) []Action {
+	s := suspicion{model: model, component: component, role: role}
+	if p := m.placement(component); p != nil {
+		s.model, s.role = p.GetModel(), p.GetRole()
+	}
+	if !m.g.Has(s.model) || component == "" || m.handled[component] {
+		return nil
+	}
+	if m.r != nil && m.r.stage != stQuery {
+		if !m.r.dead[component] {
+			m.queued = append(m.queued, s)
+		}
+		return nil
+	}
+	var out []Action
+	if m.r == nil {
+		out = append(out, m.startRound()...)
+	}
+	out = append(out, m.suspect(s)...)
+	return append(out, m.maybeCommit()...)
+}
+
+func (m *Machine) startRound() []Action {
+	m.rounds++
+	m.r = &round{id: m.rounds, stage: stQuery, dead: map[string]bool{}, tasks: map[string]*task{},
+		backupL: map[string]bool{}, standL: map[string]int{}, pending: map[ActionID]func(error) []Action{},
+		queries: map[ActionID]*query{}, consumed: map[string]bool{}}
+	return nil
+}
+
+// suspect folds one suspicion into the current round (stage stQuery).
+func (m *Machine) suspect(s suspicion) []Action {
+	r := m.r
+	if r.dead[s.component] {
+		return nil
+	}
+	r.dead[s.component] = true
+	var out []Action
+	tk := r.tasks[s.model]
+	switch s.role {
+	case hamsv1.Role_ROLE_ACTIVE:
+		if m.g.Stateful(s.model) {
+			return nil
+		}
+		if tk != nil {
+			if tk.inst != nil && tk.inst.GetComponentId() == s.component {
+				return m.rechooseStandby(tk)
+			}
+			return nil
+		}
+		if m.liveActive(s.model) != nil {
+			return nil // another active still serves
+		}
+		tk = &task{model: s.model, kind: tStateless, visited: map[string]bool{}}
+		for _, p := range m.topo.GetPlacements() {
+			if p.GetModel() == s.model && p.GetRole() == hamsv1.Role_ROLE_ACTIVE {
+				tk.old = append(tk.old, p)
+			}
+		}
+		r.tasks[s.model] = tk
+		out = append(out, m.rechooseStandby(tk)...)
+		out = append(out, m.querySources(tk, s.model)...)
+	case hamsv1.Role_ROLE_PRIMARY:
+		if !m.g.Stateful(s.model) {
+			return nil
+		}
+		cur := m.currentPrimary(s.model)
+		if cur == nil || cur.GetComponentId() != s.component {
+			return nil // not the serving primary (already failed over)
+		}
+		if tk != nil {
+			if tk.kind == tRollback {
+				tk.abandoned = "primary and backup both failed"
+				out = append(out, m.notice(tk.model, tk.abandoned))
+			}
+			return out
+		}
+		return m.newFailover(s.model, cur)
+	case hamsv1.Role_ROLE_BACKUP:
+		if !m.g.Stateful(s.model) {
+			return nil
+		}
+		r.backupL[s.model] = true
+		if tk != nil && tk.kind == tFailover && tk.inst.GetComponentId() == s.component {
+			return m.failoverLostBackup(tk)
+		}
+	case hamsv1.Role_ROLE_STANDBY:
+		r.standL[s.model]++
+		if tk != nil && tk.kind == tStateless && tk.inst != nil && tk.inst.GetComponentId() == s.component {
+			return m.rechooseStandby(tk)
+		}
+	}
+	return out
+}
+
+// newFailover creates the failover task of a stateful model whose primary
+// (old) is replaced by its live backup.
+func (m *Machine) newFailover(model string, old *hamsv1.Placement) []Action {
+	r := m.r
+	b := m.liveBackup(model)
+	if b == nil {
+		r.backupL[model] = true
+		if m.live(old) {
+			tk := &task{model: model, kind: tRollback, inst: old, old: []*hamsv1.Placement{old}}
+			r.tasks[model] = tk
+			return nil
+		}
+		tk := &task{model: model, kind: tFailover, old: []*hamsv1.Placement{old}, abandoned: "primary and backup both failed"}
+		r.tasks[model] = tk
+		return []Action{m.notice(model, tk.abandoned)}
+	}
+	tk := &task{model: model, kind: tFailover, inst: b, old: []*hamsv1.Placement{old}}
+	r.tasks[model] = tk
+	return []Action{
+		m.ask(qMaxSeq, tk, model, Action{Kind: GetMaxSeq, Model: model, Component: b.GetComponentId(), Address: b.GetSidecarAddress()}),
+		m.ask(qBackupPos, tk, model, Action{Kind: GetLineageSummary, Model: model, Component: b.GetComponentId(), Address: b.GetSidecarAddress()}),
+	}
+}
+
+// failoverLostBackup handles the loss of the backup a failover task was
+// going to promote: roll the primary back if it lives, else give up.
+func (m *Machine) failoverLostBackup(tk *task) []Action {
+	tk.gen++
+	m.r.backupL[tk.model] = true
+	old := tk.old[0]
+	if m.live(old) {
+		tk.kind, tk.inst = tRollback, old
+		tk.haveMaxSeq, tk.havePos = false, false
+		return nil
+	}
+	tk.abandoned = "primary and backup both failed"
+	return []Action{m.notice(tk.model, tk.abandoned)}
+}
+
+func (m *Machine) rechooseStandby(tk *task) []Action {
+	tk.gen++
+	if s := m.pickStandby(tk.model); s != nil {
+		tk.inst, tk.waitStd = s, false
+		return nil
+	}
+	tk.inst = nil
+	if tk.waitStd {
+		return nil
+	}
+	tk.waitStd = true
+	a := m.act(Action{Kind: StartInstance, Model: tk.model, Role: hamsv1.Role_ROLE_STANDBY})
+	gen := tk.gen
+	m.r.pending[a.ID] = func(err error) []Action {
+		if err != nil && tk.gen == gen && tk.waitStd && m.r.stage == stQuery {
+			tk.abandoned = "no standby: " + err.Error()
+			return []Action{m.notice(tk.model, tk.abandoned)}
+		}
+		return nil
+	}
+	return []Action{a}
+}
+
+// querySources asks the instances that received failed's outputs (the
+// successors of via, or their fallbacks) for their lineage summary.
+func (m *Machine) querySources(tk *task, via string) []Action {
+	var out []Action
+	for _, s := range m.g.Succ(via) {
+		out = append(out, m.querySource(tk, s)...)
+	}
+	return out
+}
+
+func (m *Machine) querySource(tk *task, s string) []Action {
+	if tk.visited[s] {
+		return nil
+	}
+	tk.visited[s] = true
+	if s == config.Frontend {
+		fes := m.topo.GetFrontends()
+		if len(fes) == 0 {
+			tk.sources = append(tk.sources, Summary{})
+			return nil
+		}
+		var out []Action
+		for _, a := range fes {
+			out = append(out, m.ask(qSource, tk, s, Action{Kind: GetLineageSummary, Model: config.Frontend, Address: a, FailedModel: tk.model}))
+		}
+		return out
+	}
+	if p := m.liveServing(s); p != nil {
+		return []Action{m.ask(qSource, tk, s, Action{Kind: GetLineageSummary, Model: s, Component: p.GetComponentId(),
+			Address: p.GetSidecarAddress(), FailedModel: tk.model})}
+	}
+	return m.sourceFallback(tk, s)
+}
+
+// sourceFallback reconstructs a dead source's view conservatively: from
+// its backup (stateful) or its own successors (stateless).
+func (m *Machine) sourceFallback(tk *task, s string) []Action {
+	if m.g.Stateful(s) {
+		if b := m.liveBackup(s); b != nil {
+			return []Action{m.ask(qSource, tk, s, Action{Kind: GetLineageSummary, Model: s, Component: b.GetComponentId(),
+				Address: b.GetSidecarAddress(), FailedModel: tk.model})}
+		}
+		tk.sources = append(tk.sources, Summary{})
+		return nil
+	}
+	out := m.querySources(tk, s)
+	if len(out) == 0 {
+		tk.sources = append(tk.sources, Summary{})
+	}
+	return out
+}
+
+// ask issues a query.
+func (m *Machine) ask(p qPurpose, tk *task, target string, a Action) Action {
+	a = m.act(a)
+	m.r.queries[a.ID] = &query{purpose: p, task: tk.model, gen: tk.gen, act: a, attempts: 1, target: target}
+	return a
+}
+
+func (m *Machine) act(a Action) Action {
+	m.nextID++
+	a.ID = m.nextID
+	return a
+}
+
+func (m *Machine) notice(model, reason string) Action {
+	return Action{Kind: Unrecoverable, Model: model, Reason: reason}
+}
+
+// MaxSeq answers a GetMaxSeq.
+func (m *Machine) MaxSeq(id ActionID, maxSeq uint64) ([]Action, error) {
+	_, tk, err := m.answer(id, GetMaxSeq)
+	if err != nil {
+		return nil, err
+	}
+	if tk == nil {
+		return m.progress(), nil
+	}
+	tk.maxSeq, tk.haveMaxSeq = maxSeq, true
+	var out []Action
+	for _, d := range m.g.DownstreamStateful(tk.model) {
+		if m.r.tasks[d] != nil {
+			continue
+		}
+		p := m.currentPrimary(d)
+		if p == nil {
+			continue
+		}
+		if !m.live(p) {
+			out = append(out, m.suspect(suspicion{model: d, component: p.GetComponentId(), role: hamsv1.Role_ROLE_PRIMARY})...)
+			continue
+		}
+		out = append(out, m.ask(qDownstream, tk, d, Action{Kind: GetLineageSummary, Model: d, Component: p.GetComponentId(),
+			Address: p.GetSidecarAddress(), FailedModel: tk.model, FailedMaxSeq: maxSeq}))
+	}
+	return append(out, m.maybeCommit()...), nil
+}
+
+// LineageSummary answers a GetLineageSummary.
+func (m *Machine) LineageSummary(id ActionID, s Summary) ([]Action, error) {
+	q, tk, err := m.answer(id, GetLineageSummary)
+	if err != nil {
+		return nil, err
+	}
+	if tk == nil {
+		return m.progress(), nil
+	}
+	var out []Action
+	switch q.purpose {
+	case qBackupPos, qPostRollback:
+		tk.pos, tk.havePos = copyMap(s.MaxIn), true
+		if q.purpose == qPostRollback {
+			out = append(out, m.installed(tk)...)
+		}
+	case qSource:
+		tk.sources = append(tk.sources, s)
+	case qDownstream:
+		d := q.target
+		if s.ConsumedBeyond && m.r.tasks[d] == nil {
+			m.r.consumed[d] = true
+			old := m.placement(q.act.Component)
+			if old == nil {
+				old = m.currentPrimary(d)
+			}
+			out = append(out, m.newFailover(d, old)...)
+		} else if s.ConsumedBeyond {
+			m.r.consumed[d] = true
+		}
+	}
+	return append(out, m.progress()...), nil
+}
+
+// QueryFailed reports that a query could not be answered (timeout,
+// connection refused): it is retried, then its target is deemed dead.
+func (m *Machine) QueryFailed(id ActionID, cause error) ([]Action, error) {
+	if m.r == nil {
+		return nil, fmt.Errorf("%w: #%d", ErrUnknownAction, id)
+	}
+	q := m.r.queries[id]
+	if q == nil {
+		return nil, fmt.Errorf("%w: #%d", ErrUnknownAction, id)
+	}
+	delete(m.r.queries, id)
+	tk := m.r.tasks[q.task]
+	if tk == nil || tk.gen != q.gen || tk.abandoned != "" {
+		return m.progress(), nil
+	}
+	if q.attempts < m.cfg.QueryAttempts {
+		a := q.act
+		a = m.act(a)
+		nq := *q
+		nq.act, nq.attempts = a, q.attempts+1
+		m.r.queries[a.ID] = &nq
+		return []Action{a}, nil
+	}
+	var out []Action
+	comp := q.act.Component
+	if comp != "" {
+		if p := m.placement(comp); p != nil {
+			out = append(out, m.suspect(suspicion{model: p.GetModel(), component: comp, role: p.GetRole()})...)
+		}
+	}
+	tk = m.r.tasks[q.task]
+	if tk.gen == q.gen && tk.abandoned == "" {
+		switch q.purpose {
+		case qMaxSeq, qBackupPos:
+			// The backup is dead: suspect() already converted the task.
+		case qPostRollback:
+			tk.abandoned = "primary unreachable after rollback: " + cause.Error()
+			out = append(out, m.notice(tk.model, tk.abandoned))
+			out = append(out, m.installed(tk)...)
+		case qSource:
+			if comp == "" { // a frontend: no fallback
+				tk.sources = append(tk.sources, Summary{})
+			} else {
+				out = append(out, m.sourceFallback(tk, q.target)...)
+			}
+		case qDownstream:
+			// suspect() created the failover task of the downstream model.
+		}
+	}
+	return append(out, m.progress()...), nil
+}
+
+// answer finds the query id of kind k; tk is nil when the answer is stale.
+func (m *Machine) answer(id ActionID, k Kind) (*query, *task, error) {
+	if m.r == nil {
+		return nil, nil, fmt.Errorf("%w: #%d", ErrUnknownAction, id)
+	}
+	q := m.r.queries[id]
+	if q == nil || q.act.Kind != k {
+		return nil, nil, fmt.Errorf("%w: #%d (%s)", ErrUnknownAction, id, k)
+	}
+	delete(m.r.queries, id)
+	tk := m.r.tasks[q.task]
+	if tk == nil || tk.gen != q.gen || tk.abandoned != "" {
+		return q, nil, nil
+	}
+	return q, tk, nil
+}
+
+// ActionDone reports the outcome of a non-query action.
+func (m *Machine) ActionDone(id ActionID, err error) ([]Action, error) {
+	if model, ok := m.syncing[id]; ok {
+		delete(m.syncing, id)
+		if err != nil {
+			return []Action{m.notice(model, "sync of new backup failed: "+err.Error())}, nil
+		}
+		return nil, nil
+	}
+	if m.r == nil {
+		return nil, fmt.Errorf("%w: #%d", ErrUnknownAction, id)
+	}
+	f := m.r.pending[id]
+	if f == nil {
+		return nil, fmt.Errorf("%w: #%d", ErrUnknownAction, id)
+	}
+	delete(m.r.pending, id)
+	out := f(err)
+	return append(out, m.progress()...), nil
+}
+
+// progress commits a round whose queries are answered, or moves a later
+// stage on when its actions are done.
+func (m *Machine) progress() []Action {
+	if m.r != nil && m.r.stage == stQuery {
+		return m.maybeCommit()
+	}
+	return m.advance()
+}
+
+// maybeCommit moves a round whose queries are all answered to the install
+// stage.
+func (m *Machine) maybeCommit() []Action {
+	r := m.r
+	if r == nil || r.stage != stQuery || len(r.queries) > 0 {
+		return nil
+	}
+	for _, tk := range r.tasks {
+		if tk.abandoned == "" && tk.kind == tStateless && tk.waitStd {
+			return nil
+		}
+	}
+	r.stage = stInstall
+	var out []Action
+	for _, model := range sortedKeys(r.tasks) {
+		tk := r.tasks[model]
+		if tk.abandoned != "" {
+			continue
+		}
+		tk.newEpoch = m.maxEpoch(model) + 1
+		switch tk.kind {
+		case tStateless:
+			if len(tk.old) > 0 {
+				tk.startSeq = 0
+				for _, s := range tk.sources {
+					tk.startSeq = max(tk.startSeq, s.MaxOut)
+				}
+			}
+			tk.pos = minPositions(tk.sources)
+			tk.havePos = true
+			out = append(out, m.install(tk, Action{Kind: Promote, Model: model, Component: tk.inst.GetComponentId(),
+				Address: tk.inst.GetSidecarAddress(), Epoch: tk.newEpoch, StartSeq: tk.startSeq}))
+		case tFailover:
+			out = append(out, m.install(tk, Action{Kind: Promote, Model: model, Component: tk.inst.GetComponentId(),
+				Address: tk.inst.GetSidecarAddress(), Epoch: tk.newEpoch}))
+		case tRollback:
+			out = append(out, m.install(tk, Action{Kind: Rollback, Model: model, Component: tk.inst.GetComponentId(),
+				Address: tk.inst.GetSidecarAddress(), Epoch: tk.newEpoch}))
+		}
+	}
+	return append(out, m.advance()...)
+}
+
+// install issues a Promote/Rollback of tk and handles its outcome.
+func (m *Machine) install(tk *task, a Action) Action {
+	a = m.act(a)
+	m.r.pending[a.ID] = func(err error) []Action {
+		switch {
+		case err == nil && tk.kind == tRollback:
+			// Positions come from the rolled-back primary itself.
+			return []Action{m.ask(qPostRollback, tk, tk.model, Action{Kind: GetLineageSummary, Model: tk.model,
+				Component: tk.inst.GetComponentId(), Address: tk.inst.GetSidecarAddress()})}
+		case err == nil:
+			return m.installed(tk)
+		case tk.kind == tFailover && m.live(tk.old[0]) && !m.r.dead[tk.old[0].GetComponentId()]:
+			// The backup died while being promoted; the old primary is
+			// alive (a downstream model that consumed beyond): roll back.
+			m.r.dead[tk.inst.GetComponentId()] = true
+			m.r.backupL[tk.model] = true
+			tk.kind, tk.inst, tk.havePos = tRollback, tk.old[0], false
+			tk.gen++
+			return []Action{m.install(tk, Action{Kind: Rollback, Model: tk.model, Component: tk.inst.GetComponentId(),
+				Address: tk.inst.GetSidecarAddress(), Epoch: tk.newEpoch})}
+		case tk.kind == tStateless:
+			// Another standby (or a fresh one) next round.
+			m.r.dead[tk.inst.GetComponentId()] = true
+			tk.abandoned = "standby promotion failed: " + err.Error()
+			for _, o := range tk.old {
+				m.queued = append(m.queued, suspicion{model: tk.model, component: o.GetComponentId(), role: hamsv1.Role_ROLE_ACTIVE})
+			}
+			return m.installed(tk)
+		default:
+			tk.abandoned = fmt.Sprintf("%s of %s failed: %v", tk.kind, tk.inst.GetComponentId(), err)
+			return append([]Action{m.notice(tk.model, tk.abandoned)}, m.installed(tk)...)
+		}
+	}
+	return a
+}
+
+func (m *Machine) installed(tk *task) []Action {
+	tk.installed = true
+	return nil
+}
+
+// advance moves the round on when the current stage's actions are done.
+func (m *Machine) advance() []Action {
+	r := m.r
+	if r == nil || len(r.pending) > 0 || len(r.queries) > 0 {
+		return nil
+	}
+	switch r.stage {
+	case stInstall:
+		r.stage = stRewire
+		return m.rewire()
+	case stRewire:
+		return nil // rewire's callback moves on
+	case stFinish:
+		return m.endRound()
+	}
+	return nil
+}
+
+func (m *Machine) rewire() []Action {
+	r := m.r
+	var ch []Change
+	for _, model := range sortedKeys(r.tasks) {
+		tk := r.tasks[model]
+		if tk.abandoned != "" {
+			continue
+		}
+		switch tk.kind {
+		case tStateless:
+			ch = append(ch, Change{Component: tk.inst.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_ACTIVE, Epoch: tk.newEpoch})
+			for _, o := range tk.old {
+				ch = append(ch, Change{Component: o.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_STANDBY, Epoch: o.GetEpoch()})
+			}
+		case tFailover:
+			ch = append(ch, Change{Component: tk.inst.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_PRIMARY, Epoch: tk.newEpoch})
+			for _, o := range tk.old {
+				ch = append(ch, Change{Component: o.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_BACKUP, Epoch: tk.newEpoch})
+			}
+		case tRollback:
+			ch = append(ch, Change{Component: tk.inst.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_PRIMARY, Epoch: tk.newEpoch})
+		}
+	}
+	if len(ch) == 0 {
+		return m.finish()
+	}
+	a := m.act(Action{Kind: Rewire, Changes: ch})
+	r.pending[a.ID] = func(err error) []Action {
+		if err != nil {
+			r.rewires++
+			if r.rewires < m.cfg.RewireAttempts {
+				return m.rewire()
+			}
+			var out []Action
+			for _, model := range sortedKeys(r.tasks) {
+				if r.tasks[model].abandoned == "" {
+					r.tasks[model].abandoned = "topology update failed: " + err.Error()
+					out = append(out, m.notice(model, r.tasks[model].abandoned))
+				}
+			}
+			return append(out, m.finish()...)
+		}
+		return m.finish()
+	}
+	return []Action{a}
+}
+
+// finish issues the after-rewire actions: the Recovered notice, resends,
+// demotions and new instances that restore redundancy.
+func (m *Machine) finish() []Action {
+	r := m.r
+	r.stage = stFinish
+	var out []Action
+	var recovered []string
+	// New serving instance per model after this round.
+	serving := map[string]*hamsv1.Placement{}
+	epochs := map[string]uint64{}
+	for _, model := range sortedKeys(r.tasks) {
+		if tk := r.tasks[model]; tk.abandoned == "" {
+			recovered = append(recovered, model)
+			serving[model], epochs[model] = tk.inst, tk.newEpoch
+		}
+	}
+	if len(recovered) > 0 {
+		out = append(out, Action{Kind: Recovered, Models: recovered})
+	}
+	// Resends: per recovered model X, from each stateful (or frontend)
+	// upstream model S whose outputs reach X through stateless models only,
+	// after the position X (its new instance) applied for S. Merged per
+	// (S, first hop) with the minimum position.
+	type key struct{ from, to string }
+	after := map[key]uint64{}
+	var keys []key
+	add := func(from, to string, pos uint64) {
+		k := key{from, to}
+		if v, ok := after[k]; !ok || pos < v {
+			if !ok {
+				keys = append(keys, k)
+			}
+			after[k] = pos
+		}
+	}
+	for _, model := range recovered {
+		tk := r.tasks[model]
+		var walk func(to string, seen map[string]bool)
+		walk = func(to string, seen map[string]bool) {
+			for _, p := range m.g.Pred(to) {
+				if seen[p] {
+					continue
+				}
+				seen[p] = true
+				if p == config.Frontend || m.g.Stateful(p) {
+					add(p, to, tk.pos[p])
+					continue
+				}
+				walk(p, seen)
+			}
+		}
+		walk(model, map[string]bool{})
+	}
+	for _, k := range keys {
+		toInst := serving[k.to]
+		toEpoch := epochs[k.to]
+		if toInst == nil {
+			toInst = m.liveServing(k.to)
+			if toInst == nil {
+				continue
+			}
+			toEpoch = toInst.GetEpoch()
+		}
+		if k.from == config.Frontend {
+			for _, fe := range m.topo.GetFrontends() {
+				out = append(out, m.doneIgnored(Action{Kind: Resend, Model: config.Frontend, Address: fe,
+					ToModel: k.to, ToAddress: toInst.GetSidecarAddress(), Epoch: toEpoch, After: after[k]}))
+			}
+			continue
+		}
+		from := serving[k.from]
+		if from == nil {
+			from = m.liveServing(k.from)
+		}
+		if from == nil {
+			continue
+		}
+		out = append(out, m.doneIgnored(Action{Kind: Resend, Model: k.from, Component: from.GetComponentId(), Address: from.GetSidecarAddress(),
+			ToModel: k.to, ToAddress: toInst.GetSidecarAddress(), Epoch: toEpoch, After: after[k]}))
+	}
+	// Redundancy.
+	needBackup := map[string]bool{}
+	for m2 := range r.backupL {
+		needBackup[m2] = true
+	}
+	for _, model := range recovered {
+		tk := r.tasks[model]
+		switch tk.kind {
+		case tFailover:
+			old := tk.old[0]
+			if m.live(old) {
+				a := m.act(Action{Kind: Demote, Model: model, Component: old.GetComponentId(), Address: old.GetSidecarAddress(),
+					Epoch: tk.newEpoch, PrimaryAddress: tk.inst.GetSidecarAddress()})
+				r.pending[a.ID] = func(err error) []Action {
+					if err != nil {
+						return m.startBackup(model)
+					}
+					return nil
+				}
+				out = append(out, a)
+				delete(needBackup, model)
+			} else {
+				needBackup[model] = true
+			}
+		case tStateless:
+			anyAlive := false
+			for _, o := range tk.old {
+				anyAlive = anyAlive || m.live(o)
+			}
+			if !anyAlive {
+				r.standL[model]++
+			}
+		}
+	}
+	for _, model := range sortedKeys(needBackup) {
+		if tk := r.tasks[model]; tk != nil && tk.abandoned != "" && tk.kind == tFailover {
+			continue // no primary to sync from
+		}
+		out = append(out, m.startBackup(model)...)
+	}
+	for _, model := range sortedKeys(r.standL) {
+		for range r.standL[model] {
+			out = append(out, m.doneIgnored(Action{Kind: StartInstance, Model: model, Role: hamsv1.Role_ROLE_STANDBY}))
+		}
+	}
+	return append(out, m.advance()...)
+}
+
+func (m *Machine) startBackup(model string) []Action {
+	known := map[string]bool{}
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_BACKUP {
+			known[p.GetComponentId()] = true
+		}
+	}
+	if r := m.r; r != nil {
+		for _, tk := range r.tasks {
+			if tk.model == model && tk.kind == tFailover {
+				for _, o := range tk.old {
+					known[o.GetComponentId()] = true
+				}
+			}
+		}
+	}
+	m.awaitSync[model] = known
+	return []Action{m.doneIgnored(Action{Kind: StartInstance, Model: model, Role: hamsv1.Role_ROLE_BACKUP})}
+}
+
+// doneIgnored issues an action whose outcome does not change the plan.
+func (m *Machine) doneIgnored(a Action) Action {
+	a = m.act(a)
+	m.r.pending[a.ID] = func(error) []Action { return nil }
+	return a
+}
+
+func (m *Machine) endRound() []Action {
+	for id := range m.r.dead {
+		// Components deemed dead only by a failed RPC, but alive per
+		// membership, stay eligible: their later death is a new failure.
+		if p := m.placement(id); p == nil || !p.GetAlive() {
+			m.handled[id] = true
+		}
+	}
+	m.r = nil
+	q := m.queued
+	m.queued = nil
+	var out []Action
+	for _, s := range q {
+		// Drop suspicions of components the topology shows alive again in
+		// a role that needs no recovery (a standby made of an old active).
+		out = append(out, m.Suspect(s.model, s.role, s.component)...)
+	}
+	return out
+}
+
+// --- topology helpers ---
+
+func (m *Machine) placement(id string) *hamsv1.Placement {
+	if id == "" {
+		return nil
+	}
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetComponentId() == id {
+			return p
+		}
+	}
+	return nil
+}
+
+// live: alive in the topology and not deemed dead in this round.
+func (m *Machine) live(p *hamsv1.Placement) bool {
+	if p == nil || !p.GetAlive() || p.GetSidecarAddress() == "" {
+		return false
+	}
+	return m.r == nil || !m.r.dead[p.GetComponentId()]
+}
+
+func (m *Machine) best(model string, role hamsv1.Role, onlyLive bool) *hamsv1.Placement {
+	var best *hamsv1.Placement
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() != model || p.GetRole() != role || p.GetSidecarAddress() == "" {
+			continue
+		}
+		if onlyLive && !m.live(p) {
+			continue
+		}
+		if best == nil || p.GetEpoch() > best.GetEpoch() {
+			best = p
+		}
+	}
+	return best
+}
+
+// currentPrimary is the highest-epoch primary placement (alive or not).
+func (m *Machine) currentPrimary(model string) *hamsv1.Placement {
+	return m.best(model, hamsv1.Role_ROLE_PRIMARY, false)
+}
+
+func (m *Machine) livePrimary(model string, _ *round) *hamsv1.Placement {
+	return m.best(model, hamsv1.Role_ROLE_PRIMARY, true)
+}
+
+func (m *Machine) liveBackup(model string) *hamsv1.Placement {
+	return m.best(model, hamsv1.Role_ROLE_BACKUP, true)
+}
+
+func (m *Machine) liveActive(model string) *hamsv1.Placement {
+	return m.best(model, hamsv1.Role_ROLE_ACTIVE, true)
+}
+
+// liveServing is the instance that receives model's traffic.
+func (m *Machine) liveServing(model string) *hamsv1.Placement {
+	if m.g.Stateful(model) {
+		return m.best(model, hamsv1.Role_ROLE_PRIMARY, true)
+	}
+	return m.liveActive(model)
+}
+
+func (m *Machine) pickStandby(model string) *hamsv1.Placement {
+	var pick *hamsv1.Placement
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_STANDBY && m.live(p) {
+			if pick == nil || p.GetComponentId() < pick.GetComponentId() {
+				pick = p
+			}
+		}
+	}
+	return pick
+}
+
+func (m *Machine) maxEpoch(model string) uint64 {
+	var e uint64
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() == model {
+			e = max(e, p.GetEpoch())
+		}
+	}
+	return e
+}
+
+func minPositions(ss []Summary) map[string]uint64 {
+	keys := map[string]bool{}
+	for _, s := range ss {
+		for k := range s.MaxIn {
+			keys[k] = true
+		}
+	}
+	out := map[string]uint64{}
+	for k := range keys {
+		v := ^uint64(0)
+		for _, s := range ss {
+			v = min(v, s.MaxIn[k]) // missing = 0: conservative
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func copyMap(in map[string]uint64) map[string]uint64 {
+	out := make(map[string]uint64, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+func sortedKeys[V any](mp map[string]V) []string {
+	ks := make([]string, 0, len(mp))
+	for k := range mp {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
