@@ -583,13 +583,21 @@ func (x *LineageSummaryRequest) GetFailedMaxSeq() uint64 {
 	return 0
 }
 
+// LineageSummary answers LineageSummaryRequest. With failed_model F set:
+// max_out_seq is the highest seq of F in the lineage of requests the
+// responder received; max_in_by_pred[U], for every model U upstream of F in
+// that lineage (including "frontend"), is the highest seq of U such that
+// nothing at or below it that reached F is missing (a contiguous prefix, not
+// a plain maximum, under join fan-in); consumed_beyond says a request the
+// responder executed names F with a seq above failed_max_seq. With F empty
+// the fields describe the responder itself (for a backup: the requests its
+// applied snapshots cover).
 type LineageSummary struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Model     string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	MaxOutSeq uint64                 `protobuf:"varint,2,opt,name=max_out_seq,json=maxOutSeq,proto3" json:"max_out_seq,omitempty"`
-	// Highest edge seq received in order from each predecessor.
-	MaxInByPred    map[string]uint64 `protobuf:"bytes,3,rep,name=max_in_by_pred,json=maxInByPred,proto3" json:"max_in_by_pred,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	ConsumedBeyond bool              `protobuf:"varint,4,opt,name=consumed_beyond,json=consumedBeyond,proto3" json:"consumed_beyond,omitempty"`
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Model          string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	MaxOutSeq      uint64                 `protobuf:"varint,2,opt,name=max_out_seq,json=maxOutSeq,proto3" json:"max_out_seq,omitempty"`
+	MaxInByPred    map[string]uint64      `protobuf:"bytes,3,rep,name=max_in_by_pred,json=maxInByPred,proto3" json:"max_in_by_pred,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	ConsumedBeyond bool                   `protobuf:"varint,4,opt,name=consumed_beyond,json=consumedBeyond,proto3" json:"consumed_beyond,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -765,9 +773,12 @@ func (x *ResendResponse) GetResent() uint64 {
 }
 
 type PromoteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Epoch uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Stateless standby: number outputs after this seq (the failed
+	// instance's max_out collected from its successors).
+	StartSeq      uint64 `protobuf:"varint,3,opt,name=start_seq,json=startSeq,proto3" json:"start_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -812,6 +823,13 @@ func (x *PromoteRequest) GetModel() string {
 func (x *PromoteRequest) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PromoteRequest) GetStartSeq() uint64 {
+	if x != nil {
+		return x.StartSeq
 	}
 	return 0
 }
@@ -1121,10 +1139,11 @@ const file_hams_v1_replication_proto_rawDesc = "" +
 	"\x0eafter_edge_seq\x18\x03 \x01(\x04R\fafterEdgeSeq\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"(\n" +
 	"\x0eResendResponse\x12\x16\n" +
-	"\x06resent\x18\x01 \x01(\x04R\x06resent\"<\n" +
+	"\x06resent\x18\x01 \x01(\x04R\x06resent\"Y\n" +
 	"\x0ePromoteRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"*\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
+	"\tstart_seq\x18\x03 \x01(\x04R\bstartSeq\"*\n" +
 	"\x0fPromoteResponse\x12\x17\n" +
 	"\amax_seq\x18\x01 \x01(\x04R\x06maxSeq\"d\n" +
 	"\rDemoteRequest\x12\x14\n" +
