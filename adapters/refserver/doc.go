@@ -6,9 +6,17 @@
 //     Compute/Update split of stateful models, chunked ReadState and
 //     WriteState with a SHA-256 check);
 //   - KServe v2 inference.GRPCInferenceService (typed and raw contents;
-//     request parameter "sequence_id" is the stream id of stateful models);
+//     request parameter "sequence_id" is the stream id of stateful models,
+//     or the BYTES input "hams_stream_ids" gives one per row; system shared
+//     memory: SystemSharedMemoryRegister/Status/Unregister and tensors in
+//     registered regions, with Triton's error codes and messages);
 //   - TF Serving tensorflow.serving.PredictionService (Predict,
 //     GetModelMetadata) and ModelService (GetModelStatus).
+//
+// A stateful kind with the param `state: explicit` keeps no state: its
+// state tensors are extra inputs s_in and outputs s_out (see
+// models.StateIn), the form adapters/triton double-buffers in shared
+// memory (docs/triton.md). SetReady marks a model not ready.
 //
 // Bad input never crashes the server: unknown models are NotFound, malformed
 // tensors InvalidArgument naming the tensor, an Update of a batch that is

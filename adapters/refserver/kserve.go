@@ -2,14 +2,12 @@ package refserver
 
 import (
 	"context"
-	"encoding/binary"
-	"math"
-	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/adapters/refserver/models"
+	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
 )
@@ -28,10 +26,11 @@ func (a *kserveAPI) ServerReady(context.Context, *inference.ServerReadyRequest) 
 }
 
 func (a *kserveAPI) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
-	if _, err := a.s.lookup(req.GetName()); err != nil {
+	h, err := a.s.lookup(req.GetName())
+	if err != nil {
 		return nil, err
 	}
-	return &inference.ModelReadyResponse{Ready: true}, nil
+	return &inference.ModelReadyResponse{Ready: h.ready()}, nil
 }
 
 func (a *kserveAPI) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
@@ -52,165 +51,36 @@ func (a *kserveAPI) ModelMetadata(ctx context.Context, req *inference.ModelMetad
 		return nil, err
 	}
 	d := h.m.Describe()
+	ins := specsMeta(d.Inputs)
+	if models.PerStream(h.m) {
+		ins = append(ins, &inference.ModelMetadataResponse_TensorMetadata{Name: wire.StreamIDsInput, Datatype: "BYTES", Shape: []int64{-1}})
+	}
 	return &inference.ModelMetadataResponse{Name: h.name, Versions: []string{"1"}, Platform: "hams-go_" + d.Kind,
-		Inputs: specsMeta(d.Inputs), Outputs: specsMeta(d.Outputs)}, nil
+		Inputs: ins, Outputs: specsMeta(d.Outputs)}, nil
 }
 
-// kserveTensor converts one input (typed contents or raw bytes) to a raw
-// hamsv1.Tensor.
-func kserveTensor(in *inference.ModelInferRequest_InferInputTensor, raw []byte, hasRaw bool) (*hamsv1.Tensor, error) {
-	t := &hamsv1.Tensor{Name: in.Name, Datatype: in.Datatype, Shape: in.Shape}
+// kserveTensor converts one input (typed contents, raw bytes or a
+// shared-memory region) to a raw hamsv1.Tensor.
+func (a *kserveAPI) kserveTensor(in *inference.ModelInferRequest_InferInputTensor, raw []byte, hasRaw bool) (*hamsv1.Tensor, error) {
 	if in.Name == "" {
 		return nil, status.Error(codes.InvalidArgument, "input tensor without a name")
 	}
-	if tensor.ElemSize(in.Datatype) < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: unsupported datatype %q", in.Name, in.Datatype)
+	if _, ok := in.Parameters[wire.ParamShmRegion]; ok {
+		return a.s.shm.input(in, raw)
 	}
-	if _, ok := in.Parameters["shared_memory_region"]; ok {
-		return nil, status.Errorf(codes.Unimplemented, "tensor %q: shared-memory inputs are not implemented yet", in.Name)
-	}
-	n, err := tensor.NumElements(in.Shape)
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: %v", in.Name, err)
-	}
-	c := in.Contents
-	if hasRaw {
-		if c != nil && contentsCount(c) > 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "tensor %q: both typed contents and raw_input_contents", in.Name)
-		}
-		t.Data = raw
-	} else {
-		t.Data, err = typedToRaw(in.Name, in.Datatype, c, n)
-		if err != nil {
-			return nil, err
-		}
-	}
-	if err := tensor.Validate(t); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	return t, nil
-}
-
-func contentsCount(c *inference.InferTensorContents) int {
-	return len(c.BoolContents) + len(c.IntContents) + len(c.Int64Contents) + len(c.UintContents) +
-		len(c.Uint64Contents) + len(c.Fp32Contents) + len(c.Fp64Contents) + len(c.BytesContents)
-}
-
-func typedToRaw(name, dt string, c *inference.InferTensorContents, n int64) ([]byte, error) {
-	if c == nil {
-		c = &inference.InferTensorContents{}
-	}
-	count := func(got int, field string) error {
-		if int64(got) != n || contentsCount(c) != got {
-			return status.Errorf(codes.InvalidArgument, "tensor %q: %s shape wants %d elements in %s, contents hold %d (of %d typed values)", name, dt, n, field, got, contentsCount(c))
-		}
-		return nil
-	}
-	es := tensor.ElemSize(dt)
-	var b []byte
-	switch dt {
-	case tensor.FP32:
-		if err := count(len(c.Fp32Contents), "fp32_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.Fp32Contents {
-			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-		}
-	case tensor.FP64:
-		if err := count(len(c.Fp64Contents), "fp64_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.Fp64Contents {
-			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
-		}
-	case tensor.Int64:
-		if err := count(len(c.Int64Contents), "int64_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.Int64Contents {
-			b = binary.LittleEndian.AppendUint64(b, uint64(v))
-		}
-	case tensor.Int32, tensor.Int16, tensor.Int8:
-		if err := count(len(c.IntContents), "int_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.IntContents {
-			b = appendInt(b, uint64(v), es)
-		}
-	case tensor.Uint8, "UINT16", "UINT32":
-		if err := count(len(c.UintContents), "uint_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.UintContents {
-			b = appendInt(b, uint64(v), es)
-		}
-	case "UINT64":
-		if err := count(len(c.Uint64Contents), "uint64_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.Uint64Contents {
-			b = binary.LittleEndian.AppendUint64(b, v)
-		}
-	case tensor.Bool:
-		if err := count(len(c.BoolContents), "bool_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.BoolContents {
-			if v {
-				b = append(b, 1)
-			} else {
-				b = append(b, 0)
-			}
-		}
-	case tensor.Bytes:
-		if err := count(len(c.BytesContents), "bytes_contents"); err != nil {
-			return nil, err
-		}
-		for _, v := range c.BytesContents {
-			b = binary.LittleEndian.AppendUint32(b, uint32(len(v)))
-			b = append(b, v...)
-		}
-	default:
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: datatype %s needs raw_input_contents", name, dt)
-	}
-	if b == nil {
-		b = []byte{}
-	}
-	return b, nil
-}
-
-func appendInt(b []byte, v uint64, size int) []byte {
-	switch size {
-	case 1:
-		return append(b, byte(v))
-	case 2:
-		return binary.LittleEndian.AppendUint16(b, uint16(v))
-	case 4:
-		return binary.LittleEndian.AppendUint32(b, uint32(v))
-	}
-	return binary.LittleEndian.AppendUint64(b, v)
+	t, err := wire.FromInferInput(in, raw, hasRaw)
+	return t, wireStatus(err)
 }
 
 // sequenceID reads the "sequence_id" request parameter (int64, uint64 or
 // string).
 func sequenceID(params map[string]*inference.InferParameter) (string, error) {
-	p, ok := params["sequence_id"]
-	if !ok || p == nil {
-		return "", nil
-	}
-	switch v := p.ParameterChoice.(type) {
-	case *inference.InferParameter_Int64Param:
-		return strconv.FormatInt(v.Int64Param, 10), nil
-	case *inference.InferParameter_Uint64Param:
-		return strconv.FormatUint(v.Uint64Param, 10), nil
-	case *inference.InferParameter_StringParam:
-		return v.StringParam, nil
-	}
-	return "", status.Error(codes.InvalidArgument, "parameter sequence_id must be an int64 or a string")
+	id, err := wire.SequenceID(params)
+	return id, wireStatus(err)
 }
 
 func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
-	h, err := a.s.lookup(req.GetModelName())
+	h, err := a.s.lookupReady(req.GetModelName())
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +94,8 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 	if hasRaw && len(req.RawInputContents) != len(req.Inputs) {
 		return nil, status.Errorf(codes.InvalidArgument, "%d raw_input_contents for %d inputs", len(req.RawInputContents), len(req.Inputs))
 	}
-	ins := make([]*hamsv1.Tensor, len(req.Inputs))
+	ins := make([]*hamsv1.Tensor, 0, len(req.Inputs))
+	var streamIDs *hamsv1.Tensor
 	for i, in := range req.Inputs {
 		if in == nil {
 			return nil, status.Errorf(codes.InvalidArgument, "input %d is empty", i)
@@ -233,15 +104,58 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		if hasRaw {
 			raw = req.RawInputContents[i]
 		}
-		if ins[i], err = kserveTensor(in, raw, hasRaw); err != nil {
+		t, err := a.kserveTensor(in, raw, hasRaw)
+		if err != nil {
 			return nil, err
 		}
+		if t.Name == wire.StreamIDsInput {
+			streamIDs = t
+			continue
+		}
+		ins = append(ins, t)
 	}
 	seq, err := sequenceID(req.Parameters)
 	if err != nil {
 		return nil, err
 	}
-	outs, err := a.s.infer(h, "ModelInfer", ins, seq)
+	streams := []string{seq}
+	if streamIDs != nil {
+		if seq != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "model %q: both parameter %s and input %q", h.name, wire.ParamSequenceID, wire.StreamIDsInput)
+		}
+		if streamIDs.Datatype != "BYTES" || len(streamIDs.Shape) != 1 {
+			return nil, status.Errorf(codes.InvalidArgument, "tensor %q: want BYTES [rows], got %s %v", wire.StreamIDsInput, streamIDs.Datatype, streamIDs.Shape)
+		}
+		streams = nil
+		for _, id := range wire.BytesElems(streamIDs.Data) {
+			streams = append(streams, string(id))
+		}
+		if len(ins) > 0 && len(ins[0].Shape) > 0 && int64(len(streams)) != ins[0].Shape[0] {
+			return nil, status.Errorf(codes.InvalidArgument, "model %q: %d stream ids for %d rows in input %q", h.name, len(streams), ins[0].Shape[0], wire.StreamIDsInput)
+		}
+	}
+	// Shared-memory outputs are resolved before the model runs, so a bad
+	// region fails the request before a stateful model changes its state.
+	shmOut := map[string]*shmUse{}
+	defer func() {
+		for _, u := range shmOut {
+			a.s.shm.release(u)
+		}
+	}()
+	for _, o := range req.Outputs {
+		if _, ok := o.GetParameters()[wire.ParamShmRegion]; !ok {
+			continue
+		}
+		if _, dup := shmOut[o.GetName()]; dup {
+			return nil, status.Errorf(codes.InvalidArgument, "output %q requested twice", o.GetName())
+		}
+		u, err := a.s.shm.acquire(o.GetName(), o.GetParameters())
+		if err != nil {
+			return nil, err
+		}
+		shmOut[o.GetName()] = u
+	}
+	outs, err := a.s.infer(h, "ModelInfer", ins, streams)
 	if err != nil {
 		return nil, err
 	}
@@ -249,10 +163,25 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 	if err != nil {
 		return nil, err
 	}
+	for _, o := range outs {
+		if u := shmOut[o.Name]; u != nil && len(o.Data) > len(u.buf) {
+			return nil, status.Errorf(codes.InvalidArgument, "shared memory size specified with the request for output '%s' (%d bytes) should be at least %d bytes to hold the results", o.Name, len(u.buf), len(o.Data))
+		}
+	}
 	resp := &inference.ModelInferResponse{ModelName: h.name, ModelVersion: "1", Id: req.Id}
 	for _, o := range outs {
-		resp.Outputs = append(resp.Outputs, &inference.ModelInferResponse_InferOutputTensor{Name: o.Name, Datatype: o.Datatype, Shape: o.Shape})
-		resp.RawOutputContents = append(resp.RawOutputContents, o.Data)
+		ot := wire.InferOutput(o)
+		data := o.Data
+		if u := shmOut[o.Name]; u != nil {
+			copy(u.buf, o.Data)
+			ot.Parameters = map[string]*inference.InferParameter{
+				wire.ParamShmRegion: wire.StrParam(u.r.name), wire.ParamShmByteSize: wire.I64Param(int64(len(o.Data))),
+			}
+			// An empty entry keeps raw_output_contents positional.
+			data = []byte{}
+		}
+		resp.Outputs = append(resp.Outputs, ot)
+		resp.RawOutputContents = append(resp.RawOutputContents, data)
 	}
 	return resp, nil
 }
@@ -287,23 +216,32 @@ func filterOutputs(outs []*hamsv1.Tensor, names []string) ([]*hamsv1.Tensor, err
 	return kept, nil
 }
 
-const noShm = "reference model server: shared-memory regions are not implemented yet; send tensor contents in the request"
+const noCudaShm = "reference model server: CUDA shared-memory regions are not supported (no GPU); use system shared memory"
 
-func (a *kserveAPI) SystemSharedMemoryStatus(context.Context, *inference.SystemSharedMemoryStatusRequest) (*inference.SystemSharedMemoryStatusResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noShm)
+func (a *kserveAPI) SystemSharedMemoryStatus(_ context.Context, req *inference.SystemSharedMemoryStatusRequest) (*inference.SystemSharedMemoryStatusResponse, error) {
+	return a.s.shm.status(req.GetName())
 }
-func (a *kserveAPI) SystemSharedMemoryRegister(context.Context, *inference.SystemSharedMemoryRegisterRequest) (*inference.SystemSharedMemoryRegisterResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noShm)
+
+func (a *kserveAPI) SystemSharedMemoryRegister(_ context.Context, req *inference.SystemSharedMemoryRegisterRequest) (*inference.SystemSharedMemoryRegisterResponse, error) {
+	if err := a.s.shm.register(req.GetName(), req.GetKey(), req.GetOffset(), req.GetByteSize()); err != nil {
+		return nil, err
+	}
+	a.s.log.Info("system shared memory registered", "region", req.GetName(), "key", req.GetKey(), "offset", req.GetOffset(), "bytes", req.GetByteSize())
+	return &inference.SystemSharedMemoryRegisterResponse{}, nil
 }
-func (a *kserveAPI) SystemSharedMemoryUnregister(context.Context, *inference.SystemSharedMemoryUnregisterRequest) (*inference.SystemSharedMemoryUnregisterResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noShm)
+
+func (a *kserveAPI) SystemSharedMemoryUnregister(_ context.Context, req *inference.SystemSharedMemoryUnregisterRequest) (*inference.SystemSharedMemoryUnregisterResponse, error) {
+	a.s.shm.unregister(req.GetName())
+	a.s.log.Info("system shared memory unregistered", "region", req.GetName())
+	return &inference.SystemSharedMemoryUnregisterResponse{}, nil
 }
+
 func (a *kserveAPI) CudaSharedMemoryStatus(context.Context, *inference.CudaSharedMemoryStatusRequest) (*inference.CudaSharedMemoryStatusResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noShm)
+	return nil, status.Error(codes.Unimplemented, noCudaShm)
 }
 func (a *kserveAPI) CudaSharedMemoryRegister(context.Context, *inference.CudaSharedMemoryRegisterRequest) (*inference.CudaSharedMemoryRegisterResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noShm)
+	return nil, status.Error(codes.Unimplemented, noCudaShm)
 }
 func (a *kserveAPI) CudaSharedMemoryUnregister(context.Context, *inference.CudaSharedMemoryUnregisterRequest) (*inference.CudaSharedMemoryUnregisterResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noShm)
+	return nil, status.Error(codes.Unimplemented, noCudaShm)
 }

@@ -31,8 +31,12 @@ func (a *runtimeAPI) Health(ctx context.Context, req *hamsv1.HealthRequest) (*ha
 	if req.GetModel() == "" {
 		return &hamsv1.HealthResponse{Live: true, Ready: true, Detail: "serving"}, nil
 	}
-	if _, err := a.s.lookup(req.GetModel()); err != nil {
+	h, err := a.s.lookup(req.GetModel())
+	if err != nil {
 		return nil, err
+	}
+	if !h.ready() {
+		return &hamsv1.HealthResponse{Live: true, Ready: false, Detail: "not ready"}, nil
 	}
 	return &hamsv1.HealthResponse{Live: true, Ready: true, Detail: "serving"}, nil
 }

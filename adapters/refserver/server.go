@@ -47,6 +47,7 @@ type Server struct {
 	names   []string
 	metrics *metrics
 	srv     *grpc.Server
+	shm     *shmManager
 }
 
 type hosted struct {
@@ -55,7 +56,12 @@ type hosted struct {
 	// nextID numbers the batches of the client APIs (KServe, TF Serving),
 	// which carry no batch id of their own.
 	nextID atomic.Uint64
+	// notReady is set by SetReady(false): health says not ready and the
+	// client APIs answer Unavailable.
+	notReady atomic.Bool
 }
+
+func (h *hosted) ready() bool { return !h.notReady.Load() }
 
 // New validates cfg and builds the models; it does no I/O.
 func New(cfg Config) (*Server, error) {
@@ -74,7 +80,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "refserver"), models: map[string]*hosted{}}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "refserver"), models: map[string]*hosted{}, shm: newShmManager()}
 	built := map[string]models.Model{}
 	var errs []error
 	for _, name := range cfg.Models {
@@ -127,6 +133,7 @@ func (s *Server) Model(name string) models.Model {
 func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("reference model server serving", "addr", s.cfg.GRPCListener.Addr().String(), "models", s.names)
 	err := grpcx.Serve(ctx, s.srv, s.cfg.GRPCListener, 5*time.Second)
+	s.shm.close()
 	s.log.Info("reference model server stopped")
 	if err != nil {
 		return fmt.Errorf("refserver: serve: %w", err)
@@ -143,6 +150,33 @@ func (s *Server) lookup(name string) (*hosted, error) {
 		return nil, status.Errorf(codes.NotFound, "model %q is not hosted here (hosted: %v)", name, s.names)
 	}
 	return h, nil
+}
+
+// SetReady marks a hosted model ready or not (drain, warm-up, tests):
+// while not ready, KServe ModelReady and ModelRuntime Health say so and the
+// inference APIs answer Unavailable.
+func (s *Server) SetReady(model string, ready bool) error {
+	h := s.models[model]
+	if h == nil {
+		return fmt.Errorf("%w: model %q is not hosted here", ErrConfig, model)
+	}
+	if h.notReady.Swap(!ready) == ready {
+		s.log.Info("model readiness changed", "model", model, "ready", ready)
+	}
+	return nil
+}
+
+// SharedMemoryRegions lists the registered system shared-memory regions.
+func (s *Server) SharedMemoryRegions() []string { return s.shm.names() }
+
+// lookupReady is lookup for inference calls: a model that is not ready is
+// Unavailable.
+func (s *Server) lookupReady(name string) (*hosted, error) {
+	h, err := s.lookup(name)
+	if err == nil && !h.ready() {
+		err = status.Errorf(codes.Unavailable, "model %q is not ready", name)
+	}
+	return h, err
 }
 
 // toStatus maps model errors to gRPC status codes.
@@ -175,16 +209,32 @@ func (s *Server) run(h *hosted, method string, fn func() error) error {
 	return err
 }
 
-// infer runs a client-API request (KServe, TF Serving) as one batch: one
-// item of stream streamID, compute and update in one step.
-func (s *Server) infer(h *hosted, method string, ins []*hamsv1.Tensor, streamID string) ([]*hamsv1.Tensor, error) {
+// infer runs a client-API request (KServe, TF Serving) as one batch,
+// compute and update in one step: one item of stream streams[0], or, with
+// one stream id per row, one item per row.
+func (s *Server) infer(h *hosted, method string, ins []*hamsv1.Tensor, streams []string) ([]*hamsv1.Tensor, error) {
 	var res *models.Result
 	err := s.run(h, method, func() error {
 		var err error
 		b := &models.Batch{Inputs: ins, BatchID: h.nextID.Add(1)}
 		if len(ins) > 0 && len(ins[0].Shape) > 0 {
-			b.Rows = []uint32{uint32(ins[0].Shape[0])}
-			b.StreamIDs = []string{streamID}
+			rows := ins[0].Shape[0]
+			switch {
+			case len(streams) <= 1:
+				b.Rows = []uint32{uint32(rows)}
+				b.StreamIDs = []string{""}
+				if len(streams) == 1 {
+					b.StreamIDs[0] = streams[0]
+				}
+			case int64(len(streams)) == rows:
+				b.Rows = make([]uint32, rows)
+				for i := range b.Rows {
+					b.Rows[i] = 1
+				}
+				b.StreamIDs = streams
+			default:
+				return status.Errorf(codes.InvalidArgument, "model %q: %d stream ids for %d rows", h.name, len(streams), rows)
+			}
 		}
 		res, err = h.m.Infer(b)
 		return err

@@ -433,7 +433,7 @@ func TestKServe(t *testing.T) {
 		Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "logits"}}}, codes.InvalidArgument, "logits")
 	bad("nil input", &inference.ModelInferRequest{ModelName: "fashion", Inputs: []*inference.ModelInferRequest_InferInputTensor{nil}}, codes.InvalidArgument, "")
 	_, err = e.ks.SystemSharedMemoryRegister(ctx, &inference.SystemSharedMemoryRegisterRequest{Name: "r"})
-	wantCode(t, "shm", err, codes.Unimplemented, "shared-memory")
+	wantCode(t, "shm", err, codes.InvalidArgument, "no key")
 	_, err = e.ks.CudaSharedMemoryRegister(ctx, &inference.CudaSharedMemoryRegisterRequest{Name: "r"})
 	wantCode(t, "cuda", err, codes.Unimplemented, "shared-memory")
 	// still serving

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/hams-go/hams/internal/wire"
 	"github.com/hams-go/hams/protos/inference"
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
@@ -95,7 +96,7 @@ func TestWirePredictRequest(t *testing.T) {
 		t.Fatalf("output filter %v / unknown fields", got.OutputFilter)
 	}
 	// and it converts through the server's decoder
-	if tt, err := FromTensorProto("images", im); err != nil || len(tt.Data) != 16 {
+	if tt, err := wire.FromTensorProto("images", im); err != nil || len(tt.Data) != 16 {
 		t.Fatal(tt, err)
 	}
 }
@@ -140,7 +141,7 @@ func fields(t *testing.T, b []byte) map[protowire.Number][][]byte {
 func TestWirePredictResponse(t *testing.T) {
 	resp := &tfapis.PredictResponse{
 		ModelSpec: &tfapis.ModelSpec{Name: "fashion", VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(1)}},
-		Outputs:   map[string]*tfpb.TensorProto{"scores": {Dtype: tfpb.DataType_DT_FLOAT, TensorShape: tfShape([]int64{1, 2}), TensorContent: []byte{0, 0, 128, 63, 0, 0, 0, 64}}},
+		Outputs:   map[string]*tfpb.TensorProto{"scores": {Dtype: tfpb.DataType_DT_FLOAT, TensorShape: wire.TFShape([]int64{1, 2}), TensorContent: []byte{0, 0, 128, 63, 0, 0, 0, 64}}},
 	}
 	b, err := proto.Marshal(resp)
 	if err != nil {

@@ -474,11 +474,25 @@ func New(m *config.Model) (Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrInvalidConfig, m.Name, err)
 	}
-	if c.sk != nil && !m.Stateful {
-		// A stateful kind hosted as stateless still keeps state; the
-		// config's stateful flag is about replication, so accept it.
-	}
 	c.name, c.kind = m.Name, m.Kind
+	// A stateful kind hosted as stateless still keeps state; the config's
+	// stateful flag is about replication, so it does not matter here.
+	switch mode := p.str(ParamState, "internal"); {
+	case p.err != nil:
+		return nil, fmt.Errorf("%w: model %q: %v", ErrInvalidConfig, m.Name, p.err)
+	case mode == "internal":
+	case mode == "explicit":
+		if c.sk == nil {
+			return nil, fmt.Errorf("%w: model %q: state: explicit on kind %q, which has no state", ErrInvalidConfig, m.Name, m.Kind)
+		}
+		e, err := newExplicit(c)
+		if err != nil {
+			return nil, fmt.Errorf("%w: model %q: %v", ErrInvalidConfig, m.Name, err)
+		}
+		return e, nil
+	default:
+		return nil, fmt.Errorf("%w: model %q: param state=%q, want internal or explicit", ErrInvalidConfig, m.Name, mode)
+	}
 	return c, nil
 }
 

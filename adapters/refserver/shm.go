@@ -1,0 +1,193 @@
+package refserver
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/shm"
+	"github.com/hams-go/hams/internal/wire"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
+)
+
+// shmRegion is one registered system shared-memory region: the window
+// [offset, offset+size) of the object key, mapped whole.
+type shmRegion struct {
+	name, key    string
+	offset, size uint64
+	m            *shm.Region
+	win          []byte
+	// refs counts requests using the region; an unregistered region is
+	// unmapped when the last one ends (as Triton defers it).
+	refs    int
+	dropped bool
+}
+
+// shmManager holds the registered regions (Triton's SharedMemoryManager).
+type shmManager struct {
+	mu      sync.Mutex
+	regions map[string]*shmRegion
+}
+
+func newShmManager() *shmManager { return &shmManager{regions: map[string]*shmRegion{}} }
+
+func (m *shmManager) register(name, key string, offset, size uint64) error {
+	if name == "" {
+		return status.Error(codes.InvalidArgument, "failed to register shared memory region: no name")
+	}
+	if key == "" {
+		return status.Errorf(codes.InvalidArgument, "failed to register shared memory region '%s': no key", name)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.regions[name] != nil {
+		return status.Errorf(codes.AlreadyExists, "shared memory region '%s' already in manager", name)
+	}
+	r, err := shm.Open(key)
+	if err != nil {
+		code := codes.Internal
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			code = codes.NotFound
+		case errors.Is(err, shm.ErrInvalidKey):
+			code = codes.InvalidArgument
+		}
+		return status.Errorf(code, "Unable to open shared memory region: '%s': %v", key, err)
+	}
+	if offset > uint64(r.Size()) || size > uint64(r.Size())-offset {
+		_ = r.Close()
+		return status.Errorf(codes.InvalidArgument, "failed to register shared memory region '%s': invalid args: offset %d + byte_size %d exceeds the %d bytes of '%s'", name, offset, size, r.Size(), key)
+	}
+	var win []byte
+	if b := r.Bytes(); b != nil {
+		win = b[offset : offset+size : offset+size]
+	}
+	m.regions[name] = &shmRegion{name: name, key: key, offset: offset, size: size, m: r, win: win}
+	return nil
+}
+
+// unregister drops name (all regions for ""); unknown names succeed, as in
+// Triton.
+func (m *shmManager) unregister(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for n, r := range m.regions {
+		if name != "" && n != name {
+			continue
+		}
+		delete(m.regions, n)
+		r.dropped = true
+		if r.refs == 0 {
+			_ = r.m.Close()
+		}
+	}
+}
+
+func (m *shmManager) status(name string) (*inference.SystemSharedMemoryStatusResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	resp := &inference.SystemSharedMemoryStatusResponse{Regions: map[string]*inference.SystemSharedMemoryStatusResponse_RegionStatus{}}
+	for n, r := range m.regions {
+		if name != "" && n != name {
+			continue
+		}
+		resp.Regions[n] = &inference.SystemSharedMemoryStatusResponse_RegionStatus{Name: n, Key: r.key, Offset: r.offset, ByteSize: r.size}
+	}
+	if name != "" && len(resp.Regions) == 0 {
+		return nil, status.Errorf(codes.NotFound, "Unable to find system shared memory region: '%s'", name)
+	}
+	return resp, nil
+}
+
+// shmUse is a window of a region a request reads or writes; release it.
+type shmUse struct {
+	r   *shmRegion
+	buf []byte
+}
+
+// acquire checks the tensor's shared-memory parameters against the region
+// and pins the region until release.
+func (m *shmManager) acquire(tensorName string, params map[string]*inference.InferParameter) (*shmUse, error) {
+	region, _, err := wire.StringParam(params, wire.ParamShmRegion)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: %v", tensorName, err)
+	}
+	size, ok, err := wire.Int64Param(params, wire.ParamShmByteSize)
+	if err == nil && !ok {
+		err = fmt.Errorf("parameter %s is required with %s", wire.ParamShmByteSize, wire.ParamShmRegion)
+	}
+	if err == nil && size < 0 {
+		err = fmt.Errorf("parameter %s=%d is negative", wire.ParamShmByteSize, size)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: %v", tensorName, err)
+	}
+	off, _, err := wire.Int64Param(params, wire.ParamShmOffset)
+	if err == nil && off < 0 {
+		err = fmt.Errorf("parameter %s=%d is negative", wire.ParamShmOffset, off)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: %v", tensorName, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.regions[region]
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "tensor %q: Unable to find shared memory region: '%s'", tensorName, region)
+	}
+	if uint64(off) >= r.size && !(off == 0 && size == 0) {
+		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: Invalid offset for shared memory region: '%s' (offset %d, region of %d bytes)", tensorName, region, off, r.size)
+	}
+	if uint64(size) > r.size-uint64(off) {
+		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: Invalid offset + byte size for shared memory region: '%s' (%d + %d > %d)", tensorName, region, off, size, r.size)
+	}
+	r.refs++
+	return &shmUse{r: r, buf: r.win[off : off+size : off+size]}, nil
+}
+
+func (m *shmManager) release(u *shmUse) {
+	if u == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u.r.refs--
+	if u.r.refs == 0 && u.r.dropped {
+		_ = u.r.m.Close()
+	}
+}
+
+// input reads one input tensor out of shared memory (a copy: the client
+// may reuse the region once the response is back).
+func (m *shmManager) input(in *inference.ModelInferRequest_InferInputTensor, raw []byte) (*hamsv1.Tensor, error) {
+	if wire.ContentsCount(in.Contents) > 0 || len(raw) > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: data in shared memory and in the request", in.Name)
+	}
+	u, err := m.acquire(in.Name, in.Parameters)
+	if err != nil {
+		return nil, err
+	}
+	defer m.release(u)
+	t, err := wire.FromKServe(in.Name, in.Datatype, in.Shape, nil, append([]byte{}, u.buf...), true)
+	return t, wireStatus(err)
+}
+
+// close unmaps every region (server shutdown).
+func (m *shmManager) close() { m.unregister("") }
+
+func (m *shmManager) names() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for n := range m.regions {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,21 @@
+// Package triton is the sidecar Backend over the KServe v2
+// GRPCInferenceService that NVIDIA Triton (and the project's reference
+// model server) serve.
+//
+// Backend (New) drives a stateless model: ModelInfer with the batch's
+// tensors in raw_input_contents, outputs read from raw or typed contents,
+// ModelMetadata as Describe, ServerLive + ServerReady + ModelReady as
+// Health. gRPC status codes of the server reach the sidecar unchanged, and
+// every call is bounded by Config.Timeout.
+//
+// Stateful (NewStateful) drives a model that serves its state as explicit
+// tensors (state s is input s+"_in" and output s+"_out"). The adapter owns
+// the state: two POSIX shared-memory regions per state tensor, A and B,
+// registered once with SystemSharedMemoryRegister, so the state never
+// crosses gRPC. Compute points s_in at the current region and s_out at the
+// other one; Update flips them (no model call); ReadState copies the
+// current region, which no compute writes, while the next batch computes;
+// WriteState overwrites the current region. See docs/triton.md for the
+// ordering obligation, region naming and cleanup, and for why Triton's
+// implicit sequence state cannot be replicated at all (triton#7119).
+package triton

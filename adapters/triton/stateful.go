@@ -1,0 +1,496 @@
+package triton
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/shm"
+	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/internal/wire"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
+)
+
+// instances numbers the Stateful backends of this process, so two of them
+// (a primary and a backup in one test process) never share a key.
+var instances atomic.Uint64
+
+// stateBuf is one state tensor's pair of regions.
+type stateBuf struct {
+	spec  *hamsv1.TensorSpec
+	bytes int
+	keys  [2]string // shm keys ("/name"); the region names are the keys without '/'
+	regs  [2]*shm.Region
+}
+
+func (s *stateBuf) region(i int) string { return strings.TrimPrefix(s.keys[i], "/") }
+
+// Stateful drives a model serving its state as explicit tensors, the state
+// double-buffered in shared memory owned by the adapter.
+//
+// Ordering obligation (paper IV-B): ReadState copies the current region
+// while the next batch computes into the other one. Update flips the two,
+// after which the next Compute writes the region a copy may still be
+// reading, so Update n+1 must not run before the copy of state n ends.
+// The sidecar's pipeline orders it so; Update also enforces it by taking
+// the flip lock exclusively, which waits for copies in flight.
+type Stateful struct {
+	*Backend
+
+	setupMu sync.Mutex
+	ready   bool
+	closed  bool
+	bufs    []*stateBuf
+	batch   func(string) bool // true for names the sidecar does not see
+
+	// stepMu serialises Compute, Update and WriteState (the sidecar calls
+	// them one at a time; the lock makes the invariants local).
+	stepMu   sync.Mutex
+	staged   bool
+	stagedID uint64
+	lastID   uint64
+	hasLast  bool
+	// flipMu guards cur and version: shared by ReadState (the copy) and
+	// Compute (reading cur), exclusive for the flip and WriteState.
+	flipMu  sync.RWMutex
+	cur     int
+	version uint64
+}
+
+// NewStateful validates cfg and returns a Stateful backend; it does no
+// I/O. Regions are created and registered on first use (or by Setup).
+func NewStateful(cfg Config) (*Stateful, error) {
+	b, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range cfg.InitialState {
+		if err := tensor.Validate(t); err != nil {
+			return nil, fmt.Errorf("%w: initial state: %v", ErrConfig, err)
+		}
+	}
+	return &Stateful{Backend: b}, nil
+}
+
+// Setup reads the model's metadata, finds its state tensors, creates the
+// two regions of each (seeded with InitialState or zeros) and registers
+// them. It is idempotent; a failed Setup leaves nothing behind and may be
+// retried.
+func (s *Stateful) Setup(ctx context.Context) error {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if s.closed {
+		return status.Errorf(codes.FailedPrecondition, "triton %s: backend closed", s.cfg.Model)
+	}
+	if s.ready {
+		return nil
+	}
+	md, err := s.metadata(ctx)
+	if err != nil {
+		return err
+	}
+	stateSpecs, err := s.findState(md)
+	if err != nil {
+		return err
+	}
+	n := instances.Add(1)
+	var bufs []*stateBuf
+	fail := func(err error) error {
+		s.release(bufs)
+		return err
+	}
+	for _, sp := range stateSpecs {
+		size := int(specBytes(sp))
+		sb := &stateBuf{spec: sp, bytes: size}
+		for i, ab := range []string{"A", "B"} {
+			sb.keys[i] = fmt.Sprintf("/%s_%s_%d_%d_%s_%s", s.cfg.KeyPrefix, sanitize(s.cfg.Model), os.Getpid(), n, sanitize(sp.Name), ab)
+			r, err := shm.Create(sb.keys[i], size)
+			if errors.Is(err, os.ErrExist) {
+				// left by a dead process with our pid: ours to reclaim
+				_ = shm.Unlink(sb.keys[i])
+				r, err = shm.Create(sb.keys[i], size)
+			}
+			if err != nil {
+				return fail(status.Errorf(codes.Internal, "triton %s: state %q: %v", s.cfg.Model, sp.Name, err))
+			}
+			sb.regs[i] = r
+		}
+		bufs = append(bufs, sb)
+	}
+	if err := s.seed(bufs); err != nil {
+		return fail(err)
+	}
+	for _, sb := range bufs {
+		for i := range 2 {
+			if err := s.register(ctx, sb, i); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	s.bufs, s.cur, s.ready = bufs, 0, true
+	s.batch = func(name string) bool {
+		if name == wire.StreamIDsInput {
+			return true
+		}
+		for _, sb := range bufs {
+			if name == sb.spec.Name+wire.StateInSuffix || name == sb.spec.Name+wire.StateOutSuffix {
+				return true
+			}
+		}
+		return false
+	}
+	s.log.Info("state regions registered", "tensors", len(bufs), "bytes", totalBytes(bufs))
+	return nil
+}
+
+func (s *Stateful) register(ctx context.Context, sb *stateBuf, i int) error {
+	req := &inference.SystemSharedMemoryRegisterRequest{Name: sb.region(i), Key: sb.keys[i], ByteSize: uint64(sb.bytes)}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	_, err := s.cl.SystemSharedMemoryRegister(cctx, req)
+	if status.Code(err) == codes.AlreadyExists {
+		// a stale registration of this name (our pid and number): replace it
+		_, _ = s.cl.SystemSharedMemoryUnregister(cctx, &inference.SystemSharedMemoryUnregisterRequest{Name: req.Name})
+		_, err = s.cl.SystemSharedMemoryRegister(cctx, req)
+	}
+	return s.mapErr("register shared memory "+req.Name, err)
+}
+
+func totalBytes(bufs []*stateBuf) int {
+	n := 0
+	for _, b := range bufs {
+		n += b.bytes
+	}
+	return n
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+func specBytes(sp *hamsv1.TensorSpec) int64 {
+	n, _ := tensor.NumElements(sp.GetShape())
+	return n * int64(tensor.ElemSize(sp.GetDatatype()))
+}
+
+// findState picks the state tensors: the configured names, or every s with
+// an input s_in and an output s_out of the same fixed datatype and shape.
+func (s *Stateful) findState(md *inference.ModelMetadataResponse) ([]*hamsv1.TensorSpec, error) {
+	ins := map[string]*inference.ModelMetadataResponse_TensorMetadata{}
+	for _, in := range md.GetInputs() {
+		ins[in.GetName()] = in
+	}
+	outs := map[string]*inference.ModelMetadataResponse_TensorMetadata{}
+	for _, o := range md.GetOutputs() {
+		outs[o.GetName()] = o
+	}
+	names := s.cfg.StateTensors
+	auto := len(names) == 0
+	if auto {
+		for _, in := range md.GetInputs() {
+			if base, ok := strings.CutSuffix(in.GetName(), wire.StateInSuffix); ok && outs[base+wire.StateOutSuffix] != nil {
+				names = append(names, base)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "triton %s: the model has no explicit state tensors (input s%s with output s%s); Triton's implicit sequence state cannot be read or restored (triton#7119), so it cannot be replicated", s.cfg.Model, wire.StateInSuffix, wire.StateOutSuffix)
+	}
+	var out []*hamsv1.TensorSpec
+	for _, n := range names {
+		in, o := ins[n+wire.StateInSuffix], outs[n+wire.StateOutSuffix]
+		if in == nil || o == nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "triton %s: state tensor %q needs input %q and output %q", s.cfg.Model, n, n+wire.StateInSuffix, n+wire.StateOutSuffix)
+		}
+		if in.GetDatatype() != o.GetDatatype() || fmt.Sprint(in.GetShape()) != fmt.Sprint(o.GetShape()) {
+			return nil, status.Errorf(codes.FailedPrecondition, "triton %s: state %q: input is %s %v, output %s %v", s.cfg.Model, n, in.GetDatatype(), in.GetShape(), o.GetDatatype(), o.GetShape())
+		}
+		if es := tensor.ElemSize(in.GetDatatype()); es <= 0 {
+			return nil, status.Errorf(codes.FailedPrecondition, "triton %s: state %q: datatype %s has no fixed size", s.cfg.Model, n, in.GetDatatype())
+		}
+		for _, d := range in.GetShape() {
+			if d < 0 {
+				return nil, status.Errorf(codes.FailedPrecondition, "triton %s: state %q: shape %v is not fixed", s.cfg.Model, n, in.GetShape())
+			}
+		}
+		out = append(out, &hamsv1.TensorSpec{Name: n, Datatype: in.GetDatatype(), Shape: in.GetShape()})
+	}
+	return out, nil
+}
+
+// seed writes InitialState into region A of each state tensor.
+func (s *Stateful) seed(bufs []*stateBuf) error {
+	init := s.cfg.InitialState
+	if init == nil {
+		return nil
+	}
+	if err := checkState(bufs, init); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "triton %s: initial state: %v", s.cfg.Model, err)
+	}
+	for i, sb := range bufs {
+		copy(sb.regs[0].Bytes(), init[i].GetData())
+	}
+	return nil
+}
+
+// checkState checks tensors against the state specs, in order.
+func checkState(bufs []*stateBuf, ts []*hamsv1.Tensor) error {
+	if len(ts) != len(bufs) {
+		return fmt.Errorf("%d state tensors, the model has %d", len(ts), len(bufs))
+	}
+	for i, sb := range bufs {
+		t := ts[i]
+		if t.GetName() != sb.spec.Name || t.GetDatatype() != sb.spec.Datatype || fmt.Sprint(t.GetShape()) != fmt.Sprint(sb.spec.Shape) {
+			return fmt.Errorf("state tensor %d is %q %s %v, want %q %s %v", i, t.GetName(), t.GetDatatype(), t.GetShape(), sb.spec.Name, sb.spec.Datatype, sb.spec.Shape)
+		}
+		if len(t.GetData()) != sb.bytes {
+			return fmt.Errorf("state tensor %q: %d bytes, want %d", t.GetName(), len(t.GetData()), sb.bytes)
+		}
+	}
+	return nil
+}
+
+// release closes and unlinks the regions of bufs (registrations are
+// dropped by Close).
+func (s *Stateful) release(bufs []*stateBuf) {
+	for _, sb := range bufs {
+		for i := range 2 {
+			if sb.regs[i] != nil {
+				_ = sb.regs[i].Close()
+				_ = shm.Unlink(sb.keys[i])
+			}
+		}
+	}
+}
+
+func (s *Stateful) setup(ctx context.Context) error {
+	s.setupMu.Lock()
+	ok := s.ready
+	s.setupMu.Unlock()
+	if ok {
+		return nil
+	}
+	return s.Setup(ctx)
+}
+
+// Describe is the model's description less the state tensors (which the
+// adapter supplies): stateful, with its state size and installed version.
+func (s *Stateful) Describe(ctx context.Context) (*hamsv1.ModelDescription, error) {
+	if err := s.setup(ctx); err != nil {
+		return nil, err
+	}
+	md, err := s.metadata(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := s.describe(md, s.batch)
+	d.Stateful = true
+	d.StateBytes = uint64(totalBytes(s.bufs))
+	s.flipMu.RLock()
+	d.StateVersion = s.version
+	s.flipMu.RUnlock()
+	return d, nil
+}
+
+// Compute runs the batch from the current state regions; the model writes
+// the next state into the other regions, which Update installs.
+func (s *Stateful) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if err := s.setup(ctx); err != nil {
+		return nil, err
+	}
+	s.stepMu.Lock()
+	defer s.stepMu.Unlock()
+	return s.computeLocked(ctx, req)
+}
+
+func (s *Stateful) computeLocked(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	r, err := s.request(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	md, err := s.metadata(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// cur changes only under stepMu (held), so it is stable here.
+	s.flipMu.RLock()
+	cur, v := s.cur, s.version
+	s.flipMu.RUnlock()
+	for _, sb := range s.bufs {
+		r.Inputs = append(r.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: sb.spec.Name + wire.StateInSuffix,
+			Datatype: sb.spec.Datatype, Shape: sb.spec.Shape, Parameters: wire.ShmParams(sb.region(cur), 0, int64(sb.bytes))})
+		// an empty entry keeps raw_input_contents positional
+		r.RawInputContents = append(r.RawInputContents, []byte{})
+	}
+	for _, o := range md.GetOutputs() {
+		if !s.batch(o.GetName()) {
+			r.Outputs = append(r.Outputs, &inference.ModelInferRequest_InferRequestedOutputTensor{Name: o.GetName()})
+		}
+	}
+	for _, sb := range s.bufs {
+		r.Outputs = append(r.Outputs, &inference.ModelInferRequest_InferRequestedOutputTensor{Name: sb.spec.Name + wire.StateOutSuffix,
+			Parameters: wire.ShmParams(sb.region(1-cur), 0, int64(sb.bytes))})
+	}
+	s.staged = false
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.cl.ModelInfer(cctx, r)
+	if err != nil {
+		return nil, s.mapErr("compute", err)
+	}
+	out, err := s.response(req, resp)
+	if err != nil {
+		return nil, err
+	}
+	s.staged, s.stagedID = true, req.GetBatchId()
+	out.NextStateVersion = v + 1
+	return out, nil
+}
+
+// Update installs the state Compute of batchID wrote: it flips the current
+// and the other regions (no model call). Repeating the Update of the last
+// installed batch is a no-op.
+func (s *Stateful) Update(ctx context.Context, batchID uint64) error {
+	if err := s.setup(ctx); err != nil {
+		return err
+	}
+	s.stepMu.Lock()
+	defer s.stepMu.Unlock()
+	return s.updateLocked(batchID)
+}
+
+func (s *Stateful) updateLocked(batchID uint64) error {
+	if !s.staged || s.stagedID != batchID {
+		if !s.staged && s.hasLast && s.lastID == batchID {
+			return nil
+		}
+		if s.staged {
+			return status.Errorf(codes.FailedPrecondition, "triton %s: update of batch %d, staged batch is %d", s.cfg.Model, batchID, s.stagedID)
+		}
+		return status.Errorf(codes.FailedPrecondition, "triton %s: update of batch %d, nothing staged", s.cfg.Model, batchID)
+	}
+	// Exclusive: waits for ReadState copies of the current regions, which
+	// the next Compute will overwrite once they are "other".
+	s.flipMu.Lock()
+	s.cur = 1 - s.cur
+	s.version++
+	s.flipMu.Unlock()
+	s.staged, s.lastID, s.hasLast = false, batchID, true
+	return nil
+}
+
+// Infer is Compute then Update (bare mode).
+func (s *Stateful) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if err := s.setup(ctx); err != nil {
+		return nil, err
+	}
+	s.stepMu.Lock()
+	defer s.stepMu.Unlock()
+	resp, err := s.computeLocked(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp, s.updateLocked(req.GetBatchId())
+}
+
+// ReadState copies the installed state out of the current regions. It may
+// run while the next batch computes (which writes only the other regions);
+// Update waits for it.
+func (s *Stateful) ReadState(ctx context.Context) ([]*hamsv1.Tensor, uint64, error) {
+	if err := s.setup(ctx); err != nil {
+		return nil, 0, err
+	}
+	s.flipMu.RLock()
+	defer s.flipMu.RUnlock()
+	out := make([]*hamsv1.Tensor, len(s.bufs))
+	for i, sb := range s.bufs {
+		d := make([]byte, sb.bytes)
+		copy(d, sb.regs[s.cur].Bytes())
+		out[i] = &hamsv1.Tensor{Name: sb.spec.Name, Datatype: sb.spec.Datatype, Shape: sb.spec.Shape, Data: d}
+	}
+	return out, s.version, nil
+}
+
+// WriteState overwrites the installed state (the current regions) and sets
+// its version; a staged state is dropped.
+func (s *Stateful) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, version uint64) error {
+	if err := s.setup(ctx); err != nil {
+		return err
+	}
+	if err := checkState(s.bufs, tensors); err != nil {
+		return status.Errorf(codes.InvalidArgument, "triton %s write state: %v", s.cfg.Model, err)
+	}
+	s.stepMu.Lock()
+	defer s.stepMu.Unlock()
+	s.flipMu.Lock()
+	defer s.flipMu.Unlock()
+	for i, sb := range s.bufs {
+		copy(sb.regs[s.cur].Bytes(), tensors[i].GetData())
+	}
+	s.version, s.staged = version, false
+	return nil
+}
+
+// Regions lists the registered region names (A and B of each state
+// tensor, in state order).
+func (s *Stateful) Regions() []string {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	var out []string
+	for _, sb := range s.bufs {
+		out = append(out, sb.region(0), sb.region(1))
+	}
+	return out
+}
+
+// Close unregisters the regions at the server (best effort, bounded),
+// unmaps and unlinks them. Closing twice is a no-op.
+func (s *Stateful) Close() error {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if !s.ready {
+		return nil
+	}
+	timeout := s.cfg.Timeout
+	if timeout <= 0 || timeout > 2*time.Second {
+		timeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var errs []error
+	for _, sb := range s.bufs {
+		for i := range 2 {
+			if _, err := s.cl.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{Name: sb.region(i)}); err != nil {
+				errs = append(errs, s.mapErr("unregister shared memory "+sb.region(i), err))
+			}
+		}
+	}
+	s.stepMu.Lock()
+	s.flipMu.Lock()
+	s.release(s.bufs)
+	s.flipMu.Unlock()
+	s.stepMu.Unlock()
+	s.ready = false
+	if len(errs) > 0 {
+		s.log.Warn("state regions not unregistered; unlinked anyway", "err", errors.Join(errs...))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,278 @@
+package triton
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/wire"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
+)
+
+// ErrConfig is wrapped by every Config validation error.
+var ErrConfig = errors.New("triton: invalid config")
+
+// Config of a Backend or Stateful backend.
+type Config struct {
+	// Conn reaches the KServe v2 server (owned by the caller).
+	Conn grpc.ClientConnInterface
+	// Model is the model's name at the server; Version is optional.
+	Model, Version string
+	// Timeout bounds every call (0: only the caller's context).
+	Timeout time.Duration
+	// StateTensors names the explicit state tensors of a Stateful model
+	// (each s has input s+"_in" and output s+"_out"); empty means every
+	// such pair in the model's metadata with a fixed shape.
+	StateTensors []string
+	// InitialState seeds the state of a Stateful model (the state
+	// tensors, in state order); nil means zeros.
+	InitialState []*hamsv1.Tensor
+	// KeyPrefix starts the shared-memory keys and region names of a
+	// Stateful backend (default "hams").
+	KeyPrefix string
+	Logger    *slog.Logger
+}
+
+// Backend drives one stateless model over KServe v2.
+type Backend struct {
+	cfg Config
+	cl  inference.GRPCInferenceServiceClient
+	log *slog.Logger
+
+	metaMu sync.Mutex
+	meta   *inference.ModelMetadataResponse
+}
+
+// New validates cfg and returns a Backend; it does no I/O.
+func New(cfg Config) (*Backend, error) {
+	var errs []error
+	if cfg.Conn == nil {
+		errs = append(errs, fmt.Errorf("%w: no connection", ErrConfig))
+	}
+	if cfg.Model == "" {
+		errs = append(errs, fmt.Errorf("%w: no model name", ErrConfig))
+	}
+	if cfg.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: negative timeout %v", ErrConfig, cfg.Timeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = "hams"
+	}
+	return &Backend{cfg: cfg, cl: inference.NewGRPCInferenceServiceClient(cfg.Conn),
+		log: cfg.Logger.With("component", "triton", "model", cfg.Model)}, nil
+}
+
+func (b *Backend) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if b.cfg.Timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, b.cfg.Timeout)
+}
+
+// mapErr keeps a gRPC status code and message, prefixed with what was
+// attempted; context errors become their status codes.
+func (b *Backend) mapErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Errorf(codes.DeadlineExceeded, "triton %s %s: %v", b.cfg.Model, op, err)
+	case errors.Is(err, context.Canceled):
+		return status.Errorf(codes.Canceled, "triton %s %s: %v", b.cfg.Model, op, err)
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return status.Errorf(codes.Unknown, "triton %s %s: %v", b.cfg.Model, op, err)
+	}
+	return status.Errorf(st.Code(), "triton %s %s: %s", b.cfg.Model, op, st.Message())
+}
+
+// metadata fetches the model's metadata once (retried after a failure).
+func (b *Backend) metadata(ctx context.Context) (*inference.ModelMetadataResponse, error) {
+	b.metaMu.Lock()
+	defer b.metaMu.Unlock()
+	if b.meta != nil {
+		return b.meta, nil
+	}
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	md, err := b.cl.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: b.cfg.Model, Version: b.cfg.Version})
+	if err != nil {
+		return nil, b.mapErr("metadata", err)
+	}
+	b.meta = md
+	return md, nil
+}
+
+func specs(ms []*inference.ModelMetadataResponse_TensorMetadata, skip func(string) bool) []*hamsv1.TensorSpec {
+	var out []*hamsv1.TensorSpec
+	for _, m := range ms {
+		if skip(m.GetName()) {
+			continue
+		}
+		out = append(out, &hamsv1.TensorSpec{Name: m.GetName(), Datatype: m.GetDatatype(), Shape: m.GetShape()})
+	}
+	return out
+}
+
+// Describe maps ModelMetadata to the model's description (the platform,
+// less the reference server's "hams-go_" prefix, is the kind).
+func (b *Backend) Describe(ctx context.Context) (*hamsv1.ModelDescription, error) {
+	md, err := b.metadata(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return b.describe(md, func(n string) bool { return n == wire.StreamIDsInput }), nil
+}
+
+func (b *Backend) describe(md *inference.ModelMetadataResponse, skip func(string) bool) *hamsv1.ModelDescription {
+	return &hamsv1.ModelDescription{Name: b.cfg.Model, Kind: strings.TrimPrefix(md.GetPlatform(), "hams-go_"),
+		Inputs: specs(md.GetInputs(), skip), Outputs: specs(md.GetOutputs(), skip)}
+}
+
+func declares(md *inference.ModelMetadataResponse, input string) bool {
+	for _, in := range md.GetInputs() {
+		if in.GetName() == input {
+			return true
+		}
+	}
+	return false
+}
+
+// request builds a ModelInferRequest of the batch: tensors as raw
+// contents; stream ids as the BYTES input hams_stream_ids (one per row)
+// when the model declares it, else as the sequence_id parameter when the
+// batch holds one stream.
+func (b *Backend) request(ctx context.Context, req *hamsv1.BatchRequest) (*inference.ModelInferRequest, error) {
+	md, err := b.metadata(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := &inference.ModelInferRequest{ModelName: b.cfg.Model, ModelVersion: b.cfg.Version, Id: fmt.Sprint(req.GetBatchId())}
+	for _, t := range req.GetInputs() {
+		r.Inputs = append(r.Inputs, wire.InferInput(t))
+		d := t.GetData()
+		if d == nil {
+			d = []byte{}
+		}
+		r.RawInputContents = append(r.RawInputContents, d)
+	}
+	ids := req.GetStreamIds()
+	anyID := false
+	for _, id := range ids {
+		anyID = anyID || id != ""
+	}
+	if !anyID {
+		return r, nil
+	}
+	if len(ids) != len(req.GetRows()) {
+		return nil, status.Errorf(codes.InvalidArgument, "triton %s: %d stream ids for %d items", b.cfg.Model, len(ids), len(req.GetRows()))
+	}
+	if declares(md, wire.StreamIDsInput) {
+		var perRow [][]byte
+		for i, n := range req.GetRows() {
+			for range n {
+				perRow = append(perRow, []byte(ids[i]))
+			}
+		}
+		r.Inputs = append(r.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: wire.StreamIDsInput, Datatype: "BYTES", Shape: []int64{int64(len(perRow))}})
+		r.RawInputContents = append(r.RawInputContents, wire.JoinBytes(perRow))
+		return r, nil
+	}
+	for _, id := range ids {
+		if id != ids[0] {
+			return nil, status.Errorf(codes.FailedPrecondition, "triton %s: a batch of several streams, and the model declares no %q input (batch size 1 per stream, or one sequence per request)", b.cfg.Model, wire.StreamIDsInput)
+		}
+	}
+	r.Parameters = map[string]*inference.InferParameter{wire.ParamSequenceID: wire.StrParam(ids[0])}
+	return r, nil
+}
+
+// response converts the outputs (raw or typed); outputs placed in shared
+// memory are skipped (the caller reads them from its regions).
+func (b *Backend) response(req *hamsv1.BatchRequest, resp *inference.ModelInferResponse) (*hamsv1.BatchResponse, error) {
+	raw := resp.GetRawOutputContents()
+	hasRaw := len(raw) > 0
+	if hasRaw && len(raw) != len(resp.GetOutputs()) {
+		return nil, status.Errorf(codes.Internal, "triton %s infer: %d raw_output_contents for %d outputs", b.cfg.Model, len(raw), len(resp.GetOutputs()))
+	}
+	out := &hamsv1.BatchResponse{Rows: req.GetRows(), BatchId: req.GetBatchId()}
+	for i, o := range resp.GetOutputs() {
+		if _, inShm := o.GetParameters()[wire.ParamShmRegion]; inShm {
+			continue
+		}
+		var r []byte
+		if hasRaw {
+			r = raw[i]
+		}
+		t, err := wire.FromInferOutput(o, r, hasRaw)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "triton %s infer: output: %v", b.cfg.Model, err)
+		}
+		out.Outputs = append(out.Outputs, t)
+	}
+	return out, nil
+}
+
+// Infer runs one batch.
+func (b *Backend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	r, err := b.request(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	resp, err := b.cl.ModelInfer(ctx, r)
+	if err != nil {
+		return nil, b.mapErr("infer", err)
+	}
+	return b.response(req, resp)
+}
+
+// Health is nil when the server is live and ready and the model ready;
+// otherwise Unavailable (or the call's own error code).
+func (b *Backend) Health(ctx context.Context) error {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	live, err := b.cl.ServerLive(ctx, &inference.ServerLiveRequest{})
+	if err != nil {
+		return b.mapErr("server live", err)
+	}
+	if !live.GetLive() {
+		return status.Errorf(codes.Unavailable, "triton %s: server not live", b.cfg.Model)
+	}
+	ready, err := b.cl.ServerReady(ctx, &inference.ServerReadyRequest{})
+	if err != nil {
+		return b.mapErr("server ready", err)
+	}
+	if !ready.GetReady() {
+		return status.Errorf(codes.Unavailable, "triton %s: server not ready", b.cfg.Model)
+	}
+	mr, err := b.cl.ModelReady(ctx, &inference.ModelReadyRequest{Name: b.cfg.Model, Version: b.cfg.Version})
+	if err != nil {
+		return b.mapErr("model ready", err)
+	}
+	if !mr.GetReady() {
+		return status.Errorf(codes.Unavailable, "triton %s: model not ready", b.cfg.Model)
+	}
+	return nil
+}
+
+// Close releases nothing: the connection belongs to the caller.
+func (b *Backend) Close() error { return nil }

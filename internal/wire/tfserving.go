@@ -1,0 +1,238 @@
+package wire
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
+)
+
+// FromTensorProto converts a TF TensorProto named name into a raw tensor.
+// A non-empty tensor_content wins over the typed fields (as in TF); else
+// the typed field of the dtype must hold exactly as many values as the
+// shape has elements, or one value, which is broadcast to all of them.
+// An empty typed field for a non-empty shape is an error (TF would fill
+// zeros; a silent all-zero input is more often a client bug).
+func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) {
+	if tp == nil {
+		return nil, fmt.Errorf("%w: tensor %q: empty TensorProto", ErrInvalid, name)
+	}
+	dt, ok := tfToKS[tp.Dtype]
+	if !ok {
+		return nil, fmt.Errorf("%w: tensor %q: unsupported dtype %v", ErrInvalid, name, tp.Dtype)
+	}
+	if tp.TensorShape == nil || tp.TensorShape.UnknownRank {
+		return nil, fmt.Errorf("%w: tensor %q: shape unknown", ErrInvalid, name)
+	}
+	shape := make([]int64, len(tp.TensorShape.Dim))
+	for i, d := range tp.TensorShape.Dim {
+		if d.GetSize() < 0 {
+			return nil, fmt.Errorf("%w: tensor %q: dimension %d is %d", ErrInvalid, name, i, d.GetSize())
+		}
+		shape[i] = d.GetSize()
+	}
+	n, err := elemCount(name, shape)
+	if err != nil {
+		return nil, err
+	}
+	t := &hamsv1.Tensor{Name: name, Datatype: dt, Shape: shape}
+	if len(tp.TensorContent) > 0 {
+		if dt == tensor.Bytes {
+			return nil, fmt.Errorf("%w: tensor %q: DT_STRING in tensor_content (use string_val)", ErrInvalid, name)
+		}
+		t.Data = tp.TensorContent
+	} else if t.Data, err = typedTF(name, dt, tp, n); err != nil {
+		return nil, err
+	}
+	if err := tensor.Validate(t); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return t, nil
+}
+
+// typedTF encodes the typed field of dt; one value with n > 1 broadcasts.
+func typedTF(name, dt string, tp *tfpb.TensorProto, n int64) ([]byte, error) {
+	es := tensor.ElemSize(dt)
+	var (
+		count int
+		field string
+		enc   func(b []byte, i int) ([]byte, error)
+	)
+	intRange := func(i int, ok bool, v any) error {
+		if !ok {
+			return fmt.Errorf("%w: tensor %q: value %v at index %d is out of range for %s", ErrInvalid, name, v, i, dt)
+		}
+		return nil
+	}
+	switch dt {
+	case tensor.FP32:
+		count, field, enc = len(tp.FloatVal), "float_val", func(b []byte, i int) ([]byte, error) {
+			return binary.LittleEndian.AppendUint32(b, math.Float32bits(tp.FloatVal[i])), nil
+		}
+	case tensor.FP64:
+		count, field, enc = len(tp.DoubleVal), "double_val", func(b []byte, i int) ([]byte, error) {
+			return binary.LittleEndian.AppendUint64(b, math.Float64bits(tp.DoubleVal[i])), nil
+		}
+	case tensor.Int32, tensor.Int16, tensor.Int8:
+		count, field, enc = len(tp.IntVal), "int_val", func(b []byte, i int) ([]byte, error) {
+			v := int64(tp.IntVal[i])
+			return appendUint(b, uint64(v), es), intRange(i, signedRange(v, es), v)
+		}
+	case tensor.Uint8, Uint16:
+		count, field, enc = len(tp.IntVal), "int_val", func(b []byte, i int) ([]byte, error) {
+			v := tp.IntVal[i]
+			return appendUint(b, uint64(v), es), intRange(i, v >= 0 && unsignedRange(uint64(v), es), v)
+		}
+	case tensor.Int64:
+		count, field, enc = len(tp.Int64Val), "int64_val", func(b []byte, i int) ([]byte, error) {
+			return binary.LittleEndian.AppendUint64(b, uint64(tp.Int64Val[i])), nil
+		}
+	case Uint32:
+		count, field, enc = len(tp.Uint32Val), "uint32_val", func(b []byte, i int) ([]byte, error) {
+			return binary.LittleEndian.AppendUint32(b, tp.Uint32Val[i]), nil
+		}
+	case Uint64:
+		count, field, enc = len(tp.Uint64Val), "uint64_val", func(b []byte, i int) ([]byte, error) {
+			return binary.LittleEndian.AppendUint64(b, tp.Uint64Val[i]), nil
+		}
+	case tensor.FP16, BF16:
+		count, field, enc = len(tp.HalfVal), "half_val", func(b []byte, i int) ([]byte, error) {
+			v := tp.HalfVal[i]
+			return binary.LittleEndian.AppendUint16(b, uint16(v)), intRange(i, v >= 0 && v <= math.MaxUint16, v)
+		}
+	case tensor.Bool:
+		count, field, enc = len(tp.BoolVal), "bool_val", func(b []byte, i int) ([]byte, error) {
+			if tp.BoolVal[i] {
+				return append(b, 1), nil
+			}
+			return append(b, 0), nil
+		}
+	case tensor.Bytes:
+		count, field, enc = len(tp.StringVal), "string_val", func(b []byte, i int) ([]byte, error) {
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(tp.StringVal[i])))
+			return append(b, tp.StringVal[i]...), nil
+		}
+	default:
+		return nil, fmt.Errorf("%w: tensor %q: datatype %s has no typed TensorProto field", ErrInvalid, name, dt)
+	}
+	switch {
+	case int64(count) == n:
+	case count == 1 && n > 1:
+	default:
+		return nil, fmt.Errorf("%w: tensor %q: shape wants %d values of %s, %s holds %d (and tensor_content is empty)", ErrInvalid, name, n, dt, field, count)
+	}
+	b := make([]byte, 0, int(n)*max(es, 1))
+	var err error
+	for i := int64(0); i < n; i++ {
+		j := int(i)
+		if count == 1 {
+			j = 0
+		}
+		if b, err = enc(b, j); err != nil {
+			return nil, err
+		}
+		if count == 1 && i == 0 && n > 1 && dt != tensor.Bytes {
+			// broadcast: repeat the first encoded element
+			first := append([]byte(nil), b...)
+			for k := int64(1); k < n; k++ {
+				b = append(b, first...)
+			}
+			break
+		}
+	}
+	if b == nil {
+		b = []byte{}
+	}
+	return b, nil
+}
+
+// ToTensorProto encodes a raw tensor the way TF Serving answers: numbers in
+// tensor_content, BYTES (DT_STRING) in string_val.
+func ToTensorProto(t *hamsv1.Tensor) (*tfpb.TensorProto, error) {
+	if err := tensor.Validate(t); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	dt, ok := ksToTF[t.Datatype]
+	if !ok {
+		return nil, fmt.Errorf("%w: tensor %q: datatype %s has no TF DataType", ErrInvalid, t.Name, t.Datatype)
+	}
+	tp := &tfpb.TensorProto{Dtype: dt, TensorShape: TFShape(t.Shape)}
+	if t.Datatype == tensor.Bytes {
+		tp.StringVal = splitBytes(t.Data)
+		return tp, nil
+	}
+	tp.TensorContent = t.Data
+	return tp, nil
+}
+
+// ToTensorProtoTyped encodes a raw tensor in the typed *_val field of its
+// dtype (what TF's Python make_tensor_proto emits for small tensors).
+func ToTensorProtoTyped(t *hamsv1.Tensor) (*tfpb.TensorProto, error) {
+	if err := tensor.Validate(t); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	dt, ok := ksToTF[t.Datatype]
+	if !ok {
+		return nil, fmt.Errorf("%w: tensor %q: datatype %s has no TF DataType", ErrInvalid, t.Name, t.Datatype)
+	}
+	tp := &tfpb.TensorProto{Dtype: dt, TensorShape: TFShape(t.Shape)}
+	es := tensor.ElemSize(t.Datatype)
+	d := t.Data
+	n := 0
+	if es > 0 {
+		n = len(d) / es
+	}
+	switch t.Datatype {
+	case tensor.FP32:
+		for i := 0; i < n; i++ {
+			tp.FloatVal = append(tp.FloatVal, math.Float32frombits(binary.LittleEndian.Uint32(d[4*i:])))
+		}
+	case tensor.FP64:
+		for i := 0; i < n; i++ {
+			tp.DoubleVal = append(tp.DoubleVal, math.Float64frombits(binary.LittleEndian.Uint64(d[8*i:])))
+		}
+	case tensor.Int32, tensor.Int16, tensor.Int8:
+		for i := 0; i < n; i++ {
+			tp.IntVal = append(tp.IntVal, int32(readSigned(d[es*i:], es)))
+		}
+	case tensor.Uint8, Uint16:
+		for i := 0; i < n; i++ {
+			tp.IntVal = append(tp.IntVal, int32(readUint(d[es*i:], es)))
+		}
+	case tensor.Int64:
+		for i := 0; i < n; i++ {
+			tp.Int64Val = append(tp.Int64Val, int64(binary.LittleEndian.Uint64(d[8*i:])))
+		}
+	case Uint32:
+		for i := 0; i < n; i++ {
+			tp.Uint32Val = append(tp.Uint32Val, binary.LittleEndian.Uint32(d[4*i:]))
+		}
+	case Uint64:
+		for i := 0; i < n; i++ {
+			tp.Uint64Val = append(tp.Uint64Val, binary.LittleEndian.Uint64(d[8*i:]))
+		}
+	case tensor.FP16, BF16:
+		for i := 0; i < n; i++ {
+			tp.HalfVal = append(tp.HalfVal, int32(binary.LittleEndian.Uint16(d[2*i:])))
+		}
+	case tensor.Bool:
+		for i := 0; i < n; i++ {
+			tp.BoolVal = append(tp.BoolVal, d[i] != 0)
+		}
+	case tensor.Bytes:
+		tp.StringVal = splitBytes(d)
+	}
+	return tp, nil
+}
+
+// TFShape builds a TensorShapeProto.
+func TFShape(shape []int64) *tfpb.TensorShapeProto {
+	s := &tfpb.TensorShapeProto{}
+	for _, d := range shape {
+		s.Dim = append(s.Dim, &tfpb.TensorShapeProto_Dim{Size: d})
+	}
+	return s
+}
