@@ -1,0 +1,491 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hams-go/hams/examples"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// benchModes are the modes `hams bench` knows; benchImplemented the ones
+// this build runs. direct is the baseline without HAMS: the bench client
+// chains the model servers itself.
+var (
+	benchModes       = append([]string{"direct"}, config.Modes...)
+	benchImplemented = []string{"direct", "bare"}
+)
+
+// benchRow is one element of the --json array (DESIGN.md).
+type benchRow struct {
+	Service       string  `json:"service"`
+	Mode          string  `json:"mode"`
+	Batch         int     `json:"batch"`
+	Requests      int     `json:"requests"`
+	P50Ms         float64 `json:"p50_ms"`
+	P99Ms         float64 `json:"p99_ms"`
+	MeanMs        float64 `json:"mean_ms"`
+	ThroughputRPS float64 `json:"throughput_rps"`
+	Errors        int     `json:"errors"`
+	Hops          int     `json:"hops"`
+	// Mean time the sidecars spent on lineage per batch (bare mode), from
+	// their hams_sidecar_lineage_seconds histograms.
+	LineageMsPerBatch *float64 `json:"lineage_ms_per_batch,omitempty"`
+}
+
+// modeRun accumulates one mode's rounds.
+type modeRun struct {
+	lat     []time.Duration
+	elapsed time.Duration
+	sent    int
+	errs    int
+}
+
+func (m *modeRun) add(rec *loadgen.Recorder, elapsed time.Duration) {
+	s := rec.Stats()
+	m.lat = append(m.lat, rec.Latencies()...)
+	m.elapsed += elapsed
+	m.sent += s.Requests
+	m.errs += s.Errors
+}
+
+func (m *modeRun) row(service, mode string, batch, hops int) benchRow {
+	st := loadgen.Stats{Replies: len(m.lat), ElapsedS: m.elapsed.Seconds()}
+	loadgen.Summarize(m.lat, &st)
+	return benchRow{Service: service, Mode: mode, Batch: batch, Requests: m.sent, P50Ms: st.P50Ms, P99Ms: st.P99Ms,
+		MeanMs: st.MeanMs, ThroughputRPS: st.ThroughputRPS, Errors: m.errs, Hops: hops}
+}
+
+func runBench(args []string) error {
+	fs := newFlagSet("bench")
+	service := fs.String("service", "all", "example service ("+strings.Join(examples.Names(), ", ")+") or all")
+	modesFlag := fs.String("modes", "direct,bare", "comma-separated modes, interleaved in rounds: "+strings.Join(benchModes, ", "))
+	batch := fs.Int("batch", 1, "batch size of every model (bare: also the number of concurrent clients; direct: requests per call)")
+	requests := fs.Int("requests", 400, "measured requests per (service, mode)")
+	warmup := fs.Int("warmup", -1, "unmeasured requests per (service, mode) before the rounds (default: max(2*batch, 20))")
+	rounds := fs.Int("rounds", 4, "rounds per mode (modes alternate round by round)")
+	jsonPath := fs.String("json", "", "write the JSON array to this file")
+	seed := fs.Uint64("seed", 1, "input seed")
+	timeout := fs.Duration("timeout", 10*time.Second, "per-request deadline")
+	var tf taskFlags
+	tf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	modes := splitList(*modesFlag)
+	if len(modes) == 0 {
+		return usageErr("bench: --modes is empty")
+	}
+	for _, m := range modes {
+		if !slices.Contains(benchModes, m) {
+			return usageErr("bench: unknown mode %q (one of %s)", m, strings.Join(benchModes, ", "))
+		}
+		if !slices.Contains(benchImplemented, m) {
+			return usageErr("bench: mode %s: replication is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
+		}
+	}
+	if *batch < 1 || *batch > 4096 || *requests < 1 || *rounds < 1 || *timeout <= 0 {
+		return usageErr("bench: --batch must be 1..4096; --requests, --rounds and --timeout positive")
+	}
+	if *warmup < 0 {
+		*warmup = max(2**batch, 20)
+	}
+	services := examples.Names()
+	if *service != "all" {
+		if !slices.Contains(services, *service) {
+			return usageErr("bench: --service %q: unknown (one of %s, all)", *service, strings.Join(services, ", "))
+		}
+		services = []string{*service}
+	}
+	dir, cleanup, err := tf.prepare("hams-bench-")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() { cleanup(ok) }()
+	ctx, stop := signalContext()
+	defer stop()
+
+	var rows []benchRow
+	for _, svc := range services {
+		r, err := benchService(ctx, benchOpts{
+			service: svc, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
+			seed: *seed, timeout: *timeout, dir: filepath.Join(dir, svc), tf: tf,
+		})
+		if err != nil {
+			return fmt.Errorf("bench %s: %w", svc, err)
+		}
+		rows = append(rows, r...)
+	}
+	printBench(os.Stdout, rows)
+	if *jsonPath != "" {
+		if err := writeJSON(*jsonPath, rows); err != nil {
+			return err
+		}
+	}
+	ok = true
+	return nil
+}
+
+type benchOpts struct {
+	service                         string
+	modes                           []string
+	batch, requests, warmup, rounds int
+	seed                            uint64
+	timeout                         time.Duration
+	dir                             string
+	tf                              taskFlags
+}
+
+func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
+	raw, err := examples.Raw(o.service)
+	if err != nil {
+		return nil, err
+	}
+	svcCfg := func() (*config.Deployment, error) { return config.Parse(raw) }
+	base, err := svcCfg()
+	if err != nil {
+		return nil, err
+	}
+	svc := base.Service(o.service)
+	if svc == nil {
+		svc = &base.Services[0]
+	}
+	hops := svc.Graph().Hops()
+	fmt.Fprintf(os.Stderr, "hams bench: %s (%d models, %d hops), batch %d, modes %s\n", o.service, len(base.Models), hops, o.batch, strings.Join(o.modes, ","))
+
+	// One deployment per mode, all started before the first round.
+	type runner struct {
+		mode string
+		d    *deployment
+		run  func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
+		acc  modeRun
+		lin0 [2]float64
+	}
+	var runners []*runner
+	defer func() {
+		for _, r := range runners {
+			r.d.Close()
+		}
+	}()
+	for _, mode := range o.modes {
+		dep, err := svcCfg()
+		if err != nil {
+			return nil, err
+		}
+		dep.Mode = "bare"
+		for i := range dep.Models {
+			dep.Models[i].Batch.Size = o.batch
+		}
+		d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, mode), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct"})
+		if err != nil {
+			return nil, fmt.Errorf("start %s deployment: %w", mode, err)
+		}
+		r := &runner{mode: mode, d: d}
+		runners = append(runners, r)
+		switch mode {
+		case "direct":
+			ch, err := newDirectChain(ctx, d, svc.Name)
+			if err != nil {
+				return nil, err
+			}
+			gen, err := loadgen.NewGenerator(dep.Service(svc.Name), o.seed, 1, loadgen.Fashion())
+			if err != nil {
+				return nil, err
+			}
+			r.run = func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error) {
+				return ch.drive(ctx, gen, o.batch, n, o.timeout)
+			}
+		case "bare":
+			cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes, fastReconnect)
+			if err != nil {
+				return nil, err
+			}
+			defer cc.Close()
+			client := hamsv1.NewFrontendClient(cc)
+			gens := make([]*loadgen.Generator, o.batch)
+			for i := range gens {
+				if gens[i], err = loadgen.NewGenerator(dep.Service(svc.Name), o.seed+uint64(i), 1, loadgen.Fashion()); err != nil {
+					return nil, err
+				}
+			}
+			var mu sync.Mutex
+			var firstErr error
+			r.run = func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error) {
+				rec := loadgen.NewRecorder()
+				start := time.Now()
+				_, err := loadgen.Run(ctx, loadgen.RunConfig{
+					Client: client, Concurrency: o.batch, Requests: n, Timeout: o.timeout, Recorder: rec,
+					NewRequest: func(c int, i uint64) *hamsv1.PredictRequest {
+						return &hamsv1.PredictRequest{Service: svc.Name, StreamId: fmt.Sprintf("bench-%d", c), Inputs: gens[c].Inputs()}
+					},
+					OnResult: func(res loadgen.Result) {
+						if res.Err != nil {
+							mu.Lock()
+							if firstErr == nil {
+								firstErr = res.Err
+								fmt.Fprintf(os.Stderr, "hams bench: %s bare: request failed: %v\n", svc.Name, res.Err)
+							}
+							mu.Unlock()
+						}
+					},
+				})
+				return rec, time.Since(start), err
+			}
+		}
+	}
+	// Warm-up, then the lineage counters' baseline.
+	for _, r := range runners {
+		if o.warmup > 0 {
+			if _, _, err := r.run(ctx, o.warmup); err != nil {
+				return nil, fmt.Errorf("%s warm-up: %w", r.mode, err)
+			}
+		}
+		if r.mode != "direct" {
+			r.lin0 = scrapeLineage(r.d.sidecarMetrics())
+		}
+	}
+	per := (o.requests + o.rounds - 1) / o.rounds
+	for round := range o.rounds {
+		n := min(per, o.requests-round*per)
+		if n <= 0 {
+			break
+		}
+		for _, r := range runners {
+			rec, el, err := r.run(ctx, n)
+			if err != nil {
+				return nil, fmt.Errorf("%s round %d: %w", r.mode, round+1, err)
+			}
+			r.acc.add(rec, el)
+			fmt.Fprintf(os.Stderr, "  round %d/%d %-6s %5d requests in %v\n", round+1, o.rounds, r.mode, n, el.Round(time.Millisecond))
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	var out []benchRow
+	for _, r := range runners {
+		row := r.acc.row(o.service, r.mode, o.batch, hops)
+		if r.mode != "direct" {
+			lin := scrapeLineage(r.d.sidecarMetrics())
+			if dc := lin[1] - r.lin0[1]; dc > 0 {
+				v := round3((lin[0] - r.lin0[0]) / dc * 1000)
+				row.LineageMsPerBatch = &v
+			}
+		}
+		out = append(out, row)
+	}
+	return out, nil
+}
+
+// scrapeLineage sums hams_sidecar_lineage_seconds _sum and _count over the
+// sidecars' /metrics.
+func scrapeLineage(addrs map[string]string) [2]float64 {
+	var tot [2]float64
+	hc := &http.Client{Timeout: 3 * time.Second}
+	for _, a := range addrs {
+		resp, err := hc.Get("http://" + a + "/metrics")
+		if err != nil {
+			continue
+		}
+		s := bufio.NewScanner(resp.Body)
+		s.Buffer(make([]byte, 1<<20), 1<<20)
+		for s.Scan() {
+			line := s.Text()
+			for i, suffix := range []string{"_sum", "_count"} {
+				name := "hams_sidecar_lineage_seconds" + suffix
+				if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+					f := strings.Fields(line)
+					if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+						tot[i] += v
+					}
+				}
+			}
+		}
+		resp.Body.Close()
+	}
+	return tot
+}
+
+// directChain calls the model servers of a service in topological order,
+// joining predecessors' outputs the way the sidecar does.
+type directChain struct {
+	dep   *config.Deployment
+	g     *config.Graph
+	order []string
+	rt    map[string]hamsv1.ModelRuntimeClient
+	desc  map[string]*hamsv1.ModelDescription
+	batch map[string]uint64
+}
+
+func newDirectChain(ctx context.Context, d *deployment, service string) (*directChain, error) {
+	s := d.dep.Service(service)
+	descs, err := describeAll(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	c := &directChain{dep: d.dep, g: s.Graph(), rt: map[string]hamsv1.ModelRuntimeClient{}, desc: descs, batch: map[string]uint64{}}
+	c.order = c.g.Models()
+	for _, m := range c.order {
+		cc, err := grpcx.Dial(d.ModelServers[m], d.dep.Limits.MaxMessageBytes)
+		if err != nil {
+			return nil, err
+		}
+		c.rt[m] = hamsv1.NewModelRuntimeClient(cc)
+	}
+	return c, nil
+}
+
+// selectInputs mirrors sidecar.selectInputs: all tensors of the parts in
+// predecessor order for "*" (or no declared inputs), else the first tensor
+// of each declared name.
+func selectInputs(desc *hamsv1.ModelDescription, parts [][]*hamsv1.Tensor) []*hamsv1.Tensor {
+	any := len(desc.GetInputs()) == 0
+	for _, in := range desc.GetInputs() {
+		if in.GetName() == "*" {
+			any = true
+		}
+	}
+	var ins []*hamsv1.Tensor
+	if any {
+		for _, p := range parts {
+			ins = append(ins, p...)
+		}
+		return ins
+	}
+	for _, spec := range desc.GetInputs() {
+	find:
+		for _, p := range parts {
+			for _, t := range p {
+				if t.GetName() == spec.GetName() {
+					ins = append(ins, t)
+					break find
+				}
+			}
+		}
+	}
+	return ins
+}
+
+// call runs one batch of requests through the chain.
+func (c *directChain) call(ctx context.Context, inputs []*hamsv1.Tensor, rows []uint32, streams []string) error {
+	outs := map[string][]*hamsv1.Tensor{config.Frontend: inputs}
+	for _, m := range c.order {
+		var parts [][]*hamsv1.Tensor
+		for _, p := range c.g.Pred(m) {
+			parts = append(parts, outs[p])
+		}
+		c.batch[m]++
+		resp, err := c.rt[m].Infer(ctx, &hamsv1.BatchRequest{
+			Model: c.dep.Model(m).Backend.Model, Inputs: selectInputs(c.desc[m], parts), Rows: rows, StreamIds: streams, BatchId: c.batch[m],
+		})
+		if err != nil {
+			return fmt.Errorf("infer %s: %w", m, err)
+		}
+		outs[m] = resp.Outputs
+	}
+	return nil
+}
+
+// drive sends n requests as ceil(n/batch) chained batch calls, one after
+// the other (closed loop); every request of a call gets the call's latency.
+func (c *directChain) drive(ctx context.Context, gen *loadgen.Generator, batch, n int, timeout time.Duration) (*loadgen.Recorder, time.Duration, error) {
+	rec := loadgen.NewRecorder()
+	start := time.Now()
+	for done := 0; done < n && ctx.Err() == nil; {
+		k := min(batch, n-done)
+		perReq := make([][]*hamsv1.Tensor, k)
+		for i := range perReq {
+			perReq[i] = gen.Inputs()
+		}
+		inputs := make([]*hamsv1.Tensor, len(perReq[0]))
+		for j := range inputs {
+			col := make([]*hamsv1.Tensor, k)
+			for i := range col {
+				col[i] = perReq[i][j]
+			}
+			t, err := tensor.Concat(col)
+			if err != nil {
+				return nil, 0, err
+			}
+			inputs[j] = t
+		}
+		rows := make([]uint32, k)
+		streams := make([]string, k)
+		for i := range rows {
+			rows[i] = uint32(tensor.Rows(perReq[i][0]))
+			streams[i] = fmt.Sprintf("bench-%d", i)
+		}
+		rec.Sent(k)
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		t0 := time.Now()
+		err := c.call(cctx, inputs, rows, streams)
+		lat := time.Since(t0)
+		cancel()
+		if err != nil {
+			rec.Err(k)
+			return rec, time.Since(start), err
+		}
+		rec.OK(lat, k)
+		done += k
+	}
+	rec.Stop()
+	return rec, time.Since(start), ctx.Err()
+}
+
+func printBench(w io.Writer, rows []benchRow) {
+	fmt.Fprintf(w, "\n%-8s %-7s %6s %9s %9s %9s %9s %11s %7s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b")
+	for _, r := range rows {
+		lin := "-"
+		if r.LineageMsPerBatch != nil {
+			lin = fmt.Sprintf("%.4f", *r.LineageMsPerBatch)
+		}
+		fmt.Fprintf(w, "%-8s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin)
+	}
+	// Sidecar overhead per hop: (bare p50 - direct p50) / (hops + 1).
+	type pair struct{ direct, bare *benchRow }
+	by := map[string]*pair{}
+	var order []string
+	for i := range rows {
+		r := &rows[i]
+		p := by[r.Service]
+		if p == nil {
+			p = &pair{}
+			by[r.Service] = p
+			order = append(order, r.Service)
+		}
+		switch r.Mode {
+		case "direct":
+			p.direct = r
+		case "bare":
+			p.bare = r
+		}
+	}
+	header := false
+	for _, s := range order {
+		p := by[s]
+		if p.direct == nil || p.bare == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(w, "\n%-8s %5s %11s %11s %16s\n", "service", "hops", "direct_p50", "bare_p50", "added_p50/hop_ms")
+			header = true
+		}
+		per := (p.bare.P50Ms - p.direct.P50Ms) / float64(p.bare.Hops+1)
+		fmt.Fprintf(w, "%-8s %5d %11.3f %11.3f %16.3f\n", s, p.bare.Hops, p.direct.P50Ms, p.bare.P50Ms, per)
+	}
+}

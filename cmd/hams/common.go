@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+)
+
+// roleFlags are the flags every long-running role shares.
+type roleFlags struct {
+	fs        *flag.FlagSet
+	config    string
+	listen    string
+	metrics   string
+	logLevel  string
+	logFormat string
+}
+
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("hams "+name, flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	return fs
+}
+
+func newRoleFlags(name string) *roleFlags {
+	r := &roleFlags{fs: newFlagSet(name)}
+	r.fs.StringVar(&r.config, "config", "", "deployment YAML file (required)")
+	r.fs.StringVar(&r.listen, "listen", "127.0.0.1:0", "gRPC listen address")
+	r.fs.StringVar(&r.metrics, "metrics", "127.0.0.1:0", "Prometheus /metrics listen address (empty: none)")
+	r.fs.StringVar(&r.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	r.fs.StringVar(&r.logFormat, "log-format", "json", "log format on stderr: json or text")
+	return r
+}
+
+// parse parses args; -h gives a zero-code exit.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return &exitError{code: 0}
+		}
+		return &exitError{code: 2, err: fmt.Errorf("%s: %v", fs.Name(), err)}
+	}
+	if fs.NArg() > 0 {
+		return &exitError{code: 2, err: fmt.Errorf("%s: unexpected arguments %q", fs.Name(), fs.Args())}
+	}
+	return nil
+}
+
+func usageErr(format string, a ...any) error {
+	return &exitError{code: 2, err: fmt.Errorf(format, a...)}
+}
+
+func (r *roleFlags) parse(args []string) error {
+	if err := parseFlags(r.fs, args); err != nil {
+		return err
+	}
+	if r.config == "" {
+		return usageErr("%s: --config is required", r.fs.Name())
+	}
+	return nil
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageErr("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, usageErr("--log-format %q: want json or text", format)
+}
+
+// newRegistry is a fresh registry with the Go and process collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// role is what a role command sets up before serving.
+type role struct {
+	name   string
+	log    *slog.Logger
+	dep    *config.Deployment
+	reg    *prometheus.Registry
+	grpc   net.Listener
+	mlis   net.Listener // nil when --metrics is empty
+	fields map[string]any
+}
+
+// setupRole loads the config, creates the logger, registry and listeners.
+func setupRole(name string, rf *roleFlags) (*role, error) {
+	log, err := newLogger(rf.logLevel, rf.logFormat)
+	if err != nil {
+		return nil, err
+	}
+	dep, err := config.Load(rf.config)
+	if err != nil {
+		return nil, &exitError{code: 2, err: err}
+	}
+	r := &role{name: name, log: log.With("role", name), dep: dep, reg: newRegistry(), fields: map[string]any{"role": name}}
+	if r.grpc, err = net.Listen("tcp", rf.listen); err != nil {
+		return nil, fmt.Errorf("listen %s (gRPC): %w", rf.listen, err)
+	}
+	r.fields["grpc"] = r.grpc.Addr().String()
+	if rf.metrics != "" {
+		if r.mlis, err = net.Listen("tcp", rf.metrics); err != nil {
+			r.grpc.Close()
+			return nil, fmt.Errorf("listen %s (metrics): %w", rf.metrics, err)
+		}
+		r.fields["metrics"] = r.mlis.Addr().String()
+	}
+	return r, nil
+}
+
+// listen opens an extra listener and closes the role's on failure.
+func (r *role) listen(addr, what string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		r.close()
+		return nil, fmt.Errorf("listen %s (%s): %w", addr, what, err)
+	}
+	return l, nil
+}
+
+func (r *role) close() {
+	if r.grpc != nil {
+		r.grpc.Close()
+	}
+	if r.mlis != nil {
+		r.mlis.Close()
+	}
+}
+
+// signalContext ends on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+// printReady writes the one ready line on stdout.
+func printReady(fields map[string]any) {
+	fields["pid"] = os.Getpid()
+	b, _ := json.Marshal(fields)
+	fmt.Fprintln(os.Stdout, string(b))
+}
+
+// group runs functions until the first returns an error or all return;
+// the first error (or the end of ctx) cancels the others' context, and
+// Wait waits for all of them.
+type group struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+	err    error
+}
+
+func newGroup(ctx context.Context) *group {
+	g := &group{}
+	g.ctx, g.cancel = context.WithCancel(ctx)
+	return g
+}
+
+func (g *group) Go(name string, f func(ctx context.Context) error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		err := f(g.ctx)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			g.once.Do(func() { g.err = fmt.Errorf("%s: %w", name, err) })
+		}
+		g.cancel()
+	}()
+}
+
+func (g *group) Wait() error {
+	g.wg.Wait()
+	g.cancel()
+	return g.err
+}
+
+// serveRole runs the component with the metrics listener, prints the ready
+// line once ready is closed (nil: at once), and blocks until a signal or
+// the first failure.
+func (r *role) serve(run func(ctx context.Context) error, ready <-chan struct{}, extra func() map[string]any) error {
+	ctx, stop := signalContext()
+	defer stop()
+	g := newGroup(ctx)
+	g.Go(r.name, run)
+	if r.mlis != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", grpcx.MetricsHandler(r.reg))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+		g.Go("metrics", func(ctx context.Context) error { return grpcx.ServeHTTP(ctx, mux, r.mlis) })
+	}
+	if ready != nil {
+		select {
+		case <-ready:
+		case <-g.ctx.Done():
+			err := g.Wait()
+			if err == nil {
+				err = fmt.Errorf("%s stopped before it was ready", r.name)
+			}
+			return err
+		}
+	}
+	if extra != nil {
+		for k, v := range extra() {
+			r.fields[k] = v
+		}
+	}
+	printReady(r.fields)
+	r.log.Info("serving", "fields", r.fields)
+	err := g.Wait()
+	if err != nil {
+		r.log.Error("stopped with error", "err", err)
+		return err
+	}
+	r.log.Info("stopped")
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,604 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hams-go/hams/examples"
+	"github.com/hams-go/hams/integration/checker"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"google.golang.org/grpc/status"
+)
+
+// killSpec is one --kill ROLE[:MODEL]@AFTER.
+type killSpec struct {
+	Role, Model string
+	After       time.Duration
+}
+
+func (k killSpec) target() string {
+	if k.Model == "" {
+		return k.Role
+	}
+	return k.Role + ":" + k.Model
+}
+
+func parseKill(s string) (killSpec, error) {
+	target, after, ok := strings.Cut(s, "@")
+	if !ok {
+		return killSpec{}, fmt.Errorf("--kill %q: want ROLE:MODEL@AFTER (e.g. sidecar:ap-motion@3s)", s)
+	}
+	d, err := time.ParseDuration(after)
+	if err != nil || d < 0 {
+		return killSpec{}, fmt.Errorf("--kill %q: bad time %q (want e.g. 3s)", s, after)
+	}
+	role, model, _ := strings.Cut(target, ":")
+	switch role {
+	case "sidecar", "modelserver":
+		if model == "" {
+			return killSpec{}, fmt.Errorf("--kill %q: %s needs a model (%s:MODEL@AFTER)", s, role, role)
+		}
+	case "frontend", "manager":
+		if model != "" {
+			return killSpec{}, fmt.Errorf("--kill %q: %s takes no model", s, role)
+		}
+	default:
+		return killSpec{}, fmt.Errorf("--kill %q: unknown role %q (sidecar, modelserver, frontend, manager)", s, role)
+	}
+	return killSpec{Role: role, Model: model, After: d}, nil
+}
+
+// killReport is one entry of the report's kills.
+type killReport struct {
+	Target string `json:"target"`
+	// Kind is what was killed: stateless or primary (a sidecar),
+	// modelserver, frontend or manager.
+	Kind       string  `json:"kind"`
+	AtMs       float64 `json:"at_ms"`
+	RecoveryMs float64 `json:"recovery_ms"` // -1: no successful reply after the kill
+	RestartMs  float64 `json:"restart_ms"`  // until the restarted process was ready; -1 if never
+	Recovered  bool    `json:"recovered"`
+	Error      string  `json:"error,omitempty"`
+
+	killAt   time.Time
+	services []string
+}
+
+// modelStats is per-model information gathered from reply lineage.
+type modelStats struct {
+	Executions int    `json:"executions"`
+	MaxSeq     uint64 `json:"max_seq"`
+}
+
+// demoReport is the --json report of `hams demo` (DESIGN.md).
+type demoReport struct {
+	Service       string                   `json:"service"`
+	Mode          string                   `json:"mode"`
+	DurationS     float64                  `json:"duration_s"`
+	Requests      int                      `json:"requests"`
+	Replies       int                      `json:"replies"`
+	Errors        int                      `json:"errors"`
+	Incorrect     int                      `json:"incorrect"`
+	P50Ms         float64                  `json:"p50_ms"`
+	P99Ms         float64                  `json:"p99_ms"`
+	MeanMs        float64                  `json:"mean_ms"`
+	ThroughputRPS float64                  `json:"throughput_rps"`
+	Kills         []killReport             `json:"kills,omitempty"`
+	ErrorsByCode  map[string]int           `json:"errors_by_code,omitempty"`
+	Services      map[string]loadgen.Stats `json:"services"`
+	Models        map[string]modelStats    `json:"models"`
+	Check         checker.Summary          `json:"check"`
+}
+
+// exampleDeployment loads one embedded example, or all merged.
+func exampleDeployment(service, dir string) (*config.Deployment, []string, error) {
+	names := examples.Names()
+	if service != "all" && !slices.Contains(names, service) {
+		return nil, nil, usageErr("--service %q: unknown (one of %s, all)", service, strings.Join(names, ", "))
+	}
+	if service != "all" {
+		names = []string{service}
+	}
+	var deps []*config.Deployment
+	for _, n := range names {
+		raw, err := examples.Raw(n)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, n+".yaml"), raw, 0o644); err != nil {
+			return nil, nil, err
+		}
+		d, err := config.Parse(raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("example %s: %w", n, err)
+		}
+		deps = append(deps, d)
+	}
+	if len(deps) == 1 {
+		return deps[0], deps[0].ServiceNames(), nil
+	}
+	m, err := mergeDeployments("demo-all", deps)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, m.ServiceNames(), nil
+}
+
+// mergeDeployments puts several deployments into one (one manager, one
+// frontend); their model and service names must not clash.
+func mergeDeployments(name string, deps []*config.Deployment) (*config.Deployment, error) {
+	out := &config.Deployment{Name: name, Mode: deps[0].Mode, Limits: deps[0].Limits}
+	hosts := map[string]bool{}
+	for _, d := range deps {
+		for _, h := range d.Hosts {
+			if !hosts[h] {
+				hosts[h] = true
+				out.Hosts = append(out.Hosts, h)
+			}
+		}
+		out.Models = append(out.Models, d.Models...)
+		out.Services = append(out.Services, d.Services...)
+		out.Limits.MaxMessageBytes = max(out.Limits.MaxMessageBytes, d.Limits.MaxMessageBytes)
+		out.Limits.RequestTimeout = max(out.Limits.RequestTimeout, d.Limits.RequestTimeout)
+	}
+	if err := out.Validate(); err != nil {
+		return nil, fmt.Errorf("merge examples: %w", err)
+	}
+	return out, nil
+}
+
+// describeAll asks the model servers for every model's description.
+func describeAll(ctx context.Context, d *deployment) (map[string]*hamsv1.ModelDescription, error) {
+	out := map[string]*hamsv1.ModelDescription{}
+	var mu sync.Mutex
+	err := parallel(sortedModels(d.dep), func(m string) error {
+		addr := d.ModelServers[m]
+		cc, err := grpcx.Dial(addr, d.dep.Limits.MaxMessageBytes)
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		desc, err := hamsv1.NewModelRuntimeClient(cc).Describe(cctx, &hamsv1.DescribeRequest{Model: d.dep.Model(m).Backend.Model})
+		if err != nil {
+			return fmt.Errorf("describe %s at %s: %w", m, addr, err)
+		}
+		mu.Lock()
+		out[m] = desc
+		mu.Unlock()
+		return nil
+	})
+	return out, err
+}
+
+type killList []killSpec
+
+func (k *killList) String() string { return fmt.Sprint(*k) }
+func (k *killList) Set(s string) error {
+	ks, err := parseKill(s)
+	if err != nil {
+		return err
+	}
+	*k = append(*k, ks)
+	return nil
+}
+
+func runDemo(args []string) error {
+	fs := newFlagSet("demo")
+	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+") or all")
+	duration := fs.Duration("duration", 10*time.Second, "how long to drive load")
+	var kills killList
+	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s")
+	jsonPath := fs.String("json", "", "write the JSON report to this file")
+	mode := fs.String("mode", "bare", "fault-tolerance mode (only bare is implemented in this build)")
+	audit := fs.String("audit", "", "directory for JSONL audit logs (replies.jsonl)")
+	conc := fs.Int("concurrency", 4, "closed-loop clients")
+	seed := fs.Uint64("seed", 1, "input seed")
+	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
+	rows := fs.Int("rows", 1, "rows per request")
+	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
+	var tf taskFlags
+	tf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := checkMode(*mode); err != nil {
+		return err
+	}
+	if *duration <= 0 || *conc < 1 || *rows < 1 || *timeout <= 0 {
+		return usageErr("demo: --duration, --timeout, --concurrency and --rows must be positive")
+	}
+	for _, k := range kills {
+		if k.After >= *duration {
+			return usageErr("demo: --kill %s@%v is not before the end of the run (%v)", k.target(), k.After, *duration)
+		}
+	}
+	dir, cleanup, err := tf.prepare("hams-demo-")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() { cleanup(ok) }()
+	dep, services, err := exampleDeployment(*service, dir)
+	if err != nil {
+		return err
+	}
+	dep.Mode = *mode
+	for _, k := range kills {
+		if k.Model != "" && dep.Model(k.Model) == nil {
+			return usageErr("demo: --kill %s: model %q is not in service %s (models: %s)", k.target(), k.Model, *service, strings.Join(sortedModels(dep), ", "))
+		}
+	}
+	var auditW io.WriteCloser
+	if *audit != "" {
+		if err := os.MkdirAll(*audit, 0o755); err != nil {
+			return fmt.Errorf("create audit dir: %w", err)
+		}
+		if auditW, err = os.Create(filepath.Join(*audit, "replies.jsonl")); err != nil {
+			return err
+		}
+		defer auditW.Close()
+	}
+
+	ctx, stop := signalContext()
+	defer stop()
+	fmt.Fprintf(os.Stderr, "hams demo: starting %s (%d models, mode %s) in %s\n", *service, len(dep.Models), *mode, dir)
+	t0 := time.Now()
+	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: suspicionFor(*suspicion, len(dep.Models))})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	fmt.Fprintf(os.Stderr, "hams demo: deployment ready in %v (frontend %s)\n", time.Since(t0).Round(time.Millisecond), d.FrontendGRPC)
+	descs, err := describeAll(ctx, d)
+	if err != nil {
+		return err
+	}
+	var csvcs []checker.Service
+	for _, s := range services {
+		cs, err := checker.ServiceOf(dep, s, descs)
+		if err != nil {
+			return err
+		}
+		csvcs = append(csvcs, cs)
+	}
+	chk := checker.New(csvcs...)
+	gens := make([]*loadgen.Generator, *conc)
+	for i := range gens {
+		if gens[i], err = loadgen.NewGenerator(dep.Service(services[i%len(services)]), *seed+uint64(i), *rows, loadgen.Fashion()); err != nil {
+			return err
+		}
+	}
+	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes, fastReconnect)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+
+	rec := loadgen.NewRecorder()
+	perSvc := map[string]*loadgen.Recorder{}
+	for _, s := range services {
+		perSvc[s] = loadgen.NewRecorder()
+	}
+	var (
+		mu       sync.Mutex
+		kreports = make([]*killReport, len(kills))
+		models   = map[string]modelStats{}
+		seenSeq  = map[string]map[uint64]bool{}
+		firstBad string
+		errCodes = map[string]int{}
+	)
+	for i, k := range kills {
+		kr := &killReport{Target: k.target(), Kind: killKind(dep, k), RecoveryMs: -1, RestartMs: -1}
+		if k.Model != "" {
+			kr.services = []string{dep.ServiceOf(k.Model).Name}
+		} else {
+			kr.services = services
+		}
+		kreports[i] = kr
+	}
+	onResult := func(r loadgen.Result) {
+		key := r.Request.RequestId
+		svc := r.Request.Service
+		if r.Err != nil {
+			chk.Failed(key, r.Err)
+			perSvc[svc].Err(1)
+			mu.Lock()
+			errCodes[status.Code(r.Err).String()]++
+			mu.Unlock()
+			return
+		}
+		perSvc[svc].OK(r.Latency, 1)
+		if err := chk.Check(key, r.Reply); err != nil {
+			mu.Lock()
+			if firstBad == "" {
+				firstBad = err.Error()
+			}
+			mu.Unlock()
+		}
+		done := r.Sent.Add(r.Latency)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, kr := range kreports {
+			if !kr.killAt.IsZero() && !kr.Recovered && !r.Sent.Before(kr.killAt) && slices.Contains(kr.services, svc) {
+				kr.Recovered = true
+				kr.RecoveryMs = msSince(kr.killAt, done)
+			}
+		}
+		for _, e := range r.Reply.Lineage {
+			if seenSeq[e.Model] == nil {
+				seenSeq[e.Model] = map[uint64]bool{}
+			}
+			if !seenSeq[e.Model][e.Seq] {
+				seenSeq[e.Model][e.Seq] = true
+				ms := models[e.Model]
+				ms.Executions++
+				ms.MaxSeq = max(ms.MaxSeq, e.Seq)
+				models[e.Model] = ms
+			}
+		}
+		if auditW != nil {
+			writeReplyAudit(auditW, r.Reply)
+		}
+	}
+
+	loadStart := time.Now()
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	var bg sync.WaitGroup
+	for i, k := range kills {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			select {
+			case <-time.After(time.Until(loadStart.Add(k.After))):
+			case <-runCtx.Done():
+				return
+			}
+			name := childName(k.Role, k.Model)
+			before, _ := d.sup.Ready(name)
+			at := time.Now()
+			_, err := d.sup.Kill(name, syscall.SIGKILL)
+			mu.Lock()
+			kr := kreports[i]
+			kr.killAt, kr.AtMs = at, msSince(loadStart, at)
+			if err != nil {
+				kr.Error = err.Error()
+			}
+			mu.Unlock()
+			fmt.Fprintf(os.Stderr, "\nhams demo: killed %s (pid %d) at %v\n", kr.Target, before.PID, at.Sub(loadStart).Round(time.Millisecond))
+			if err != nil {
+				return
+			}
+			r, err := d.sup.WaitReady(runCtx, name, before.Generation)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				kr.RestartMs = msSince(at, r.At)
+			}
+		}()
+	}
+	progressDone := make(chan struct{})
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		progress(os.Stderr, rec, *duration, progressDone)
+	}()
+	st, err := loadgen.Run(runCtx, loadgen.RunConfig{
+		Client:       hamsv1.NewFrontendClient(cc),
+		Concurrency:  *conc,
+		Duration:     *duration,
+		Timeout:      *timeout,
+		ErrorBackoff: 10 * time.Millisecond,
+		Recorder:     rec,
+		NewRequest: func(c int, i uint64) *hamsv1.PredictRequest {
+			svc := services[c%len(services)]
+			req := &hamsv1.PredictRequest{
+				Service:   svc,
+				RequestId: fmt.Sprintf("c%d-%d", c, i),
+				StreamId:  fmt.Sprintf("stream-%d", c),
+				Inputs:    gens[c].Inputs(),
+			}
+			chk.Sent(req.RequestId, req)
+			perSvc[svc].Sent(1)
+			return req
+		},
+		OnResult: onResult,
+	})
+	close(progressDone)
+	cancelRun()
+	bg.Wait()
+	if err != nil {
+		return err
+	}
+	sum := chk.Finish()
+	rep := demoReport{
+		Service: *service, Mode: *mode, DurationS: round3(st.ElapsedS),
+		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors, Incorrect: sum.Violations,
+		P50Ms: st.P50Ms, P99Ms: st.P99Ms, MeanMs: st.MeanMs, ThroughputRPS: st.ThroughputRPS,
+		Services: map[string]loadgen.Stats{}, Models: models, Check: sum,
+	}
+	if len(errCodes) > 0 {
+		rep.ErrorsByCode = errCodes
+	}
+	for s, r := range perSvc {
+		r.Stop()
+		rep.Services[s] = r.Stats()
+	}
+	for _, kr := range kreports {
+		rep.Kills = append(rep.Kills, *kr)
+	}
+	printDemoSummary(os.Stdout, rep, firstBad)
+	if *jsonPath != "" {
+		if err := writeJSON(*jsonPath, rep); err != nil {
+			return err
+		}
+	}
+	if err := d.Close(); err != nil {
+		return err
+	}
+	switch {
+	case sum.Violations > 0:
+		return &exitError{code: 1, err: fmt.Errorf("demo: %d incorrect replies (e.g. %s)", sum.Violations, strings.Join(sum.Examples[:min(3, len(sum.Examples))], "; "))}
+	case st.Replies == 0:
+		return &exitError{code: 1, err: fmt.Errorf("demo: no replies")}
+	case unrecovered(rep.Kills) != "":
+		return &exitError{code: 1, err: fmt.Errorf("demo: no successful reply after killing %s", unrecovered(rep.Kills))}
+	case st.Errors > 0 && len(kills) == 0:
+		return &exitError{code: 1, err: fmt.Errorf("demo: %d requests failed without any kill", st.Errors)}
+	}
+	ok = true
+	return nil
+}
+
+func unrecovered(ks []killReport) string {
+	var out []string
+	for _, k := range ks {
+		if !k.Recovered {
+			out = append(out, k.Target)
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+func killKind(dep *config.Deployment, k killSpec) string {
+	if k.Role != "sidecar" {
+		return k.Role
+	}
+	if m := dep.Model(k.Model); m != nil && m.Stateful {
+		return "primary"
+	}
+	return "stateless"
+}
+
+func msSince(from, to time.Time) float64 {
+	return round3(float64(to.Sub(from)) / float64(time.Millisecond))
+}
+
+func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
+
+// progress draws one updating status line until done.
+func progress(w io.Writer, rec *loadgen.Recorder, total time.Duration, done <-chan struct{}) {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	every := 250 * time.Millisecond
+	if !tty {
+		every = time.Second
+	}
+	start := time.Now()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	draw := func() {
+		s := rec.Stats()
+		el := time.Since(start)
+		frac := min(float64(el)/float64(total), 1)
+		const width = 24
+		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))
+		fmt.Fprintf(w, "\r[%s] %5.1fs/%v  replies %d  errors %d  p50 %.2fms   ", bar, el.Seconds(), total, s.Replies, s.Errors, s.P50Ms)
+	}
+	for {
+		select {
+		case <-t.C:
+			draw()
+		case <-done:
+			draw()
+			fmt.Fprintln(w)
+			return
+		}
+	}
+}
+
+func printDemoSummary(w io.Writer, r demoReport, firstBad string) {
+	fmt.Fprintf(w, "\nHAMS-Go demo: service %s, mode %s, %.1fs\n", r.Service, r.Mode, r.DurationS)
+	fmt.Fprintf(w, "  requests %d  replies %d  errors %d  incorrect %d\n", r.Requests, r.Replies, r.Errors, r.Incorrect)
+	if len(r.ErrorsByCode) > 0 {
+		fmt.Fprintf(w, "  errors by code: %v\n", r.ErrorsByCode)
+	}
+	fmt.Fprintf(w, "  latency p50 %.2f ms  p99 %.2f ms  mean %.2f ms   throughput %.1f req/s\n", r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS)
+	if len(r.Services) > 1 {
+		fmt.Fprintln(w, "  per service:")
+		names := make([]string, 0, len(r.Services))
+		for n := range r.Services {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			s := r.Services[n]
+			fmt.Fprintf(w, "    %-6s replies %6d  errors %4d  p50 %7.2f ms  p99 %7.2f ms\n", n, s.Replies, s.Errors, s.P50Ms, s.P99Ms)
+		}
+	}
+	fmt.Fprintln(w, "  per model (from reply lineage):")
+	names := make([]string, 0, len(r.Models))
+	for n := range r.Models {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "    %-14s executions %6d  max seq %6d\n", n, r.Models[n].Executions, r.Models[n].MaxSeq)
+	}
+	for _, k := range r.Kills {
+		if k.Recovered {
+			fmt.Fprintf(w, "  kill %s (%s) at %.0f ms: restarted in %.0f ms, first reply after %.0f ms\n", k.Target, k.Kind, k.AtMs, k.RestartMs, k.RecoveryMs)
+		} else {
+			fmt.Fprintf(w, "  kill %s (%s) at %.0f ms: NO successful reply afterwards%s\n", k.Target, k.Kind, k.AtMs, map[bool]string{true: " (" + k.Error + ")"}[k.Error != ""])
+		}
+	}
+	if r.Incorrect > 0 {
+		fmt.Fprintf(w, "  INCORRECT replies: %v (first: %s)\n", r.Check.ByKind, firstBad)
+	} else {
+		fmt.Fprintf(w, "  every reply checked: outputs, lineage, no (model, seq) in two replies\n")
+	}
+}
+
+func writeReplyAudit(w io.Writer, r *hamsv1.PredictResponse) {
+	type lin struct {
+		Model        string `json:"model"`
+		Seq          uint64 `json:"seq"`
+		OutputDigest string `json:"output_digest"`
+	}
+	rec := struct {
+		ReqID       uint64 `json:"req_id"`
+		Lineage     []lin  `json:"lineage"`
+		ReplyDigest string `json:"reply_digest"`
+	}{ReqID: r.ReqId}
+	var ts []*hamsv1.Tensor
+	for _, o := range r.Outputs {
+		ts = append(ts, o.Tensors...)
+	}
+	rec.ReplyDigest = tensor.Digest(ts...)
+	for _, e := range r.Lineage {
+		rec.Lineage = append(rec.Lineage, lin{e.Model, e.Seq, e.OutputDigest})
+	}
+	b, _ := json.Marshal(rec)
+	w.Write(append(b, '\n'))
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"gopkg.in/yaml.v3"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/launch"
+	"github.com/hams-go/hams/manager/client"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
+	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+)
+
+// implementedModes are the fault-tolerance modes this build runs.
+var implementedModes = []string{"bare"}
+
+// checkMode rejects unknown and not yet implemented modes.
+func checkMode(mode string) error {
+	if !slices.Contains(config.Modes, mode) {
+		return usageErr("--mode %q: unknown mode (one of %s)", mode, strings.Join(config.Modes, ", "))
+	}
+	if !slices.Contains(implementedModes, mode) {
+		return usageErr("--mode %s: replication is not implemented yet (this build runs only %s)", mode, strings.Join(implementedModes, ", "))
+	}
+	return nil
+}
+
+// deployOptions configures startDeployment.
+type deployOptions struct {
+	RunDir   string
+	LogLevel string
+	// Direct starts only the model servers (bench's direct mode).
+	Direct bool
+	Logger *slog.Logger
+	// ReadyTimeout bounds the whole start (default 60s).
+	ReadyTimeout time.Duration
+	// SuspicionTimeout, if set, is passed to the manager (with a heartbeat
+	// interval of a quarter of it).
+	SuspicionTimeout time.Duration
+}
+
+// autoSuspicion is the manager's failure-suspicion timeout for a deployment
+// of n models on this machine: the manager's default (tuned for detection
+// under 100 ms) holds for a single service, but with every example running
+// (two processes per model on a small machine) scheduling delays exceed it
+// and live components get declared dead.
+func autoSuspicion(n int) time.Duration {
+	if n <= 8 {
+		return 0
+	}
+	return 300 * time.Millisecond
+}
+
+// deployment is a running set of child processes.
+type deployment struct {
+	dep     *config.Deployment
+	cfgPath string
+	sup     *launch.Supervisor
+	log     *slog.Logger
+
+	Manager      string
+	NATS         string
+	FrontendGRPC string
+	FrontendHTTP string
+	// ModelServers maps each reference model to its model server address.
+	ModelServers map[string]string
+}
+
+// Names of the supervised children.
+func childName(role, model string) string {
+	if model == "" {
+		return role
+	}
+	return role + ":" + model
+}
+
+// writeDeployment writes the effective deployment for the children.
+func writeDeployment(dep *config.Deployment, path string) error {
+	b, err := yaml.Marshal(dep)
+	if err != nil {
+		return fmt.Errorf("encode deployment: %w", err)
+	}
+	if _, err := config.Parse(b); err != nil {
+		return fmt.Errorf("effective deployment does not validate: %w", err)
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// startDeployment starts the manager (embedded NATS), one model server per
+// reference model without backend address, one sidecar per model and a
+// frontend, then waits until the manager's topology resolves every model
+// and the frontend. On error everything started is stopped.
+func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOptions) (_ *deployment, err error) {
+	if opt.ReadyTimeout <= 0 {
+		opt.ReadyTimeout = 60 * time.Second
+	}
+	if opt.LogLevel == "" {
+		opt.LogLevel = "info"
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(opt.RunDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	d := &deployment{dep: dep, cfgPath: filepath.Join(opt.RunDir, "deployment.yaml"), log: opt.Logger, ModelServers: map[string]string{}}
+	if err := writeDeployment(dep, d.cfgPath); err != nil {
+		return nil, err
+	}
+	d.sup, err = launch.New(launch.Config{RunDir: filepath.Join(opt.RunDir, "logs"), Logger: opt.Logger, ReadyTimeout: 30 * time.Second, Grace: 5 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, opt.ReadyTimeout)
+	defer cancel()
+	common := []string{"--config", d.cfgPath, "--log-level", opt.LogLevel}
+
+	// Model servers, in parallel.
+	var refModels []string
+	for _, m := range dep.Models {
+		switch {
+		case m.Backend.Address != "":
+			d.ModelServers[m.Name] = m.Backend.Address
+		case m.Backend.Type != "reference":
+			return nil, fmt.Errorf("model %q: backend type %s needs backend.address (only reference model servers are started)", m.Name, m.Backend.Type)
+		default:
+			refModels = append(refModels, m.Name)
+		}
+	}
+	if !opt.Direct {
+		mgrCommon := common
+		if opt.SuspicionTimeout > 0 {
+			mgrCommon = append(slices.Clone(common), "--suspicion-timeout", opt.SuspicionTimeout.String(), "--heartbeat-interval", (opt.SuspicionTimeout / 4).String())
+		}
+		r, err := d.sup.Start(ctx, launch.Spec{
+			Name:    childName("manager", ""),
+			Args:    append([]string{"manager", "--nats-listen", "127.0.0.1:-1", "--store", filepath.Join(opt.RunDir, "jetstream")}, mgrCommon...),
+			Restart: sameAddrs("manager", mgrCommon, filepath.Join(opt.RunDir, "jetstream")),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start manager: %w", err)
+		}
+		d.Manager, d.NATS = r.String("grpc"), r.String("nats")
+	}
+	var mu sync.Mutex
+	err = parallel(refModels, func(m string) error {
+		args := []string{"modelserver", "--models", m}
+		if d.Manager != "" {
+			args = append(args, "--manager", d.Manager)
+		}
+		args = append(args, common...)
+		r, err := d.sup.Start(ctx, launch.Spec{Name: childName("modelserver", m), Args: args, Restart: relisten(args, "")})
+		if err != nil {
+			return fmt.Errorf("start model server of %s: %w", m, err)
+		}
+		mu.Lock()
+		d.ModelServers[m] = r.String("grpc")
+		mu.Unlock()
+		return nil
+	})
+	if err != nil || opt.Direct {
+		return d, err
+	}
+	var names []string
+	for _, m := range dep.Models {
+		names = append(names, m.Name)
+	}
+	err = parallel(names, func(m string) error {
+		args := append([]string{"sidecar", "--model", m, "--backend", d.ModelServers[m], "--manager", d.Manager}, common...)
+		if _, err := d.sup.Start(ctx, launch.Spec{Name: childName("sidecar", m), Args: args}); err != nil {
+			return fmt.Errorf("start sidecar of %s: %w", m, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	feArgs := append([]string{"frontend", "--manager", d.Manager}, common...)
+	r, err := d.sup.Start(ctx, launch.Spec{Name: childName("frontend", ""), Args: feArgs, Restart: relisten(feArgs, "http")})
+	if err != nil {
+		return nil, fmt.Errorf("start frontend: %w", err)
+	}
+	d.FrontendGRPC, d.FrontendHTTP = r.String("grpc"), r.String("http")
+	if err := d.waitTopology(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// relisten restarts a child on the addresses it had (so clients configured
+// with them find it again); extra names an additional address flag.
+func relisten(args []string, extra string) func(launch.Ready) []string {
+	return func(last launch.Ready) []string {
+		out := append([]string(nil), args...)
+		if a := last.String("grpc"); a != "" {
+			out = append(out, "--listen", a)
+		}
+		if a := last.String("metrics"); a != "" {
+			out = append(out, "--metrics", a)
+		}
+		if extra != "" {
+			if a := last.String(extra); a != "" {
+				out = append(out, "--"+extra, a)
+			}
+		}
+		return out
+	}
+}
+
+// sameAddrs restarts the manager on its gRPC and NATS addresses.
+func sameAddrs(role string, common []string, store string) func(launch.Ready) []string {
+	return func(last launch.Ready) []string {
+		nats := "127.0.0.1:-1"
+		if u, err := url.Parse(last.String("nats")); err == nil && u.Host != "" {
+			nats = u.Host
+		}
+		args := append([]string{role, "--nats-listen", nats, "--store", store}, common...)
+		return relisten(args, "")(last)
+	}
+}
+
+// parallel runs f for every item concurrently and joins the errors.
+func parallel(items []string, f func(string) error) error {
+	errs := make([]error, len(items))
+	var wg sync.WaitGroup
+	for i, it := range items {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(it)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// waitTopology polls the manager until every model resolves to a live
+// sidecar and the frontend is registered.
+func (d *deployment) waitTopology(ctx context.Context) error {
+	cc, err := grpcx.Dial(d.Manager, 0)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	api := hamsv1.NewManagerClient(cc)
+	var missing []string
+	for {
+		t, err := api.GetTopology(ctx, &hamsv1.GetTopologyRequest{})
+		if err == nil {
+			missing = missing[:0]
+			for _, m := range d.dep.Models {
+				if _, _, ok := client.Resolve(t, m.Name); !ok {
+					missing = append(missing, m.Name)
+				}
+			}
+			if !slices.Contains(t.GetFrontends(), d.FrontendGRPC) {
+				missing = append(missing, "frontend "+d.FrontendGRPC)
+			}
+			if len(missing) == 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("deployment not ready (topology lacks %s; last error %v): %w", strings.Join(missing, ", "), err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// sidecarMetrics returns model -> metrics address of the running sidecars.
+func (d *deployment) sidecarMetrics() map[string]string {
+	out := map[string]string{}
+	for _, m := range d.dep.Models {
+		if r, ok := d.sup.Ready(childName("sidecar", m.Name)); ok && r.String("metrics") != "" {
+			out[m.Name] = r.String("metrics")
+		}
+	}
+	return out
+}
+
+// Close stops every child and waits for them.
+func (d *deployment) Close() error {
+	if d.sup == nil {
+		return nil
+	}
+	return d.sup.Close()
+}
+
+// compatEndpoints probes the frontend for the TF Serving and KServe v2
+// services: an address is returned only for a service the frontend serves
+// (an unregistered service answers Unimplemented).
+func compatEndpoints(ctx context.Context, addr string) (tfserving, kserve string) {
+	cc, err := grpcx.Dial(addr, 0)
+	if err != nil {
+		return "", ""
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	served := func(err error) bool {
+		return status.Code(err) != codes.Unimplemented && status.Code(err) != codes.Unavailable && status.Code(err) != codes.DeadlineExceeded
+	}
+	_, err = tfapis.NewPredictionServiceClient(cc).GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{})
+	if served(err) {
+		tfserving = addr
+	}
+	_, err = inference.NewGRPCInferenceServiceClient(cc).ServerLive(ctx, &inference.ServerLiveRequest{})
+	if served(err) {
+		kserve = addr
+	}
+	return tfserving, kserve
+}
+
+// hostPort reports whether s is a host:port.
+func hostPort(s string) bool {
+	_, _, err := net.SplitHostPort(s)
+	return err == nil
+}
+
+// sortedModels returns the model names of dep, sorted.
+func sortedModels(dep *config.Deployment) []string {
+	var out []string
+	for _, m := range dep.Models {
+		out = append(out, m.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func suspicionFor(flag time.Duration, models int) time.Duration {
+	if flag > 0 {
+		return flag
+	}
+	return autoSuspicion(models)
+}

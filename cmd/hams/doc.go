@@ -1,0 +1,26 @@
+// Command hams is the one HAMS-Go binary: one subcommand per long-running
+// role (manager, modelserver, sidecar, frontend) and per user task (up,
+// demo, bench, chaos). See DESIGN.md, "Command-line contract"; `hams help`
+// lists the commands.
+//
+// Roles: each creates its listeners (127.0.0.1:0 unless --listen says
+// otherwise), logs with slog on stderr (--log-level, --log-format), serves
+// Prometheus metrics (Go and process collectors plus the component's) on
+// its --metrics listener, runs its component until SIGINT/SIGTERM and
+// prints one JSON ready line on stdout once it serves, e.g.
+// {"role":"sidecar","model":"ap-motion","grpc":"127.0.0.1:41234","metrics":"127.0.0.1:41235","pid":123}.
+//
+// Tasks: up, demo and bench write the effective deployment (mode and batch
+// overrides applied) to a run directory and start the roles as child
+// processes of this same executable under internal/launch: the manager
+// (embedded NATS JetStream), one reference model server per model without
+// a backend address, one sidecar per model and a frontend; then they wait
+// until the manager's topology resolves every model and the frontend.
+// The supervisor restarts a child that dies: model servers, the frontend
+// and the manager on the addresses they had, sidecars on a new port (they
+// re-register with the manager and senders re-resolve them). demo drives
+// closed-loop load through the frontend, checks every reply with
+// integration/checker, executes --kill specs and measures recovery; bench
+// compares a full bare deployment with the model servers chained directly
+// by the client, modes interleaved round by round.
+package main

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/hams-go/hams/internal/config"
+)
+
+// upReady is the one line `hams up` prints (DESIGN.md command-line contract).
+type upReady struct {
+	FrontendGRPC  string `json:"frontend_grpc"`
+	FrontendHTTP  string `json:"frontend_http"`
+	TFServingGRPC string `json:"tfserving_grpc,omitempty"`
+	KServeGRPC    string `json:"kserve_grpc,omitempty"`
+	Manager       string `json:"manager"`
+	NATS          string `json:"nats"`
+}
+
+// taskFlags are shared by up, demo and bench.
+type taskFlags struct {
+	runDir   string
+	keep     bool
+	logLevel string
+	verbose  bool
+}
+
+func (t *taskFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+	BoolVar(*bool, string, bool, string)
+}) {
+	fs.StringVar(&t.runDir, "run-dir", "", "directory for the deployment file, child logs and JetStream store (default: a new temporary directory)")
+	fs.BoolVar(&t.keep, "keep", false, "keep the run directory after a successful run")
+	fs.StringVar(&t.logLevel, "log-level", "info", "log level of the child processes (their logs go to <run-dir>/logs)")
+	fs.BoolVar(&t.verbose, "v", false, "log the supervisor's events on stderr")
+}
+
+// prepare returns the run dir and a cleanup that removes it unless kept.
+func (t *taskFlags) prepare(prefix string) (dir string, cleanup func(ok bool), err error) {
+	if t.runDir != "" {
+		if err := os.MkdirAll(t.runDir, 0o755); err != nil {
+			return "", nil, fmt.Errorf("create run dir: %w", err)
+		}
+		return t.runDir, func(bool) {}, nil
+	}
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", nil, fmt.Errorf("create run dir: %w", err)
+	}
+	return dir, func(ok bool) {
+		if ok && !t.keep {
+			os.RemoveAll(dir)
+		} else {
+			fmt.Fprintf(os.Stderr, "hams: logs kept in %s\n", dir)
+		}
+	}, nil
+}
+
+func runUp(args []string) error {
+	fs := newFlagSet("up")
+	cfgPath := fs.String("config", "", "deployment YAML file (required)")
+	mode := fs.String("mode", "bare", "fault-tolerance mode: bare (nspb, remus, nspb-s1, nspb-s2, replay are not implemented yet)")
+	audit := fs.String("audit", "", "directory for JSONL audit logs")
+	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
+	var tf taskFlags
+	tf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *cfgPath == "" {
+		return usageErr("up: --config is required")
+	}
+	if err := checkMode(*mode); err != nil {
+		return err
+	}
+	dep, err := config.Load(*cfgPath)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	dep.Mode = *mode
+	if *audit != "" {
+		if err := os.MkdirAll(*audit, 0o755); err != nil {
+			return fmt.Errorf("create audit dir: %w", err)
+		}
+	}
+	dir, cleanup, err := tf.prepare("hams-up-")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() { cleanup(ok) }()
+	ctx, stop := signalContext()
+	defer stop()
+	log := taskLogger(tf.verbose)
+	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: log, SuspicionTimeout: suspicionFor(*suspicion, len(dep.Models))})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	tfs, ks := compatEndpoints(ctx, d.FrontendGRPC)
+	b, _ := json.Marshal(upReady{FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS})
+	fmt.Println(string(b))
+	<-ctx.Done()
+	fmt.Fprintln(os.Stderr, "hams up: stopping")
+	err = d.Close()
+	ok = err == nil
+	return err
+}

@@ -1,0 +1,45 @@
+package integration
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The command-line contract's error paths: no deployment is started.
+func TestCLIContractErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"help"}, 0, "demo"},
+		{[]string{}, 2, "usage"},
+		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"chaos", "--service", "ap", "--duration", "1s"}, 2, "not implemented yet"},
+		{[]string{"demo", "--mode", "nspb"}, 2, "replication is not implemented yet"},
+		{[]string{"demo", "--mode", "paxos"}, 2, "unknown mode"},
+		{[]string{"demo", "--service", "nope"}, 2, "unknown"},
+		{[]string{"demo", "--kill", "sidecar@1s"}, 2, "needs a model"},
+		{[]string{"demo", "--kill", "sidecar:x"}, 2, "ROLE:MODEL@AFTER"},
+		{[]string{"demo", "--kill", "sidecar:nope@1s", "--duration", "2s"}, 2, "not in service"},
+		{[]string{"demo", "--kill", "frontend@5s", "--duration", "2s"}, 2, "not before the end"},
+		{[]string{"up"}, 2, "--config is required"},
+		{[]string{"up", "--config", "../examples/ap.yaml", "--mode", "remus"}, 2, "replication is not implemented yet"},
+		{[]string{"up", "--config", "/nonexistent.yaml"}, 2, "read config"},
+		{[]string{"bench", "--modes", "direct,foo"}, 2, "unknown mode"},
+		{[]string{"bench", "--modes", "bare,nspb-s1"}, 2, "not implemented yet"},
+		{[]string{"bench", "--batch", "0"}, 2, "--batch"},
+		{[]string{"sidecar", "--config", "../examples/ap.yaml"}, 2, "--model and --manager"},
+		{[]string{"modelserver", "--config", "../examples/ap.yaml", "--models", "nope"}, 2, "not in deployment"},
+		{[]string{"manager", "--config", "../examples/ap.yaml", "--log-level", "loud"}, 2, "--log-level"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {
+			r := runHams(t, 20*time.Second, tc.args...)
+			if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
+				t.Fatalf("exit %d (want %d), output lacks %q:\nstdout: %s\nstderr: %s", r.code, tc.code, tc.want, r.stdout, r.stderr)
+			}
+		})
+	}
+}
