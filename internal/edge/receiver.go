@@ -171,6 +171,15 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 			r.log.Info("edge sender restarted; sequence reset", "from", from, "to", r.to, "max_in_order", e.reorder.MaxInOrder())
 			e.reorder = NewReorder(r.maxPending)
 		}
+		if e.incarnation == 0 && e.reorder.MaxInOrder() == 0 {
+			// A fresh receiver (this process restarted) meets a sender
+			// that kept its sequence space: start after the first item
+			// offered, since what came before died with the old process.
+			if its := b.GetItems(); len(its) > 0 && its[0].GetEdgeSeq() > 1 {
+				r.log.Info("edge joined mid-sequence; starting at the sender's first unacked item", "from", from, "to", r.to, "edge_seq", its[0].GetEdgeSeq())
+				e.reorder.Restore(its[0].GetEdgeSeq() - 1)
+			}
+		}
 		e.incarnation = inc
 	}
 	ready := e.buf[:0]
