@@ -2,6 +2,7 @@ package refserver
 
 import (
 	"fmt"
+	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
 	"os"
 	"strings"
 	"testing"
@@ -217,7 +218,15 @@ func TestStreamIDsInputAndReadiness(t *testing.T) {
 	if err != nil || h.Ready {
 		t.Fatal("runtime health ready after SetReady(false)")
 	}
+	st, err := e.ms.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion"}})
+	if err != nil || st.ModelVersionStatus[0].State != tfapis.ModelVersionStatus_UNLOADING {
+		t.Fatalf("TF Serving status after SetReady(false): %v %v", st, err)
+	}
 	_ = e.srv.SetReady("fashion", true)
+	st, err = e.ms.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion"}})
+	if err != nil || st.ModelVersionStatus[0].State != tfapis.ModelVersionStatus_AVAILABLE {
+		t.Fatalf("TF Serving status after SetReady(true): %v %v", st, err)
+	}
 	if rr, _ := e.ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: "fashion"}); !rr.Ready {
 		t.Fatal("not ready again")
 	}

@@ -140,8 +140,13 @@ func (a *modelStatusAPI) GetModelStatus(ctx context.Context, req *tfapis.GetMode
 	if err != nil {
 		return nil, err
 	}
-	_ = h
+	// A model taken out of service (SetReady(false)) reports UNLOADING, the
+	// state TF Serving reports while a version is going away.
+	state := tfapis.ModelVersionStatus_AVAILABLE
+	if !h.ready() {
+		state = tfapis.ModelVersionStatus_UNLOADING
+	}
 	return &tfapis.GetModelStatusResponse{ModelVersionStatus: []*tfapis.ModelVersionStatus{{
-		Version: 1, State: tfapis.ModelVersionStatus_AVAILABLE, Status: &tfapis.StatusProto{},
+		Version: 1, State: state, Status: &tfapis.StatusProto{},
 	}}}, nil
 }
