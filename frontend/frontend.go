@@ -23,6 +23,8 @@ import (
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
+	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
 )
 
 // Resolver finds the live instance of a model (same shape as
@@ -56,7 +58,7 @@ var (
 type Config struct {
 	Deployment   *config.Deployment
 	Resolver     Resolver
-	GRPCListener net.Listener // hamsv1.Frontend (client API) and hamsv1.Dataplane (sink edges)
+	GRPCListener net.Listener // hamsv1.Frontend (client API), hamsv1.Dataplane (sink edges), TF Serving and KServe v2 compatibility APIs (compat.go)
 	HTTPListener net.Listener // HTTP/JSON client API, /metrics, /healthz
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
@@ -263,6 +265,10 @@ func New(cfg Config) (*Frontend, error) {
 	f.grpc = grpc.NewServer(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes)...)
 	hamsv1.RegisterFrontendServer(f.grpc, &frontendServer{f: f})
 	hamsv1.RegisterDataplaneServer(f.grpc, f.receiver)
+	// Compatibility APIs (compat.go) on the same port.
+	tfapis.RegisterPredictionServiceServer(f.grpc, &tfPredictServer{f: f})
+	tfapis.RegisterModelServiceServer(f.grpc, &tfModelServer{f: f})
+	inference.RegisterGRPCInferenceServiceServer(f.grpc, &kserveServer{f: f})
 	srvMetrics.InitializeMetrics(f.grpc)
 	f.http = f.httpHandler()
 	return f, nil

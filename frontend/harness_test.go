@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hams-go/hams/internal/config"
@@ -96,6 +97,9 @@ type fakeModel struct {
 	seq      uint64
 	executed atomic.Int64
 	gate     chan struct{}
+	// infer, when set, computes the model's output tensors (a real model
+	// behind the fake sidecar); else the inputs are echoed.
+	infer func(ctx context.Context, in []*hamsv1.Tensor) ([]*hamsv1.Tensor, error)
 }
 
 type inItem struct {
@@ -130,8 +134,17 @@ func (m *fakeModel) process(ctx context.Context) {
 			if it.StreamId == "fail:"+m.name {
 				out.Error = fmt.Sprintf("model %s: input %q is not acceptable", m.name, "images")
 				out.ErrorCode = int32(codes.InvalidArgument)
+			} else if m.infer != nil {
+				ts, err := m.infer(ctx, it.Tensors)
+				if err != nil {
+					st, _ := status.FromError(err)
+					out.Error, out.ErrorCode = st.Message(), int32(st.Code())
+				}
+				out.Tensors = ts
 			} else {
 				out.Tensors = it.Tensors
+			}
+			if out.Error == "" {
 				predSeq := it.EdgeSeq
 				if in.from != config.Frontend {
 					for _, l := range it.Lineage {
@@ -188,6 +201,8 @@ type envOpts struct {
 	seqStart map[string]uint64
 	// beforeRun adjusts the frontend after New, before Run.
 	beforeRun func(*Frontend)
+	// infer gives models a real computation (fakeModel.infer) by name.
+	infer map[string]func(ctx context.Context, in []*hamsv1.Tensor) ([]*hamsv1.Tensor, error)
 }
 
 func newEnvWith(t *testing.T, o envOpts) *env {
@@ -215,7 +230,7 @@ func newEnvWith(t *testing.T, o envOpts) *env {
 	for _, svc := range dep.Services {
 		g := svc.Graph()
 		for _, name := range g.Models() {
-			m := &fakeModel{name: name, in: make(chan inItem, 1024), senders: map[string]*edge.Sender{}, gate: make(chan struct{}), seq: o.seqStart[name]}
+			m := &fakeModel{name: name, in: make(chan inItem, 1024), senders: map[string]*edge.Sender{}, gate: make(chan struct{}), seq: o.seqStart[name], infer: o.infer[name]}
 			for _, succ := range g.Succ(name) {
 				s, err := edge.NewSender(edge.SenderConfig{From: name, To: succ, Resolver: e.res, MaxMessageBytes: dep.Limits.MaxMessageBytes})
 				if err != nil {

@@ -1,0 +1,340 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hams-go/hams/internal/wire"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
+	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
+	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+)
+
+// Compatibility APIs (retrofit mode): the frontend's gRPC port also serves
+// TF Serving's PredictionService (Predict, GetModelMetadata) and
+// ModelService (GetModelStatus), and KServe v2's GRPCInferenceService
+// (ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
+// ModelInfer), so existing clients only change the address.
+//
+// A client's model name names a service: a service's own name, or the one
+// model of a one-model service. A Predict / ModelInfer becomes a frontend
+// predict of that service (same validation, idempotency, deadlines and
+// reply gating); its reply's outputs are the sink's tensors by name, or,
+// for a service with several sinks, "<sink model>/<tensor>". KServe's
+// "sequence_id" parameter becomes the stream id (TF Serving has none: the
+// frontend's default applies), and a string parameter "request_id" the
+// idempotency key. Model versions are not checked: HAMS serves whatever
+// the deployment runs.
+
+// Compatibility names.
+const (
+	// CompatSignature is the only TF Serving signature the frontend serves.
+	CompatSignature = "serving_default"
+	// ParamRequestID is the KServe request parameter carrying the
+	// idempotency key (request_id of the HAMS API).
+	ParamRequestID = "request_id"
+	// compatVersion is the version the compatibility APIs report.
+	compatVersion = 1
+)
+
+// modelService maps a client's model name to a service.
+func (f *Frontend) modelService(name string) (*serviceInfo, error) {
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "no model named in the request")
+	}
+	if s := f.services[name]; s != nil {
+		return s, nil
+	}
+	for _, n := range f.svcOrder {
+		s := f.services[n]
+		if len(s.models) == 1 && s.models[0] == name {
+			return s, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "model %q not found: it is neither a service (%s) nor the model of a one-model service",
+		name, strings.Join(f.svcOrder, ", "))
+}
+
+// serviceReady lists the entry models of s without a live instance.
+func (f *Frontend) serviceUnresolved(s *serviceInfo) []string {
+	var out []string
+	for _, e := range s.entries {
+		if _, _, ok := f.cfg.Resolver.Resolve(e); !ok {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// flatOutputs names a reply's tensors as the compatibility APIs answer
+// them: by tensor name for one sink, "<model>/<tensor>" for several.
+func flatOutputs(resp *hamsv1.PredictResponse) []*hamsv1.Tensor {
+	var out []*hamsv1.Tensor
+	multi := len(resp.GetOutputs()) > 1
+	for _, o := range resp.GetOutputs() {
+		for _, t := range o.GetTensors() {
+			if multi {
+				t = &hamsv1.Tensor{Name: o.GetModel() + "/" + t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape(), Data: t.GetData()}
+			}
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// filterNamed keeps the named outputs in the order asked (all when none
+// are named); an unknown name is InvalidArgument.
+func filterNamed(outs []*hamsv1.Tensor, names []string) ([]*hamsv1.Tensor, error) {
+	if len(names) == 0 {
+		return outs, nil
+	}
+	kept := make([]*hamsv1.Tensor, 0, len(names))
+	for _, n := range names {
+		var found *hamsv1.Tensor
+		for _, o := range outs {
+			if o.GetName() == n {
+				found = o
+				break
+			}
+		}
+		if found == nil {
+			have := make([]string, len(outs))
+			for i, o := range outs {
+				have[i] = o.GetName()
+			}
+			return nil, status.Errorf(codes.InvalidArgument, "requested output %q is not an output of the model (outputs: %s)", n, strings.Join(have, ", "))
+		}
+		kept = append(kept, found)
+	}
+	return kept, nil
+}
+
+// wireErr turns a conversion error into InvalidArgument (it names the
+// tensor).
+func wireErr(service string, err error) error {
+	if _, ok := status.FromError(err); ok && !errors.Is(err, wire.ErrInvalid) {
+		return err
+	}
+	return status.Errorf(codes.InvalidArgument, "service %q: %v", service, err)
+}
+
+// ---- TF Serving ----
+
+type tfPredictServer struct {
+	tfapis.UnimplementedPredictionServiceServer
+	f *Frontend
+}
+
+type tfModelServer struct {
+	tfapis.UnimplementedModelServiceServer
+	f *Frontend
+}
+
+func (f *Frontend) tfService(spec *tfapis.ModelSpec, checkSig bool) (*serviceInfo, error) {
+	if spec == nil {
+		return nil, status.Error(codes.InvalidArgument, "missing model_spec")
+	}
+	s, err := f.modelService(spec.GetName())
+	if err != nil {
+		return nil, err
+	}
+	if sig := spec.GetSignatureName(); checkSig && sig != "" && sig != CompatSignature {
+		return nil, status.Errorf(codes.InvalidArgument, "model %q: serving signature %q not found (only %q)", spec.GetName(), sig, CompatSignature)
+	}
+	return s, nil
+}
+
+func tfRespSpec(name string) *tfapis.ModelSpec {
+	return &tfapis.ModelSpec{Name: name, VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(compatVersion)}, SignatureName: CompatSignature}
+}
+
+func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictRequest) (*tfapis.PredictResponse, error) {
+	svc, err := s.f.tfService(req.GetModelSpec(), true)
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(req.GetInputs()))
+	for k := range req.GetInputs() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	ins := make([]*hamsv1.Tensor, len(keys))
+	for i, k := range keys {
+		if ins[i], err = wire.FromTensorProto(k, req.GetInputs()[k]); err != nil {
+			return nil, wireErr(svc.name, err)
+		}
+	}
+	resp, err := s.f.predict(ctx, &hamsv1.PredictRequest{Service: svc.name, Inputs: ins})
+	if err != nil {
+		return nil, err
+	}
+	outs, err := filterNamed(flatOutputs(resp), req.GetOutputFilter())
+	if err != nil {
+		return nil, err
+	}
+	out := &tfapis.PredictResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName()), Outputs: make(map[string]*tfpb.TensorProto, len(outs))}
+	for _, o := range outs {
+		tp, err := wire.ToTensorProto(o)
+		if err != nil {
+			// A model answered a tensor TF Serving cannot express.
+			return nil, status.Errorf(codes.Internal, "service %q: output: %v", svc.name, err)
+		}
+		out.Outputs[o.GetName()] = tp
+	}
+	return out, nil
+}
+
+func (s *tfPredictServer) GetModelMetadata(ctx context.Context, req *tfapis.GetModelMetadataRequest) (*tfapis.GetModelMetadataResponse, error) {
+	svc, err := s.f.tfService(req.GetModelSpec(), false)
+	if err != nil {
+		return nil, err
+	}
+	for _, fld := range req.GetMetadataField() {
+		if fld != "signature_def" {
+			return nil, status.Errorf(codes.InvalidArgument, "metadata field %q is not supported (only signature_def)", fld)
+		}
+	}
+	def := &tfapis.SignatureDef{Inputs: map[string]*tfapis.TensorInfo{}, Outputs: map[string]*tfapis.TensorInfo{}, MethodName: "tensorflow/serving/predict"}
+	for _, in := range svc.inputs {
+		dt, _ := wire.TFDataType(in.Datatype)
+		ti := &tfapis.TensorInfo{Name: in.Name + ":0", Dtype: dt}
+		if in.Shape != nil {
+			ti.TensorShape = wire.TFShape(in.Shape)
+		} else {
+			ti.TensorShape = &tfpb.TensorShapeProto{UnknownRank: true}
+		}
+		def.Inputs[in.Name] = ti
+	}
+	anyv, err := anypb.New(&tfapis.SignatureDefMap{SignatureDef: map[string]*tfapis.SignatureDef{CompatSignature: def}})
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encode signature_def: %v", err)
+	}
+	return &tfapis.GetModelMetadataResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName()), Metadata: map[string]*anypb.Any{"signature_def": anyv}}, nil
+}
+
+func (s *tfModelServer) GetModelStatus(ctx context.Context, req *tfapis.GetModelStatusRequest) (*tfapis.GetModelStatusResponse, error) {
+	svc, err := s.f.tfService(req.GetModelSpec(), false)
+	if err != nil {
+		return nil, err
+	}
+	st := &tfapis.ModelVersionStatus{Version: compatVersion, State: tfapis.ModelVersionStatus_AVAILABLE, Status: &tfapis.StatusProto{}}
+	if missing := s.f.serviceUnresolved(svc); len(missing) > 0 {
+		st.State = tfapis.ModelVersionStatus_LOADING
+		st.Status = &tfapis.StatusProto{ErrorCode: int32(codes.Unavailable),
+			ErrorMessage: fmt.Sprintf("service %q: entry models without a live instance: %s", svc.name, strings.Join(missing, ", "))}
+	}
+	return &tfapis.GetModelStatusResponse{ModelVersionStatus: []*tfapis.ModelVersionStatus{st}}, nil
+}
+
+// ---- KServe v2 ----
+
+type kserveServer struct {
+	inference.UnimplementedGRPCInferenceServiceServer
+	f *Frontend
+}
+
+func (s *kserveServer) ServerLive(context.Context, *inference.ServerLiveRequest) (*inference.ServerLiveResponse, error) {
+	s.f.mu.Lock()
+	closed := s.f.closed
+	s.f.mu.Unlock()
+	return &inference.ServerLiveResponse{Live: !closed}, nil
+}
+
+func (s *kserveServer) ServerReady(context.Context, *inference.ServerReadyRequest) (*inference.ServerReadyResponse, error) {
+	s.f.mu.Lock()
+	closed := s.f.closed
+	s.f.mu.Unlock()
+	return &inference.ServerReadyResponse{Ready: !closed && len(s.f.unresolved()) == 0}, nil
+}
+
+func (s *kserveServer) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	svc, err := s.f.modelService(req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &inference.ModelReadyResponse{Ready: len(s.f.serviceUnresolved(svc)) == 0}, nil
+}
+
+func (s *kserveServer) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
+	return &inference.ServerMetadataResponse{Name: "hams-go", Version: "1", Extensions: []string{"sequence"}}, nil
+}
+
+func (s *kserveServer) ModelMetadata(ctx context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	svc, err := s.f.modelService(req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	out := &inference.ModelMetadataResponse{Name: req.GetName(), Versions: []string{fmt.Sprint(compatVersion)}, Platform: "hams-go"}
+	for _, in := range svc.inputs {
+		shape := in.Shape
+		if shape == nil {
+			shape = []int64{-1}
+		}
+		out.Inputs = append(out.Inputs, &inference.ModelMetadataResponse_TensorMetadata{Name: in.Name, Datatype: in.Datatype, Shape: shape})
+	}
+	return out, nil
+}
+
+func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+	svc, err := s.f.modelService(req.GetModelName())
+	if err != nil {
+		return nil, err
+	}
+	hasRaw := len(req.GetRawInputContents()) > 0
+	if hasRaw && len(req.GetRawInputContents()) != len(req.GetInputs()) {
+		return nil, status.Errorf(codes.InvalidArgument, "service %q: %d raw_input_contents for %d inputs", svc.name, len(req.GetRawInputContents()), len(req.GetInputs()))
+	}
+	ins := make([]*hamsv1.Tensor, len(req.GetInputs()))
+	for i, in := range req.GetInputs() {
+		if _, shm := in.GetParameters()[wire.ParamShmRegion]; shm {
+			return nil, status.Errorf(codes.InvalidArgument, "service %q: input %q: shared-memory inputs are not supported by the HAMS frontend (send the data in the request)", svc.name, in.GetName())
+		}
+		var raw []byte
+		if hasRaw {
+			raw = req.GetRawInputContents()[i]
+		}
+		if ins[i], err = wire.FromInferInput(in, raw, hasRaw); err != nil {
+			return nil, wireErr(svc.name, err)
+		}
+	}
+	for _, o := range req.GetOutputs() {
+		if _, shm := o.GetParameters()[wire.ParamShmRegion]; shm {
+			return nil, status.Errorf(codes.InvalidArgument, "service %q: output %q: shared-memory outputs are not supported by the HAMS frontend", svc.name, o.GetName())
+		}
+	}
+	stream, err := wire.SequenceID(req.GetParameters())
+	if err != nil {
+		return nil, wireErr(svc.name, err)
+	}
+	reqID, _, err := wire.StringParam(req.GetParameters(), ParamRequestID)
+	if err != nil {
+		return nil, wireErr(svc.name, err)
+	}
+	resp, err := s.f.predict(ctx, &hamsv1.PredictRequest{Service: svc.name, Inputs: ins, StreamId: stream, RequestId: reqID})
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(req.GetOutputs()))
+	for i, o := range req.GetOutputs() {
+		names[i] = o.GetName()
+	}
+	outs, err := filterNamed(flatOutputs(resp), names)
+	if err != nil {
+		return nil, err
+	}
+	out := &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: fmt.Sprint(compatVersion), Id: req.GetId()}
+	for _, o := range outs {
+		out.Outputs = append(out.Outputs, wire.InferOutput(o))
+		out.RawOutputContents = append(out.RawOutputContents, o.GetData())
+	}
+	return out, nil
+}
