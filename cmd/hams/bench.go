@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +28,7 @@ import (
 // chains the model servers itself.
 var (
 	benchModes       = append([]string{"direct"}, config.Modes...)
-	benchImplemented = []string{"direct", "bare"}
+	benchImplemented = append([]string{"direct"}, implementedModes...)
 )
 
 // benchRow is one element of the --json array (DESIGN.md).
@@ -42,9 +43,25 @@ type benchRow struct {
 	ThroughputRPS float64 `json:"throughput_rps"`
 	Errors        int     `json:"errors"`
 	Hops          int     `json:"hops"`
-	// Mean time the sidecars spent on lineage per batch (bare mode), from
-	// their hams_sidecar_lineage_seconds histograms.
+	// Mean time the sidecars spent on lineage per batch, from their
+	// hams_sidecar_lineage_seconds histograms.
 	LineageMsPerBatch *float64 `json:"lineage_ms_per_batch,omitempty"`
+	// State replication per replicated stateful model (modes other than
+	// direct and bare), from the primary sidecars' metrics over the
+	// measured rounds.
+	State map[string]stateStats `json:"state,omitempty"`
+}
+
+// stateStats is one replicated model's snapshot cost in a bench row.
+type stateStats struct {
+	// StateBytes of the model state in the last snapshot.
+	StateBytes float64 `json:"state_bytes"`
+	// Snapshots acknowledged by the backup during the measured rounds.
+	Snapshots float64 `json:"snapshots"`
+	// CopyMsMean: mean time to copy the state into a snapshot (ReadState).
+	CopyMsMean float64 `json:"copy_ms_mean"`
+	// DeliveryMsMean: mean time from a snapshot's copy to the backup's ack.
+	DeliveryMsMean float64 `json:"delivery_ms_mean"`
 }
 
 // modeRun accumulates one mode's rounds.
@@ -81,6 +98,7 @@ func runBench(args []string) error {
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
 	seed := fs.Uint64("seed", 1, "input seed")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-request deadline")
+	suspicion := fs.Duration("suspicion-timeout", time.Second, "failure-suspicion timeout of each deployment's manager (bench measures the failure-free case; every mode's deployment shares the cores, so scheduling delays must not pass for failures)")
 	var tf taskFlags
 	tf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -95,7 +113,7 @@ func runBench(args []string) error {
 			return usageErr("bench: unknown mode %q (one of %s)", m, strings.Join(benchModes, ", "))
 		}
 		if !slices.Contains(benchImplemented, m) {
-			return usageErr("bench: mode %s: replication is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
+			return usageErr("bench: mode %s is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
 		}
 	}
 	if *batch < 1 || *batch > 4096 || *requests < 1 || *rounds < 1 || *timeout <= 0 {
@@ -124,7 +142,7 @@ func runBench(args []string) error {
 	for _, svc := range services {
 		r, err := benchService(ctx, benchOpts{
 			service: svc, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
-			seed: *seed, timeout: *timeout, dir: filepath.Join(dir, svc), tf: tf,
+			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: tf,
 		})
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", svc, err)
@@ -146,7 +164,7 @@ type benchOpts struct {
 	modes                           []string
 	batch, requests, warmup, rounds int
 	seed                            uint64
-	timeout                         time.Duration
+	timeout, suspicion              time.Duration
 	dir                             string
 	tf                              taskFlags
 }
@@ -174,7 +192,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		d    *deployment
 		run  func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
 		acc  modeRun
-		lin0 [2]float64
+		m0   metricSnap
 	}
 	var runners []*runner
 	defer func() {
@@ -187,11 +205,14 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		dep.Mode = "bare"
+		dep.Mode = mode
+		if mode == "direct" {
+			dep.Mode = "bare"
+		}
 		for i := range dep.Models {
 			dep.Models[i].Batch.Size = o.batch
 		}
-		d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, mode), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct"})
+		d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, mode), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion})
 		if err != nil {
 			return nil, fmt.Errorf("start %s deployment: %w", mode, err)
 		}
@@ -210,7 +231,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			r.run = func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error) {
 				return ch.drive(ctx, gen, o.batch, n, o.timeout)
 			}
-		case "bare":
+		default:
 			cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes, fastReconnect)
 			if err != nil {
 				return nil, err
@@ -238,7 +259,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 							mu.Lock()
 							if firstErr == nil {
 								firstErr = res.Err
-								fmt.Fprintf(os.Stderr, "hams bench: %s bare: request failed: %v\n", svc.Name, res.Err)
+								fmt.Fprintf(os.Stderr, "hams bench: %s %s: request failed: %v\n", svc.Name, mode, res.Err)
 							}
 							mu.Unlock()
 						}
@@ -256,7 +277,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			}
 		}
 		if r.mode != "direct" {
-			r.lin0 = scrapeLineage(r.d.sidecarMetrics())
+			r.m0 = scrapeMetrics(r.d.sidecarMetrics())
 		}
 	}
 	per := (o.requests + o.rounds - 1) / o.rounds
@@ -281,10 +302,30 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	for _, r := range runners {
 		row := r.acc.row(o.service, r.mode, o.batch, hops)
 		if r.mode != "direct" {
-			lin := scrapeLineage(r.d.sidecarMetrics())
-			if dc := lin[1] - r.lin0[1]; dc > 0 {
-				v := round3((lin[0] - r.lin0[0]) / dc * 1000)
+			m1 := scrapeMetrics(r.d.sidecarMetrics())
+			sum, cnt := m1.total("hams_sidecar_lineage_seconds_sum")-r.m0.total("hams_sidecar_lineage_seconds_sum"),
+				m1.total("hams_sidecar_lineage_seconds_count")-r.m0.total("hams_sidecar_lineage_seconds_count")
+			if cnt > 0 {
+				v := round3(sum / cnt * 1000)
 				row.LineageMsPerBatch = &v
+			}
+			for i := range r.d.dep.Models {
+				m := &r.d.dep.Models[i]
+				if !replicated(r.d.dep, m) {
+					continue
+				}
+				d := func(name string) float64 { return m1[m.Name][name] - r.m0[m.Name][name] }
+				st := stateStats{StateBytes: m1[m.Name]["hams_sidecar_state_bytes"], Snapshots: d("hams_sidecar_snapshots_shipped_total")}
+				if c := d("hams_sidecar_snapshot_copy_seconds_count"); c > 0 {
+					st.CopyMsMean = round3(d("hams_sidecar_snapshot_copy_seconds_sum") / c * 1000)
+				}
+				if c := d("hams_sidecar_snapshot_delivery_seconds_count"); c > 0 {
+					st.DeliveryMsMean = round3(d("hams_sidecar_snapshot_delivery_seconds_sum") / c * 1000)
+				}
+				if row.State == nil {
+					row.State = map[string]stateStats{}
+				}
+				row.State[m.Name] = st
 			}
 		}
 		out = append(out, row)
@@ -292,33 +333,53 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	return out, nil
 }
 
-// scrapeLineage sums hams_sidecar_lineage_seconds _sum and _count over the
-// sidecars' /metrics.
-func scrapeLineage(addrs map[string]string) [2]float64 {
-	var tot [2]float64
+// metricSnap is model -> metric name (with _sum/_count suffix, labels
+// dropped, summed over label sets) -> value, from the sidecars' /metrics.
+type metricSnap map[string]map[string]float64
+
+// total sums one metric over every model.
+func (m metricSnap) total(name string) float64 {
+	t := 0.0
+	for _, v := range m {
+		t += v[name]
+	}
+	return t
+}
+
+// scrapeMetrics reads the hams_sidecar_* samples of every sidecar in addrs
+// (model -> metrics address); unreachable sidecars are left out.
+func scrapeMetrics(addrs map[string]string) metricSnap {
+	out := metricSnap{}
 	hc := &http.Client{Timeout: 3 * time.Second}
-	for _, a := range addrs {
+	for model, a := range addrs {
 		resp, err := hc.Get("http://" + a + "/metrics")
 		if err != nil {
 			continue
 		}
+		vals := map[string]float64{}
 		s := bufio.NewScanner(resp.Body)
 		s.Buffer(make([]byte, 1<<20), 1<<20)
 		for s.Scan() {
 			line := s.Text()
-			for i, suffix := range []string{"_sum", "_count"} {
-				name := "hams_sidecar_lineage_seconds" + suffix
-				if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
-					f := strings.Fields(line)
-					if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-						tot[i] += v
-					}
-				}
+			if !strings.HasPrefix(line, "hams_sidecar_") {
+				continue
+			}
+			name := line
+			if k := strings.IndexAny(line, "{ "); k >= 0 {
+				name = line[:k]
+			}
+			if strings.HasSuffix(name, "_bucket") {
+				continue
+			}
+			f := strings.Fields(line)
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				vals[name] += v
 			}
 		}
 		resp.Body.Close()
+		out[model] = vals
 	}
-	return tot
+	return out
 }
 
 // directChain calls the model servers of a service in topological order,
@@ -455,6 +516,22 @@ func printBench(w io.Writer, rows []benchRow) {
 			lin = fmt.Sprintf("%.4f", *r.LineageMsPerBatch)
 		}
 		fmt.Fprintf(w, "%-8s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin)
+	}
+	stHeader := false
+	for _, r := range rows {
+		names := make([]string, 0, len(r.State))
+		for n := range r.State {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			if !stHeader {
+				fmt.Fprintf(w, "\n%-8s %-7s %-14s %11s %10s %9s %12s\n", "service", "mode", "model", "state_bytes", "snapshots", "copy_ms", "delivery_ms")
+				stHeader = true
+			}
+			st := r.State[n]
+			fmt.Fprintf(w, "%-8s %-7s %-14s %11.0f %10.0f %9.4f %12.3f\n", r.Service, r.Mode, n, st.StateBytes, st.Snapshots, st.CopyMsMean, st.DeliveryMsMean)
+		}
 	}
 	// Sidecar overhead per hop: (bare p50 - direct p50) / (hops + 1).
 	type pair struct{ direct, bare *benchRow }

@@ -19,7 +19,6 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/loadgen"
-	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"google.golang.org/grpc/status"
 )
@@ -48,7 +47,7 @@ func parseKill(s string) (killSpec, error) {
 	}
 	role, model, _ := strings.Cut(target, ":")
 	switch role {
-	case "sidecar", "modelserver":
+	case roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer:
 		if model == "" {
 			return killSpec{}, fmt.Errorf("--kill %q: %s needs a model (%s:MODEL@AFTER)", s, role, role)
 		}
@@ -57,7 +56,7 @@ func parseKill(s string) (killSpec, error) {
 			return killSpec{}, fmt.Errorf("--kill %q: %s takes no model", s, role)
 		}
 	default:
-		return killSpec{}, fmt.Errorf("--kill %q: unknown role %q (sidecar, modelserver, frontend, manager)", s, role)
+		return killSpec{}, fmt.Errorf("--kill %q: unknown role %q (sidecar, modelserver, backup-sidecar, backup-modelserver, frontend, manager)", s, role)
 	}
 	return killSpec{Role: role, Model: model, After: d}, nil
 }
@@ -205,8 +204,8 @@ func runDemo(args []string) error {
 	var kills killList
 	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s")
 	jsonPath := fs.String("json", "", "write the JSON report to this file")
-	mode := fs.String("mode", "bare", "fault-tolerance mode (only bare is implemented in this build)")
-	audit := fs.String("audit", "", "directory for JSONL audit logs (replies.jsonl)")
+	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2 (replay is not implemented yet)")
+	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	conc := fs.Int("concurrency", 4, "closed-loop clients")
 	seed := fs.Uint64("seed", 1, "input seed")
 	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
@@ -243,23 +242,21 @@ func runDemo(args []string) error {
 		if k.Model != "" && dep.Model(k.Model) == nil {
 			return usageErr("demo: --kill %s: model %q is not in service %s (models: %s)", k.target(), k.Model, *service, strings.Join(sortedModels(dep), ", "))
 		}
-	}
-	var auditW io.WriteCloser
-	if *audit != "" {
-		if err := os.MkdirAll(*audit, 0o755); err != nil {
-			return fmt.Errorf("create audit dir: %w", err)
+		if (k.Role == roleBackupSidecar || k.Role == roleBackupModelServer) && !replicated(dep, dep.Model(k.Model)) {
+			return usageErr("demo: --kill %s: model %q has no backup in mode %s", k.target(), k.Model, *mode)
 		}
-		if auditW, err = os.Create(filepath.Join(*audit, "replies.jsonl")); err != nil {
+	}
+	if *audit != "" {
+		if *audit, err = prepareAudit(*audit); err != nil {
 			return err
 		}
-		defer auditW.Close()
 	}
 
 	ctx, stop := signalContext()
 	defer stop()
 	fmt.Fprintf(os.Stderr, "hams demo: starting %s (%d models, mode %s) in %s\n", *service, len(dep.Models), *mode, dir)
 	t0 := time.Now()
-	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: suspicionFor(*suspicion, len(dep.Models))})
+	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: suspicionFor(*suspicion, instances(dep)), Audit: *audit})
 	if err != nil {
 		return err
 	}
@@ -352,9 +349,6 @@ func runDemo(args []string) error {
 				models[e.Model] = ms
 			}
 		}
-		if auditW != nil {
-			writeReplyAudit(auditW, r.Reply)
-		}
 	}
 
 	loadStart := time.Now()
@@ -374,6 +368,12 @@ func runDemo(args []string) error {
 			before, _ := d.sup.Ready(name)
 			at := time.Now()
 			_, err := d.sup.Kill(name, syscall.SIGKILL)
+			if err == nil && k.Role == roleSidecar {
+				// The restarted sidecar numbers requests from 1 again
+				// until recovery continues the sequence (issue 4): the
+				// checker counts such reuse as seq_reuse.
+				chk.Restarted(k.Model, at)
+			}
 			mu.Lock()
 			kr := kreports[i]
 			kr.killAt, kr.AtMs = at, msSince(loadStart, at)
@@ -477,7 +477,11 @@ func unrecovered(ks []killReport) string {
 }
 
 func killKind(dep *config.Deployment, k killSpec) string {
-	if k.Role != "sidecar" {
+	switch k.Role {
+	case roleBackupSidecar:
+		return "backup"
+	case roleSidecar:
+	default:
 		return k.Role
 	}
 	if m := dep.Model(k.Model); m != nil && m.Stateful {
@@ -567,29 +571,6 @@ func printDemoSummary(w io.Writer, r demoReport, firstBad string) {
 	} else {
 		fmt.Fprintf(w, "  every reply checked: outputs, lineage, no (model, seq) in two replies\n")
 	}
-}
-
-func writeReplyAudit(w io.Writer, r *hamsv1.PredictResponse) {
-	type lin struct {
-		Model        string `json:"model"`
-		Seq          uint64 `json:"seq"`
-		OutputDigest string `json:"output_digest"`
-	}
-	rec := struct {
-		ReqID       uint64 `json:"req_id"`
-		Lineage     []lin  `json:"lineage"`
-		ReplyDigest string `json:"reply_digest"`
-	}{ReqID: r.ReqId}
-	var ts []*hamsv1.Tensor
-	for _, o := range r.Outputs {
-		ts = append(ts, o.Tensors...)
-	}
-	rec.ReplyDigest = tensor.Digest(ts...)
-	for _, e := range r.Lineage {
-		rec.Lineage = append(rec.Lineage, lin{e.Model, e.Seq, e.OutputDigest})
-	}
-	b, _ := json.Marshal(rec)
-	w.Write(append(b, '\n'))
 }
 
 func writeJSON(path string, v any) error {

@@ -29,15 +29,21 @@ import (
 )
 
 // implementedModes are the fault-tolerance modes this build runs.
-var implementedModes = []string{"bare"}
+var implementedModes = []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2"}
+
+// defaultMode is the mode of demo and up without --mode (DESIGN.md).
+const defaultMode = "nspb"
 
 // checkMode rejects unknown and not yet implemented modes.
 func checkMode(mode string) error {
 	if !slices.Contains(config.Modes, mode) {
 		return usageErr("--mode %q: unknown mode (one of %s)", mode, strings.Join(config.Modes, ", "))
 	}
+	if mode == "replay" {
+		return usageErr("--mode replay: the checkpoint-and-replay baseline is not implemented yet (this build runs %s)", strings.Join(implementedModes, ", "))
+	}
 	if !slices.Contains(implementedModes, mode) {
-		return usageErr("--mode %s: replication is not implemented yet (this build runs only %s)", mode, strings.Join(implementedModes, ", "))
+		return usageErr("--mode %s: not implemented in this build (it runs %s)", mode, strings.Join(implementedModes, ", "))
 	}
 	return nil
 }
@@ -54,10 +60,13 @@ type deployOptions struct {
 	// SuspicionTimeout, if set, is passed to the manager (with a heartbeat
 	// interval of a quarter of it).
 	SuspicionTimeout time.Duration
+	// Audit, if set, is the --audit directory of the frontend and the
+	// sidecars (each writes under its own subdirectory).
+	Audit string
 }
 
 // autoSuspicion is the manager's failure-suspicion timeout for a deployment
-// of n models on this machine: the manager's default (tuned for detection
+// of n sidecars on this machine: the manager's default (tuned for detection
 // under 100 ms) holds for a single service, but with every example running
 // (two processes per model on a small machine) scheduling delays exceed it
 // and live components get declared dead.
@@ -79,9 +88,21 @@ type deployment struct {
 	NATS         string
 	FrontendGRPC string
 	FrontendHTTP string
-	// ModelServers maps each reference model to its model server address.
+	// ModelServers maps each model to its (primary) model server address.
 	ModelServers map[string]string
+	// BackupServers maps each replicated model to its backup's model server.
+	BackupServers map[string]string
 }
+
+// Roles of supervised children besides manager and frontend: a model's
+// primary (or only) sidecar and model server, and a replicated model's
+// backup pair.
+const (
+	roleSidecar           = "sidecar"
+	roleModelServer       = "modelserver"
+	roleBackupSidecar     = "backup-sidecar"
+	roleBackupModelServer = "backup-modelserver"
+)
 
 // Names of the supervised children.
 func childName(role, model string) string {
@@ -137,18 +158,27 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	defer cancel()
 	common := []string{"--config", d.cfgPath, "--log-level", opt.LogLevel}
 
-	// Model servers, in parallel.
+	// Model servers, in parallel: one per reference model without an
+	// address, and a second one (the backup's) per replicated model.
 	var refModels []string
-	for _, m := range dep.Models {
+	for i, m := range dep.Models {
 		switch {
+		case m.Backend.Address != "" && replicated(dep, &dep.Models[i]) && !opt.Direct:
+			// TODO(config): a backend.backup_address field would let an
+			// external stateful backend have its backup instance.
+			return nil, fmt.Errorf("model %q: a replicated stateful model (mode %s) needs a second backend instance for its backup, and backend.address names only one; run it with --mode bare or use a reference backend", m.Name, dep.Mode)
 		case m.Backend.Address != "":
 			d.ModelServers[m.Name] = m.Backend.Address
 		case m.Backend.Type != "reference":
 			return nil, fmt.Errorf("model %q: backend type %s needs backend.address (only reference model servers are started)", m.Name, m.Backend.Type)
 		default:
 			refModels = append(refModels, m.Name)
+			if replicated(dep, &dep.Models[i]) && !opt.Direct {
+				refModels = append(refModels, m.Name+"#backup")
+			}
 		}
 	}
+	d.BackupServers = map[string]string{}
 	if !opt.Direct {
 		mgrCommon := common
 		if opt.SuspicionTimeout > 0 {
@@ -165,39 +195,69 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 		d.Manager, d.NATS = r.String("grpc"), r.String("nats")
 	}
 	var mu sync.Mutex
-	err = parallel(refModels, func(m string) error {
+	err = parallel(refModels, func(inst string) error {
+		m, backup := strings.CutSuffix(inst, "#backup")
 		args := []string{"modelserver", "--models", m}
+		name := childName(roleModelServer, m)
+		if backup {
+			args = append(args, "--role", "backup")
+			name = childName(roleBackupModelServer, m)
+		}
 		if d.Manager != "" {
 			args = append(args, "--manager", d.Manager)
 		}
 		args = append(args, common...)
-		r, err := d.sup.Start(ctx, launch.Spec{Name: childName("modelserver", m), Args: args, Restart: relisten(args, "")})
+		r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "")})
 		if err != nil {
-			return fmt.Errorf("start model server of %s: %w", m, err)
+			return fmt.Errorf("start %s: %w", name, err)
 		}
 		mu.Lock()
-		d.ModelServers[m] = r.String("grpc")
+		if backup {
+			d.BackupServers[m] = r.String("grpc")
+		} else {
+			d.ModelServers[m] = r.String("grpc")
+		}
 		mu.Unlock()
 		return nil
 	})
 	if err != nil || opt.Direct {
 		return d, err
 	}
-	var names []string
-	for _, m := range dep.Models {
-		names = append(names, m.Name)
+	var coordArgs []string
+	if coordinated(dep) {
+		coordArgs = append(coordArgs, "--nats", d.NATS)
 	}
-	err = parallel(names, func(m string) error {
-		args := append([]string{"sidecar", "--model", m, "--backend", d.ModelServers[m], "--manager", d.Manager}, common...)
-		if _, err := d.sup.Start(ctx, launch.Spec{Name: childName("sidecar", m), Args: args}); err != nil {
-			return fmt.Errorf("start sidecar of %s: %w", m, err)
+	if opt.Audit != "" {
+		coordArgs = append(coordArgs, "--audit", opt.Audit)
+	}
+	var insts []string
+	for i, m := range dep.Models {
+		insts = append(insts, m.Name)
+		if replicated(dep, &dep.Models[i]) {
+			insts = append(insts, m.Name+"#backup")
+		}
+	}
+	err = parallel(insts, func(inst string) error {
+		m, backup := strings.CutSuffix(inst, "#backup")
+		name, be, role := childName(roleSidecar, m), d.ModelServers[m], "primary"
+		if backup {
+			name, be, role = childName(roleBackupSidecar, m), d.BackupServers[m], "backup"
+		}
+		args := append([]string{"sidecar", "--model", m, "--role", role, "--backend", be, "--manager", d.Manager}, common...)
+		if replicated(dep, dep.Model(m)) {
+			args = append(args, coordArgs...)
+		} else if opt.Audit != "" {
+			args = append(args, "--audit", opt.Audit)
+		}
+		if _, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args}); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	feArgs := append([]string{"frontend", "--manager", d.Manager}, common...)
+	feArgs := append(append([]string{"frontend", "--manager", d.Manager}, common...), coordArgs...)
 	r, err := d.sup.Start(ctx, launch.Spec{Name: childName("frontend", ""), Args: feArgs, Restart: relisten(feArgs, "http")})
 	if err != nil {
 		return nil, fmt.Errorf("start frontend: %w", err)
@@ -270,9 +330,12 @@ func (d *deployment) waitTopology(ctx context.Context) error {
 		t, err := api.GetTopology(ctx, &hamsv1.GetTopologyRequest{})
 		if err == nil {
 			missing = missing[:0]
-			for _, m := range d.dep.Models {
+			for i, m := range d.dep.Models {
 				if _, _, ok := client.Resolve(t, m.Name); !ok {
 					missing = append(missing, m.Name)
+				}
+				if replicated(d.dep, &d.dep.Models[i]) && !hasBackup(t, m.Name) {
+					missing = append(missing, m.Name+" (backup)")
 				}
 			}
 			if !slices.Contains(t.GetFrontends(), d.FrontendGRPC) {
@@ -290,11 +353,28 @@ func (d *deployment) waitTopology(ctx context.Context) error {
 	}
 }
 
-// sidecarMetrics returns model -> metrics address of the running sidecars.
+// hasBackup reports whether t has a live backup sidecar of model.
+func hasBackup(t *hamsv1.Topology, model string) bool {
+	for _, p := range t.GetPlacements() {
+		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_BACKUP && p.GetAlive() && p.GetSidecarAddress() != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// sidecarMetrics returns model -> metrics address of the running primary
+// (or only) sidecars.
 func (d *deployment) sidecarMetrics() map[string]string {
+	return d.metricsOf(roleSidecar)
+}
+
+// metricsOf returns model -> metrics address of the running children of
+// role (roleSidecar, roleBackupSidecar, ...).
+func (d *deployment) metricsOf(role string) map[string]string {
 	out := map[string]string{}
 	for _, m := range d.dep.Models {
-		if r, ok := d.sup.Ready(childName("sidecar", m.Name)); ok && r.String("metrics") != "" {
+		if r, ok := d.sup.Ready(childName(role, m.Name)); ok && r.String("metrics") != "" {
 			out[m.Name] = r.String("metrics")
 		}
 	}
@@ -348,6 +428,18 @@ func sortedModels(dep *config.Deployment) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// instances counts dep's sidecars: one per model, two per replicated one.
+func instances(dep *config.Deployment) int {
+	n := 0
+	for i := range dep.Models {
+		n++
+		if replicated(dep, &dep.Models[i]) {
+			n++
+		}
+	}
+	return n
 }
 
 func suspicionFor(flag time.Duration, models int) time.Duration {

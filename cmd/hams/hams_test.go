@@ -18,7 +18,10 @@ func TestParseKill(t *testing.T) {
 	if k, err := parseKill("frontend@250ms"); err != nil || k.target() != "frontend" {
 		t.Fatalf("%+v %v", k, err)
 	}
-	for _, bad := range []string{"sidecar:m", "sidecar@1s", "modelserver@1s", "frontend:x@1s", "router:x@1s", "sidecar:m@-1s", "sidecar:m@soon"} {
+	if k, err := parseKill("backup-sidecar:ap-route@1s"); err != nil || k.Role != roleBackupSidecar || k.Model != "ap-route" {
+		t.Fatalf("%+v %v", k, err)
+	}
+	for _, bad := range []string{"sidecar:m", "sidecar@1s", "modelserver@1s", "backup-sidecar@1s", "frontend:x@1s", "router:x@1s", "sidecar:m@-1s", "sidecar:m@soon"} {
 		if _, err := parseKill(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -26,11 +29,13 @@ func TestParseKill(t *testing.T) {
 }
 
 func TestCheckMode(t *testing.T) {
-	if err := checkMode("bare"); err != nil {
-		t.Fatal(err)
+	for _, m := range []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2"} {
+		if err := checkMode(m); err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
 	}
-	if err := checkMode("nspb"); err == nil || !strings.Contains(err.Error(), "not implemented yet") {
-		t.Fatalf("nspb: %v", err)
+	if err := checkMode("replay"); err == nil || !strings.Contains(err.Error(), "not implemented yet") {
+		t.Fatalf("replay: %v", err)
 	}
 	if err := checkMode("zab"); err == nil || !strings.Contains(err.Error(), "unknown mode") {
 		t.Fatalf("zab: %v", err)
@@ -116,7 +121,59 @@ func TestDispatch(t *testing.T) {
 	if dispatch([]string{"bench", "--modes", "replay"}) != 2 {
 		t.Fatal("bench replay must be refused")
 	}
+	for _, args := range [][]string{
+		{"demo", "--mode", "replay"}, {"demo", "--mode", "zab"}, {"up", "--config", "x.yaml", "--mode", "replay"},
+		{"sidecar", "--config", "x.yaml", "--model", "m", "--manager", "127.0.0.1:1", "--role", "witness"},
+		{"modelserver", "--config", "x.yaml", "--models", "m", "--role", "witness"},
+		{"sidecar", "--config", "x.yaml", "--model", "m", "--manager", "127.0.0.1:1", "--output-log-bytes", "-1"},
+	} {
+		if dispatch(args) != 2 {
+			t.Errorf("%v: want exit 2", args)
+		}
+	}
 }
+
+// TestReplicated: which models run as primary + backup, per mode.
+func TestReplicated(t *testing.T) {
+	dep, err := config.Parse([]byte(depRepl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		mode  string
+		model string
+		want  bool
+	}{
+		{"nspb", "s", true}, {"remus", "s", true}, {"nspb-s1", "s", true}, {"nspb-s2", "s", true},
+		{"bare", "s", false}, {"replay", "s", false}, {"nspb", "p", false}, {"nspb", "off", false},
+	} {
+		dep.Mode = c.mode
+		if got := replicated(dep, dep.Model(c.model)); got != c.want {
+			t.Errorf("mode %s model %s: replicated %v, want %v", c.mode, c.model, got, c.want)
+		}
+	}
+	dep.Mode = "nspb"
+	if !coordinated(dep) || instances(dep) != 4 {
+		t.Fatalf("nspb: coordinated %v, instances %d", coordinated(dep), instances(dep))
+	}
+	dep.Mode = "bare"
+	if coordinated(dep) || instances(dep) != 3 {
+		t.Fatalf("bare: coordinated %v, instances %d", coordinated(dep), instances(dep))
+	}
+}
+
+const depRepl = `
+name: r
+hosts: [h1, h2]
+models:
+  - {name: p, kind: prep}
+  - {name: s, kind: lstm, stateful: true, placement: {primary: h1, backup: h2}, params: {input: x, output: y, in_dim: 4, hidden: 4, streams: 4}}
+  - {name: off, kind: lstm, stateful: true, ha: off, params: {input: y, output: z, in_dim: 4, hidden: 4, streams: 4}}
+services:
+  - name: r
+    inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+    edges: [[frontend, p], [p, s], [s, off], [off, frontend]]
+`
 
 func TestSuspicionTimeout(t *testing.T) {
 	if suspicionFor(0, 5) != 0 || suspicionFor(0, 23) != 300*time.Millisecond || suspicionFor(time.Second, 5) != time.Second {

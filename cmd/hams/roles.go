@@ -9,10 +9,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
-	"github.com/hams-go/hams/adapters/reference"
 	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
-	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/manager"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -57,8 +55,12 @@ func runModelServer(args []string) error {
 	rf := newRoleFlags("modelserver")
 	models := rf.fs.String("models", "", "comma-separated models of the deployment to host (required)")
 	mgr := rf.fs.String("manager", "", "manager gRPC address to register with (optional)")
+	instance := rf.fs.String("role", "primary", "instance role registered with the manager: primary, or backup (the backup replica of stateful models)")
 	if err := rf.parse(args); err != nil {
 		return err
+	}
+	if *instance != "primary" && *instance != "backup" {
+		return usageErr("modelserver: --role %q: want primary or backup", *instance)
 	}
 	names := splitList(*models)
 	if len(names) == 0 {
@@ -89,8 +91,12 @@ func runModelServer(args []string) error {
 	var clients []*client.Client
 	if *mgr != "" {
 		for _, n := range names {
+			id, role := "modelserver/"+n, hamsv1.Role_ROLE_UNSPECIFIED
+			if *instance == "backup" {
+				id, role = id+"/backup", hamsv1.Role_ROLE_BACKUP
+			}
 			c, err := client.New(client.Config{ManagerAddr: *mgr, Logger: r.log, Registration: &hamsv1.RegisterRequest{
-				Kind: hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER, Id: "modelserver/" + n, Model: n,
+				Kind: hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER, Id: id, Model: n, Role: role,
 				Address: addr, Pid: int32(os.Getpid()),
 			}})
 			if err != nil {
@@ -101,6 +107,7 @@ func runModelServer(args []string) error {
 		}
 	}
 	r.fields["models"] = names
+	r.fields["instance"] = *instance
 	return r.serve(func(ctx context.Context) error {
 		g := newGroup(ctx)
 		g.Go("refserver", srv.Run)
@@ -114,13 +121,24 @@ func runModelServer(args []string) error {
 func runSidecar(args []string) error {
 	rf := newRoleFlags("sidecar")
 	model := rf.fs.String("model", "", "model this sidecar fronts (required)")
-	backend := rf.fs.String("backend", "", "backend gRPC address (default: the model's backend.address)")
+	backend := rf.fs.String("backend", "", "backend address (default: the model's backend.address)")
 	mgr := rf.fs.String("manager", "", "manager gRPC address (required)")
+	roleF := rf.fs.String("role", sidecar.RolePrimary, "instance role: primary, or backup (a replicated stateful model's backup: serves Replication, applies snapshots)")
+	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine (the manager's ready line has it); required for a replicated stateful model")
+	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (a backup writes <dir>/<model>-backup/durable.jsonl)")
+	epoch := rf.fs.Uint64("epoch", 0, "epoch of this instance, stamped on snapshots and durability notices")
+	outLog := rf.fs.Int64("output-log-bytes", 0, "bound of a replicated primary's output log (0: the sidecar's default)")
 	if err := rf.parse(args); err != nil {
 		return err
 	}
 	if *model == "" || *mgr == "" {
 		return usageErr("sidecar: --model and --manager are required")
+	}
+	if *roleF != sidecar.RolePrimary && *roleF != sidecar.RoleBackup {
+		return usageErr("sidecar: --role %q: want %s or %s", *roleF, sidecar.RolePrimary, sidecar.RoleBackup)
+	}
+	if *outLog < 0 {
+		return usageErr("sidecar: --output-log-bytes must not be negative")
 	}
 	r, err := setupRole("sidecar", rf)
 	if err != nil {
@@ -131,6 +149,15 @@ func runSidecar(args []string) error {
 		r.close()
 		return usageErr("sidecar: model %q is not in deployment %q", *model, r.dep.Name)
 	}
+	repl := replicated(r.dep, m)
+	if *roleF == sidecar.RoleBackup && !repl {
+		r.close()
+		return usageErr("sidecar: --role backup: model %q is not replicated in mode %s (stateful %v, ha %s)", *model, r.dep.Mode, m.Stateful, m.HA)
+	}
+	if repl && *natsURL == "" {
+		r.close()
+		return usageErr("sidecar: model %q is replicated (mode %s): --nats is required", *model, r.dep.Mode)
+	}
 	if *backend == "" {
 		*backend = m.Backend.Address
 	}
@@ -138,22 +165,18 @@ func runSidecar(args []string) error {
 		r.close()
 		return usageErr("sidecar: model %q has no backend.address; pass --backend", *model)
 	}
-	if m.Backend.Type != "reference" {
-		r.close()
-		return usageErr("sidecar: backend type %q is not implemented yet (only reference)", m.Backend.Type)
-	}
-	if r.dep.Mode != "bare" {
-		r.log.Warn("replication is not implemented yet: this sidecar runs without fault tolerance (bare)", "mode", r.dep.Mode)
-	}
-	cc, err := grpcx.Dial(*backend, r.dep.Limits.MaxMessageBytes, fastReconnect)
+	r.log = r.log.With("model", *model, "instance", *roleF)
+	be, closeBE, err := newBackend(r.dep, m, *backend, *roleF, r.log)
 	if err != nil {
 		r.close()
-		return err
+		return &exitError{code: 2, err: err}
 	}
-	defer cc.Close()
-	be := reference.New(cc, m.Backend.Model, m.Backend.Timeout.D())
+	defer closeBE()
 	roleV := hamsv1.Role_ROLE_ACTIVE
-	if m.Stateful {
+	switch {
+	case *roleF == sidecar.RoleBackup:
+		roleV = hamsv1.Role_ROLE_BACKUP
+	case m.Stateful:
 		roleV = hamsv1.Role_ROLE_PRIMARY
 	}
 	addr := r.grpc.Addr().String()
@@ -165,21 +188,39 @@ func runSidecar(args []string) error {
 		r.close()
 		return &exitError{code: 2, err: err}
 	}
-	sc, err := sidecar.New(sidecar.Config{
-		Deployment:   r.dep,
-		Model:        *model,
-		Backend:      be,
-		Resolver:     mc,
-		GRPCListener: r.grpc,
-		Logger:       r.log,
-		Registry:     r.reg,
-	})
+	cfg := sidecar.Config{
+		Deployment:     r.dep,
+		Model:          *model,
+		Backend:        be,
+		Resolver:       mc,
+		GRPCListener:   r.grpc,
+		Logger:         r.log,
+		Registry:       r.reg,
+		Role:           *roleF,
+		AuditDir:       *audit,
+		Epoch:          *epoch,
+		OutputLogBytes: *outLog,
+	}
+	if repl {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		co, nc, err := openCoord(ctx, *natsURL, r.dep.Name, "sidecar "+*model+" "+*roleF, r.log)
+		cancel()
+		if err != nil {
+			r.close()
+			return err
+		}
+		defer nc.Close()
+		cfg.Coord = co
+		cfg.BackupResolver = mc
+	}
+	sc, err := sidecar.New(cfg)
 	if err != nil {
 		r.close()
 		return &exitError{code: 2, err: err}
 	}
 	r.fields["model"] = *model
 	r.fields["backend"] = *backend
+	r.fields["instance"] = *roleF
 	return r.serve(func(ctx context.Context) error {
 		g := newGroup(ctx)
 		g.Go("sidecar", sc.Run)
@@ -211,6 +252,9 @@ func runFrontend(args []string) error {
 	rf := newRoleFlags("frontend")
 	mgr := rf.fs.String("manager", "", "manager gRPC address (required)")
 	httpAddr := rf.fs.String("http", "127.0.0.1:0", "HTTP/JSON API listen address")
+	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine; required when the deployment replicates a stateful model")
+	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (<dir>/<name>/replies.jsonl)")
+	name := rf.fs.String("name", "", "name of this frontend in completion notices and its audit subdirectory (default frontend)")
 	if err := rf.parse(args); err != nil {
 		return err
 	}
@@ -234,14 +278,34 @@ func runFrontend(args []string) error {
 		hl.Close()
 		return &exitError{code: 2, err: err}
 	}
-	fe, err := frontend.New(frontend.Config{
+	fcfg := frontend.Config{
 		Deployment:   r.dep,
 		Resolver:     mc,
 		GRPCListener: r.grpc,
 		HTTPListener: hl,
 		Logger:       r.log,
 		Registry:     r.reg,
-	})
+		Name:         *name,
+		AuditDir:     *audit,
+	}
+	if coordinated(r.dep) {
+		if *natsURL == "" {
+			r.close()
+			hl.Close()
+			return usageErr("frontend: deployment %q replicates stateful models (mode %s): --nats is required", r.dep.Name, r.dep.Mode)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		co, nc, err := openCoord(ctx, *natsURL, r.dep.Name, "frontend", r.log)
+		cancel()
+		if err != nil {
+			r.close()
+			hl.Close()
+			return err
+		}
+		defer nc.Close()
+		fcfg.Coord = co
+	}
+	fe, err := frontend.New(fcfg)
 	if err != nil {
 		r.close()
 		hl.Close()

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/hams-go/hams/internal/config"
 )
@@ -16,6 +17,19 @@ type upReady struct {
 	KServeGRPC    string `json:"kserve_grpc,omitempty"`
 	Manager       string `json:"manager"`
 	NATS          string `json:"nats"`
+}
+
+// prepareAudit creates the audit directory and returns its absolute path
+// (children run with their own working directory in mind).
+func prepareAudit(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("audit dir %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return "", fmt.Errorf("create audit dir: %w", err)
+	}
+	return abs, nil
 }
 
 // taskFlags are shared by up, demo and bench.
@@ -60,8 +74,8 @@ func (t *taskFlags) prepare(prefix string) (dir string, cleanup func(ok bool), e
 func runUp(args []string) error {
 	fs := newFlagSet("up")
 	cfgPath := fs.String("config", "", "deployment YAML file (required)")
-	mode := fs.String("mode", "bare", "fault-tolerance mode: bare (nspb, remus, nspb-s1, nspb-s2, replay are not implemented yet)")
-	audit := fs.String("audit", "", "directory for JSONL audit logs")
+	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2 (replay is not implemented yet)")
+	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
 	var tf taskFlags
 	tf.register(fs)
@@ -80,8 +94,8 @@ func runUp(args []string) error {
 	}
 	dep.Mode = *mode
 	if *audit != "" {
-		if err := os.MkdirAll(*audit, 0o755); err != nil {
-			return fmt.Errorf("create audit dir: %w", err)
+		if *audit, err = prepareAudit(*audit); err != nil {
+			return err
 		}
 	}
 	dir, cleanup, err := tf.prepare("hams-up-")
@@ -93,7 +107,7 @@ func runUp(args []string) error {
 	ctx, stop := signalContext()
 	defer stop()
 	log := taskLogger(tf.verbose)
-	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: log, SuspicionTimeout: suspicionFor(*suspicion, len(dep.Models))})
+	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: log, SuspicionTimeout: suspicionFor(*suspicion, instances(dep)), Audit: *audit})
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hams-go/hams/internal/config"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -24,6 +25,15 @@ const (
 	KindDuplicate = "duplicate" // a second reply to one request
 	KindUnknown   = "unknown"   // a reply to a request never sent (or for the wrong service)
 	KindLost      = "lost"      // a request without reply or error (Finish)
+	// KindSeqReuse is a conflict that a restart of the model explains: a
+	// (model, seq) pair in two replies, where the model was restarted
+	// (Restarted) after the first request was sent and before the second
+	// reply arrived. A restarted instance that numbers its requests from 1
+	// again causes it; recovery that continues the sequence (issue 4,
+	// paper IV-E) must leave none. It is a violation like the others,
+	// counted on its own so a run can tell it from a conflict within one
+	// incarnation.
+	KindSeqReuse = "seq_reuse"
 )
 
 // Service is what the checker needs to know about one service.
@@ -66,12 +76,15 @@ type Checker struct {
 	sent     map[string]sentReq
 	answered map[string]bool
 	owner    map[seqKey]string // (model, seq) -> request key of the reply that carried it
+	restarts map[string][]time.Time
 	sum      Summary
+	now      func() time.Time
 }
 
 type sentReq struct {
 	service string
 	rows    int64
+	at      time.Time
 }
 
 // Summary counts what the checker saw.
@@ -88,7 +101,8 @@ type Summary struct {
 
 // New returns a checker for the given services.
 func New(services ...Service) *Checker {
-	c := &Checker{services: map[string]Service{}, sent: map[string]sentReq{}, answered: map[string]bool{}, owner: map[seqKey]string{}}
+	c := &Checker{services: map[string]Service{}, sent: map[string]sentReq{}, answered: map[string]bool{}, owner: map[seqKey]string{},
+		restarts: map[string][]time.Time{}, now: time.Now}
 	for _, s := range services {
 		c.services[s.Name] = s
 	}
@@ -104,9 +118,28 @@ func (c *Checker) Sent(key string, req *hamsv1.PredictRequest) {
 		rows = req.Inputs[0].Shape[0]
 	}
 	c.mu.Lock()
-	c.sent[key] = sentReq{service: req.Service, rows: rows}
+	c.sent[key] = sentReq{service: req.Service, rows: rows, at: c.now()}
 	c.sum.Sent++
 	c.mu.Unlock()
+}
+
+// Restarted records that model's instance was replaced (killed and
+// restarted) at time at; conflicts on model across that moment are
+// counted as KindSeqReuse.
+func (c *Checker) Restarted(model string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.restarts[model] = append(c.restarts[model], at)
+}
+
+// restartedBetween reports whether model was restarted in (from, to).
+func (c *Checker) restartedBetween(model string, from, to time.Time) bool {
+	for _, t := range c.restarts[model] {
+		if t.After(from) && t.Before(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // Failed records that the request got an error instead of a reply. It is
@@ -251,6 +284,10 @@ func (c *Checker) checkLineage(key string, svc Service, resp *hamsv1.PredictResp
 	})
 	for _, k := range keys {
 		if other, ok := c.owner[k]; ok && other != key {
+			if c.restartedBetween(k.model, c.sent[other].at, c.now()) {
+				errs = append(errs, c.violate(KindSeqReuse, "%s seq %d appears in the replies to %s and %s, across a restart of %s", k.model, k.seq, other, key, k.model))
+				continue
+			}
 			errs = append(errs, c.violate(KindConflict, "%s seq %d appears in the replies to %s and %s", k.model, k.seq, other, key))
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -171,5 +172,49 @@ func TestUncheckedService(t *testing.T) {
 	c.Sent("x", &hamsv1.PredictRequest{Service: "other"})
 	if err := c.Check("x", good(1, 1)); !errors.Is(err, ErrViolation) {
 		t.Fatalf("reply for an unchecked service: %v", err)
+	}
+}
+
+// TestSeqReuseAcrossRestart: a conflict on a model restarted between the
+// first request's send and the second reply is seq_reuse; a conflict on
+// another model, or on the same model without a restart in between, stays
+// a conflict.
+func TestSeqReuseAcrossRestart(t *testing.T) {
+	c := newChecker(t)
+	clock := time.Unix(1000, 0)
+	c.now = func() time.Time { return clock }
+	tick := func() time.Time { clock = clock.Add(time.Second); return clock }
+
+	c.Sent("r1", request(1))
+	tick()
+	if err := c.Check("r1", good(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	c.Restarted("a", tick()) // a restarts and numbers from 1 again
+	tick()
+	c.Sent("r2", request(1))
+	tick()
+	// r2: a seq 1 again (restart in between), and b, c seq 1 again (no
+	// restart of b or c).
+	err := c.Check("r2", good(1, 1))
+	if err == nil || !strings.Contains(err.Error(), "across a restart of a") {
+		t.Fatalf("seq reuse not reported: %v", err)
+	}
+	// r3 sent after the restart reuses a seq 2 of r4, also sent after it:
+	// a conflict within one incarnation.
+	c.Sent("r3", request(1))
+	c.Sent("r4", request(1))
+	tick()
+	if err := c.Check("r3", good(2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	r4 := good(3, 1)
+	r4.Lineage[0].Seq, r4.Lineage[1].PredSeq, r4.Lineage[2].PredSeq = 2, 2, 2
+	if err := c.Check("r4", r4); err == nil || !strings.Contains(err.Error(), "a seq 2 appears") || strings.Contains(err.Error(), "restart") {
+		t.Fatalf("conflict after the restart: %v", err)
+	}
+	s := c.Finish()
+	if s.ByKind[KindSeqReuse] != 1 || s.ByKind[KindConflict] != 3 || s.Violations != 4 {
+		t.Fatalf("summary %+v", s)
 	}
 }

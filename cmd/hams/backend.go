@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/grpc"
+
+	"github.com/hams-go/hams/adapters/clipper"
+	"github.com/hams-go/hams/adapters/reference"
+	"github.com/hams-go/hams/adapters/tfserving"
+	"github.com/hams-go/hams/adapters/triton"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/sidecar"
+)
+
+// replicated reports whether model m of dep runs as primary + backup: a
+// stateful model with ha stateful under an NSPB-family mode (the sidecar's
+// own rule, sidecar.replicationOf; replay's stateful models run as in bare
+// mode).
+func replicated(dep *config.Deployment, m *config.Model) bool {
+	return m != nil && m.Stateful && m.HA == "stateful" && dep.Mode != "" && dep.Mode != "bare" && dep.Mode != "replay"
+}
+
+// coordinated reports whether dep's processes need the coordination engine
+// (durability and completion notices): some model is replicated.
+func coordinated(dep *config.Deployment) bool {
+	for i := range dep.Models {
+		if replicated(dep, &dep.Models[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// newBackend builds the sidecar's backend for model m at addr. role names
+// the instance (primary or backup) so shared-memory keys of two instances
+// on one host do not collide. The returned close releases the connection.
+func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log *slog.Logger) (sidecar.Backend, func(), error) {
+	maxMsg := dep.Limits.MaxMessageBytes
+	dial := func() (*grpc.ClientConn, error) { return grpcx.Dial(addr, maxMsg, fastReconnect) }
+	switch m.Backend.Type {
+	case "", "reference":
+		cc, err := dial()
+		if err != nil {
+			return nil, nil, err
+		}
+		return reference.New(cc, m.Backend.Model, m.Backend.Timeout.D()), func() { cc.Close() }, nil
+	case "triton":
+		cc, err := dial()
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg := triton.Config{Conn: cc, Model: m.Backend.Model, Version: m.Backend.Version, Timeout: m.Backend.Timeout.D(),
+			KeyPrefix: "hams-" + sanitizeKey(m.Name) + "-" + role, Logger: log}
+		if m.Stateful {
+			be, err := triton.NewStateful(cfg)
+			if err != nil {
+				cc.Close()
+				return nil, nil, err
+			}
+			return be, func() { be.Close(); cc.Close() }, nil
+		}
+		be, err := triton.New(cfg)
+		if err != nil {
+			cc.Close()
+			return nil, nil, err
+		}
+		return be, func() { cc.Close() }, nil
+	case "tfserving":
+		cc, err := dial()
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg := tfserving.ConfigFrom(m.Backend)
+		cfg.Logger = log
+		be, err := tfserving.New(cc, cfg)
+		if err != nil {
+			cc.Close()
+			return nil, nil, err
+		}
+		return be, func() { cc.Close() }, nil
+	case "clipper":
+		cfg := clipper.ConfigFrom(m.Backend)
+		cfg.Address = addr
+		cfg.Logger = log
+		be, err := clipper.New(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return be, func() { be.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("model %q: backend type %q is not one of %v", m.Name, m.Backend.Type, config.BackendTypes)
+}
+
+func sanitizeKey(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
