@@ -38,9 +38,12 @@ test: tools
 demo: build
 	$(BIN)/hams demo
 
+MODES := direct,bare,nspb,remus,nspb-s1,nspb-s2
+
 bench: build
-	$(BIN)/hams bench --service all --modes direct,bare --batch 1 --requests 400 --json bench-b1.json
-	$(BIN)/hams bench --service all --modes direct,bare --batch 64 --requests 2560 --json bench-b64.json
+	$(BIN)/hams bench --service all --modes $(MODES) --batch 1 --requests 400 --json bench-b1.json
+	$(BIN)/hams bench --service all --modes $(MODES) --batch 16 --requests 1280 --json bench-b16.json
+	$(BIN)/hams bench --service all --modes $(MODES) --batch 64 --requests 2560 --json bench-b64.json
 
 chaos: build
 	@echo "chaos runs arrive with failure recovery (issue 4)"; exit 2
