@@ -52,13 +52,37 @@ type backupState struct {
 	// maxRecvSeq is the highest request seq of any snapshot buffered.
 	maxRecvSeq uint64
 	wake       chan struct{}
+	// epoch: snapshots of an older epoch are refused. synced: a snapshot
+	// was taken as the base (the first one received, or the first of a
+	// newer epoch: a new primary's full state); syncEpoch its epoch.
+	epoch     uint64
+	synced    bool
+	syncEpoch uint64
+	// last is the last snapshot written (a promotion starts from it).
+	last *received
+	// durable holds the last PFM notices seen (replayed into a new alg).
+	pfmDurable map[string]uint64
 }
 
 func newBackupState(s *Sidecar) *backupState {
 	return &backupState{
 		s: s, alg: nspb.NewBackup(s.cfg.Model, s.pfm, s.nfm, 0, 0),
 		snaps: map[uint64]*received{}, applying: map[uint64]*received{}, wake: make(chan struct{}, 1),
+		epoch: s.epochV.Load(), pfmDurable: map[string]uint64{},
 	}
+}
+
+// rebase makes snapshot batch the next one applied (caller holds mu):
+// pending snapshots of the old primary are dropped.
+func (b *backupState) rebase(batch, epoch uint64) {
+	b.alg = nspb.NewBackup(b.s.cfg.Model, b.s.pfm, b.s.nfm, batch-1, 0)
+	for m, seq := range b.pfmDurable {
+		b.alg.Durable(m, seq)
+	}
+	clear(b.snaps)
+	b.synced, b.syncEpoch = true, epoch
+	b.doneSeq = 0
+	b.s.log.Info("backup takes a new base snapshot", "batch", batch, "epoch", epoch)
 }
 
 // push queues actions (caller holds mu) and wakes the applier.
@@ -83,6 +107,7 @@ func (b *backupState) push(acts []nspb.Action) {
 func (b *backupState) durable(n *hamsv1.DurabilityNotice) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.pfmDurable[n.GetModel()] = max(b.pfmDurable[n.GetModel()], n.GetDurableSeq())
 	b.push(b.alg.Durable(n.GetModel(), n.GetDurableSeq()))
 }
 
@@ -200,6 +225,7 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	var maxSeq uint64
 	for _, r := range applies {
 		h := r.header
+		s.idx.executed(recordsOf(s.cfg.Model, h.GetRequests(), s.isStateful))
 		outs, oerr := splitOutputs(&hamsv1.BatchResponse{Outputs: h.GetOutputs(), Rows: h.GetOutputRows()}, len(h.GetRequests()))
 		if oerr != nil {
 			s.log.Warn("snapshot outputs do not split per request; not kept", "batch", h.GetBatchId(), "err", oerr)
@@ -224,6 +250,7 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	b.mu.Lock()
 	b.doneBatch = top.header.GetBatchId()
 	b.doneSeq = max(b.doneSeq, maxSeq)
+	b.last = top
 	done := b.doneSeq
 	b.mu.Unlock()
 	s.metrics.durableSeq.Set(float64(done))
@@ -233,7 +260,7 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	if last == nil {
 		return nil
 	}
-	n := &hamsv1.DurabilityNotice{Model: last.Model, Epoch: s.cfg.Epoch, DurableSeq: last.DurableSeq, BatchId: last.BatchID}
+	n := &hamsv1.DurabilityNotice{Model: last.Model, Epoch: s.epoch(), DurableSeq: last.DurableSeq, BatchId: last.BatchID}
 	backoff := stateOpBackoff
 	for {
 		err := s.cfg.Coord.Announce(ctx, n)
@@ -329,6 +356,17 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 	}
 	meta := nspb.SnapshotMeta{BatchID: h.GetBatchId(), MaxSeq: maxSeq, Deps: nspb.DepsOf(b.s.pfm, lineages...)}
 	b.mu.Lock()
+	if h.GetEpoch() < b.epoch {
+		b.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "ship snapshot %d: stale epoch %d < %d", h.GetBatchId(), h.GetEpoch(), b.epoch)
+	}
+	if !b.synced || h.GetEpoch() > b.syncEpoch {
+		b.epoch = max(b.epoch, h.GetEpoch())
+		if b.s.epochV.Load() < b.epoch {
+			b.s.epochV.Store(b.epoch) // announce at the primary's epoch
+		}
+		b.rebase(h.GetBatchId(), h.GetEpoch())
+	}
 	applied, _ := b.alg.Applied()
 	_, pending := b.snaps[meta.BatchID]
 	dup := meta.BatchID <= applied || pending

@@ -44,4 +44,37 @@
 // its PFMs' durability notices (Coord.WatchDurable), and on its actions
 // writes the state (WriteState), keeps the outputs, writes audit records
 // and announces its durable seq (Coord.Announce).
+//
+// Roles and recovery (replication.go, paper IV-C and IV-E). The goroutines
+// of the current role form a stage (loop, executor or primary driver,
+// senders, shipper, own-durability watch; or the backup's applier). A
+// recovery order stops the stage (cancel and wait: no batch in flight, no
+// snapshot being written), switches the role state, logs the transition
+// at Info and starts the next stage; orders are serialised and checked
+// against the instance's epoch (older epochs are refused):
+//   - Promote of a backup: pending snapshots are dropped; the pipeline
+//     starts after the last applied batch, seqs after its max applied seq,
+//     at the new epoch, with new out-edges (new sender incarnations); the
+//     receiver's duplicate filter is seeded with the requests the applied
+//     state covers; the last applied snapshot is shipped first to whatever
+//     backup appears. Promote of a stateless standby numbers its outputs
+//     after start_seq (field, or metadata hams-start-seq).
+//   - Demote: a primary becomes a backup that takes the next snapshot of
+//     the new epoch as its full base state (also SyncBackup of a new
+//     backup); a primary re-ships its last state when its backup moves.
+//   - Rollback: the primary keeps the last state its backup applied (acks
+//     with applied, its own durability notices) and every later one until
+//     it is applied; it reinstalls that state, drops later outputs from the
+//     output log and the lineage index, and reseeds the duplicate filter.
+//   - Resend: the out-edge to to_model starts a new incarnation that
+//     carries the saved outputs (the output log of a stateful primary, the
+//     items an edge.Sender retains until completion otherwise) whose seq of
+//     this model is above the position, then the unacknowledged ones.
+//   - GetMaxSeq, GetLineageSummary: from the lineage index (summary.go):
+//     per graph edge the contiguous prefix of the predecessor's seqs seen,
+//     for received items and for the requests the state covers.
+//
+// Receivers fence batches whose epoch is older than the topology's for the
+// sending model, and drop items whose request key (edge.DedupKey) was seen
+// on the edge; a backup refuses snapshots of an older epoch.
 package sidecar

@@ -36,6 +36,9 @@ func (s *Sidecar) executor(ctx context.Context, work <-chan []*Joined, idle chan
 }
 
 func (s *Sidecar) describe(ctx context.Context) bool {
+	if s.desc != nil {
+		return true // an earlier role stage described it
+	}
 	wait := describeRetry
 	for attempt := 0; ; attempt++ {
 		d, err := s.cfg.Backend.Describe(ctx)
@@ -168,6 +171,11 @@ func (s *Sidecar) execute(ctx context.Context, batch []*Joined) {
 // re-run request by request so only the bad request fails.
 func (s *Sidecar) run(ctx context.Context, reqs []request) {
 	outs, err := s.infer(ctx, reqs)
+	if err != nil && ctx.Err() != nil {
+		// The role stage is stopping (shutdown, demotion, promotion):
+		// the requests are not failed; they come again by resend.
+		return
+	}
 	if err != nil {
 		code := status.Code(err)
 		if code == codes.InvalidArgument && len(reqs) > 1 {
@@ -271,7 +279,8 @@ func (s *Sidecar) finish(reqs []request, outs [][]*hamsv1.Tensor) {
 	for i, r := range reqs {
 		parts[i] = r.j.Parts
 	}
-	_, lineages := s.lineage.RecordBatch(parts, outs)
+	seqs, lineages := s.lineage.RecordBatch(parts, outs)
+	s.idx.executed(s.execRecs(parts, seqs, lineages))
 	s.metrics.lineage.Observe(time.Since(start).Seconds())
 	s.metrics.requests.Add(float64(len(reqs)))
 	for i, r := range reqs {

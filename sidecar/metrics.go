@@ -30,6 +30,10 @@ type metrics struct {
 	applySeconds  prometheus.Histogram
 	pending       prometheus.Gauge
 	durableSeq    prometheus.Gauge
+
+	// Recovery.
+	transitions *prometheus.CounterVec
+	resent      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, model string) *metrics {
@@ -84,8 +88,12 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_backup_pending_snapshots", Help: "Snapshots the backup holds, waiting for earlier batches or PFM durability.", ConstLabels: cl})
 	m.durableSeq = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hams_sidecar_durable_seq", Help: "Highest request seq covered by an applied snapshot (backup).", ConstLabels: cl})
+	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hams_sidecar_role_transitions_total", Help: "Recovery orders carried out (promote, demote, rollback).", ConstLabels: cl}, []string{"kind"})
+	m.resent = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_resent_items_total", Help: "Saved outputs queued again by Resend.", ConstLabels: cl})
 	if reg != nil {
-		reg.MustRegister(m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
+		reg.MustRegister(m.transitions, m.resent, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.outlogBytes, m.outlogItems,
 			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq)
 	}

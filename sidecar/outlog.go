@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"sort"
 	"sync"
 
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -117,4 +118,71 @@ func (l *OutputLog) Stats() (requests, items int, bytes int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.entries), l.items, l.bytes
+}
+
+// Reset drops every entry (a demoted primary's log).
+func (l *OutputLog) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.entries)
+	l.bytes, l.items = 0, 0
+	close(l.space)
+	l.space = make(chan struct{})
+}
+
+// DropAfter drops the entries whose items carry a seq of model above seq
+// (outputs a rollback discards).
+func (l *OutputLog) DropAfter(model string, seq uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, es := range l.entries {
+		kept := es[:0]
+		for _, e := range es {
+			if len(e.items) > 0 && seqOf(e.items[0], model) > seq {
+				l.bytes -= e.bytes
+				l.items -= len(e.items)
+				continue
+			}
+			kept = append(kept, e)
+		}
+		if len(kept) == 0 {
+			delete(l.entries, id)
+		} else {
+			l.entries[id] = kept
+		}
+	}
+	close(l.space)
+	l.space = make(chan struct{})
+}
+
+// ForEdge returns the items kept for out-edge i of n, ordered by model's
+// seq: an entry released by this primary holds one item per edge, one
+// applied by a backup a single item for all.
+func (l *OutputLog) ForEdge(model string, i, n int) []*hamsv1.Item {
+	l.mu.Lock()
+	var out []*hamsv1.Item
+	for _, es := range l.entries {
+		for _, e := range es {
+			switch {
+			case len(e.items) == n:
+				out = append(out, e.items[i])
+			case len(e.items) == 1:
+				out = append(out, e.items[0])
+			}
+		}
+	}
+	l.mu.Unlock()
+	sort.Slice(out, func(a, b int) bool { return seqOf(out[a], model) < seqOf(out[b], model) })
+	return out
+}
+
+// seqOf is model's seq in the item's lineage (0 if none).
+func seqOf(it *hamsv1.Item, model string) uint64 {
+	lin := it.GetLineage()
+	for i := len(lin) - 1; i >= 0; i-- {
+		if lin[i].GetModel() == model {
+			return lin[i].GetSeq()
+		}
+	}
+	return 0
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/sidecar/nspb"
@@ -25,6 +26,12 @@ const (
 // backup: beyond it no new batch starts (shipping slower than computing
 // would otherwise grow the queue, and memory, without bound).
 const maxUnacked = 8
+
+// maxUnapplied bounds the snapshots kept because the backup has not
+// applied them yet (it waits for its PFMs' durability): each one may
+// become the rollback target, so none can be dropped; beyond it no new
+// batch starts.
+const maxUnapplied = 64
 
 type eventKind int
 
@@ -64,6 +71,7 @@ type computedBatch struct {
 // batch (paper IV-D), as shipped to the backup.
 type snapshot struct {
 	batch    uint64
+	seq      uint64 // highest request seq the state covers
 	header   *hamsv1.SnapshotHeader
 	state    []*hamsv1.Tensor
 	digest   string // of the state bytes; set by the shipper
@@ -96,7 +104,19 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 	if !s.describe(ctx) {
 		return nil
 	}
-	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, 0), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{}}
+	if s.ship.Applied() == nil {
+		// The rollback target before the backup applied anything: the
+		// state this primary starts from.
+		ts, v, err := s.sbe.ReadState(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("read initial state: %w", err)
+		}
+		s.ship.reset(s.baseSnapshot(ts, v, nil), false)
+	}
+	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, s.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{}}
 	defer p.ops.Wait()
 	idleSent := false
 	for {
@@ -111,7 +131,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 			}
 		}
 		_, unacked := s.ship.Kept()
-		canStart := !p.busy && !full && unacked < maxUnacked && p.pipe.CanCompute()
+		canStart := !p.busy && !full && unacked < maxUnacked && s.ship.Unapplied() < maxUnapplied && p.pipe.CanCompute()
 		if canStart && len(p.queue) > 0 {
 			reqs := p.queue[0]
 			p.queue = p.queue[1:]
@@ -140,6 +160,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 			}
 		case n := <-s.ship.acks:
 			p.do(ctx, p.pipe.Acked(n))
+		case <-s.ship.appliedC:
 		case <-spaceC:
 		case <-ctx.Done():
 			return nil
@@ -249,8 +270,12 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
 		}
 		s.metrics.stateBytes.Set(float64(bytes))
-		sn := &snapshot{batch: ev.batch, state: ev.state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
-			Model: s.cfg.Model, Epoch: s.cfg.Epoch, BatchId: ev.batch, StateVersion: ev.version,
+		var maxSeq uint64
+		for _, r := range b.records {
+			maxSeq = max(maxSeq, r.GetSeq())
+		}
+		sn := &snapshot{batch: ev.batch, seq: maxSeq, state: ev.state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+			Model: s.cfg.Model, Epoch: s.epoch(), BatchId: ev.batch, StateVersion: ev.version,
 			Requests: b.records, StateTensors: specs, StateBytes: bytes, Outputs: b.outputs, OutputRows: b.rows,
 		}}
 		b.copied = true
@@ -271,6 +296,9 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 // fails. No state was staged, so the batch id is reused.
 func (p *primary) computeFailed(ctx context.Context, ev opDone) {
 	s := p.s
+	if ctx.Err() != nil {
+		return // stopping: the requests come again by resend
+	}
 	code := status.Code(ev.err)
 	if code == codes.InvalidArgument && len(ev.reqs) > 1 {
 		s.log.Debug("batch rejected as invalid, re-running requests one by one", "size", len(ev.reqs), "err", ev.err)
@@ -303,6 +331,7 @@ func (p *primary) record(ev opDone) *computedBatch {
 		parts[i] = r.j.Parts
 	}
 	seqs, lineages := s.lineage.RecordBatch(parts, ev.outs)
+	s.idx.executed(s.execRecs(parts, seqs, lineages))
 	b := &computedBatch{id: ev.batch, outputs: ev.resp.GetOutputs(), rows: ev.resp.GetRows(),
 		items: make([]*hamsv1.Item, len(ev.reqs)), records: make([]*hamsv1.RequestRecord, len(ev.reqs))}
 	for i, r := range ev.reqs {
@@ -397,9 +426,59 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// completed garbage-collects the output log on a completion notice.
+// baseSnapshot is the snapshot of a state this primary starts from
+// (initial state, a promoted backup's last applied state, a rollback
+// target): batch baseBatch, covering reqs.
+func (s *Sidecar) baseSnapshot(state []*hamsv1.Tensor, version uint64, reqs []*hamsv1.RequestRecord) *snapshot {
+	var bytes uint64
+	specs := make([]*hamsv1.TensorSpec, len(state))
+	for i, t := range state {
+		bytes += uint64(len(t.GetData()))
+		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
+	}
+	return &snapshot{batch: s.baseBatch, seq: s.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+		Model: s.cfg.Model, Epoch: s.epoch(), BatchId: s.baseBatch, StateVersion: version,
+		Requests: reqs, StateTensors: specs, StateBytes: bytes,
+	}}
+}
+
+// execRecs describes executed requests for the lineage index.
+func (s *Sidecar) execRecs(parts [][]*hamsv1.Item, seqs []uint64, lineages [][]*hamsv1.LineageEntry) []execRec {
+	recs := make([]execRec, len(parts))
+	for i, ps := range parts {
+		r := execRec{seq: seqs[i], lin: lineages[i], keys: make([]fromKey, 0, len(ps))}
+		for _, p := range ps {
+			r.keys = append(r.keys, fromKey{p.GetFromModel(), edge.DedupKey(p.GetReqId(), p.GetLineage(), s.isStateful)})
+		}
+		recs[i] = r
+	}
+	return recs
+}
+
+// ownDurable learns from this model's durability notices which snapshot
+// the backup applied (the rollback target moves forward). Notices of an
+// epoch before this instance's last promotion or rollback are another
+// numbering's.
+func (s *Sidecar) ownDurable(n *hamsv1.DurabilityNotice) {
+	if n.GetModel() != s.cfg.Model || n.GetEpoch() < s.recoveredEpoch.Load() {
+		return
+	}
+	s.ship.mu.Lock()
+	s.ship.setApplied(n.GetBatchId())
+	s.ship.mu.Unlock()
+	select {
+	case s.ship.appliedC <- struct{}{}:
+	default:
+	}
+}
+
+// completed garbage-collects the output log and the senders' retained
+// items on a completion notice.
 func (s *Sidecar) completed(n *hamsv1.CompletionNotice) {
-	if s.outlog.Complete(n.GetReqIds()) == 0 {
+	for _, snd := range s.sendersNow() {
+		snd.Complete(n.GetReqIds()...)
+	}
+	if s.outlog == nil || s.outlog.Complete(n.GetReqIds()) == 0 {
 		return
 	}
 	_, items, bytes := s.outlog.Stats()

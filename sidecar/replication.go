@@ -2,63 +2,366 @@ package sidecar
 
 import (
 	"context"
+	"slices"
+	"strconv"
+	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/edge"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
+// StartSeqMetadata is the gRPC metadata key by which the manager may pass
+// PromoteRequest.start_seq (decimal) to a stateless standby; the field wins
+// when set.
+const StartSeqMetadata = "hams-start-seq"
+
+// stateWriteTimeout bounds the WriteState of a rollback.
+const stateWriteTimeout = 30 * time.Second
+
 // replicationServer serves hamsv1.Replication on the sidecar's gRPC
-// server: ShipSnapshot and GetMaxSeq on a backup; the recovery RPCs are
-// not implemented yet.
+// server: ShipSnapshot and GetMaxSeq on a backup, the recovery RPCs
+// (paper IV-E) wherever they apply.
 type replicationServer struct {
 	hamsv1.UnimplementedReplicationServer
 	s *Sidecar
 }
 
 func (r *replicationServer) notBackup(rpc string) error {
-	return status.Errorf(codes.FailedPrecondition, "%s: %s is the %s sidecar of %q, not a backup", rpc, r.s.cfg.GRPCListener.Addr(), r.s.role, r.s.cfg.Model)
+	return status.Errorf(codes.FailedPrecondition, "%s: %s is the %s sidecar of %q, not a backup", rpc, r.s.cfg.GRPCListener.Addr(), r.s.Role(), r.s.cfg.Model)
+}
+
+// backup returns the backup state while this sidecar is a backup.
+func (r *replicationServer) backup() *backupState {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.role != RoleBackup {
+		return nil
+	}
+	return s.bk
+}
+
+func (r *replicationServer) checkModel(rpc, m string) error {
+	if m != "" && m != r.s.cfg.Model {
+		return status.Errorf(codes.NotFound, "%s: this is the sidecar of %q, not %q", rpc, r.s.cfg.Model, m)
+	}
+	return nil
 }
 
 func (r *replicationServer) ShipSnapshot(stream hamsv1.Replication_ShipSnapshotServer) error {
-	if r.s.bk == nil {
+	bk := r.backup()
+	if bk == nil {
 		return r.notBackup("ShipSnapshot")
 	}
-	return r.s.bk.shipSnapshot(stream)
+	return bk.shipSnapshot(stream)
 }
 
 func (r *replicationServer) GetMaxSeq(_ context.Context, req *hamsv1.GetMaxSeqRequest) (*hamsv1.GetMaxSeqResponse, error) {
-	if r.s.bk == nil {
+	bk := r.backup()
+	if bk == nil {
 		return nil, r.notBackup("GetMaxSeq")
 	}
-	if m := req.GetModel(); m != "" && m != r.s.cfg.Model {
-		return nil, status.Errorf(codes.NotFound, "GetMaxSeq: this is the backup of %q, not %q", r.s.cfg.Model, m)
+	if err := r.checkModel("GetMaxSeq", req.GetModel()); err != nil {
+		return nil, err
 	}
-	seq, batch := r.s.bk.MaxSeq()
+	seq, batch := bk.MaxSeq()
 	return &hamsv1.GetMaxSeqResponse{MaxSeq: seq, BatchId: batch}, nil
 }
 
-func unimplemented(rpc string) error {
-	return status.Errorf(codes.Unimplemented, "Replication.%s is not implemented yet: it comes with %s", rpc, recoveryIssue)
+func (r *replicationServer) GetLineageSummary(_ context.Context, req *hamsv1.LineageSummaryRequest) (*hamsv1.LineageSummary, error) {
+	s := r.s
+	if f := req.GetFailedModel(); f != "" && f != config.Frontend && !slices.Contains(s.graph.Models(), f) {
+		return nil, status.Errorf(codes.NotFound, "GetLineageSummary: model %q is not in service %q", f, s.service)
+	}
+	return s.idx.summary(s.graph, s.cfg.Model, req.GetFailedModel(), req.GetFailedMaxSeq(), s.Role() == RoleBackup), nil
 }
 
-func (r *replicationServer) GetLineageSummary(context.Context, *hamsv1.LineageSummaryRequest) (*hamsv1.LineageSummary, error) {
-	return nil, unimplemented("GetLineageSummary")
+func (r *replicationServer) Resend(_ context.Context, req *hamsv1.ResendRequest) (*hamsv1.ResendResponse, error) {
+	n, err := r.s.resend(req)
+	if err != nil {
+		return nil, err
+	}
+	return &hamsv1.ResendResponse{Resent: uint64(n)}, nil
 }
 
-func (r *replicationServer) Resend(context.Context, *hamsv1.ResendRequest) (*hamsv1.ResendResponse, error) {
-	return nil, unimplemented("Resend")
+func (r *replicationServer) Promote(ctx context.Context, req *hamsv1.PromoteRequest) (*hamsv1.PromoteResponse, error) {
+	if err := r.checkModel("Promote", req.GetModel()); err != nil {
+		return nil, err
+	}
+	start := req.GetStartSeq()
+	if md, ok := metadata.FromIncomingContext(ctx); ok && start == 0 {
+		if v := md.Get(StartSeqMetadata); len(v) > 0 {
+			n, err := strconv.ParseUint(v[0], 10, 64)
+			if err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "Promote: metadata %s=%q: %v", StartSeqMetadata, v[0], err)
+			}
+			start = n
+		}
+	}
+	seq, err := r.s.promote(req.GetEpoch(), start)
+	if err != nil {
+		return nil, err
+	}
+	return &hamsv1.PromoteResponse{MaxSeq: seq}, nil
 }
 
-func (r *replicationServer) Promote(context.Context, *hamsv1.PromoteRequest) (*hamsv1.PromoteResponse, error) {
-	return nil, unimplemented("Promote")
+func (r *replicationServer) Demote(_ context.Context, req *hamsv1.DemoteRequest) (*hamsv1.DemoteResponse, error) {
+	if err := r.checkModel("Demote", req.GetModel()); err != nil {
+		return nil, err
+	}
+	if err := r.s.demote(req.GetEpoch(), req.GetPrimaryAddress()); err != nil {
+		return nil, err
+	}
+	return &hamsv1.DemoteResponse{}, nil
 }
 
-func (r *replicationServer) Demote(context.Context, *hamsv1.DemoteRequest) (*hamsv1.DemoteResponse, error) {
-	return nil, unimplemented("Demote")
+func (r *replicationServer) Rollback(_ context.Context, req *hamsv1.RollbackRequest) (*hamsv1.RollbackResponse, error) {
+	if err := r.checkModel("Rollback", req.GetModel()); err != nil {
+		return nil, err
+	}
+	v, err := r.s.rollback(req.GetEpoch(), req.GetToBatchId())
+	if err != nil {
+		return nil, err
+	}
+	return &hamsv1.RollbackResponse{StateVersion: v}, nil
 }
 
-func (r *replicationServer) Rollback(context.Context, *hamsv1.RollbackRequest) (*hamsv1.RollbackResponse, error) {
-	return nil, unimplemented("Rollback")
+// transition runs f with the role stage stopped (no batch in flight, no
+// snapshot being applied) and starts the stage of the resulting role.
+func (s *Sidecar) transition(rpc string, f func() error) error {
+	s.roleMu.Lock()
+	defer s.roleMu.Unlock()
+	s.mu.Lock()
+	running := s.runCtx != nil && !s.stopped
+	s.mu.Unlock()
+	if !running {
+		return status.Errorf(codes.Unavailable, "%s: sidecar of %q is not running", rpc, s.cfg.Model)
+	}
+	s.stopStage()
+	err := f()
+	s.startStage()
+	if err == nil {
+		s.metrics.transitions.WithLabelValues(rpc).Inc()
+	}
+	return err
+}
+
+func (s *Sidecar) setRole(role string) {
+	s.mu.Lock()
+	s.role = role
+	s.mu.Unlock()
+}
+
+// checkEpoch refuses an order for an epoch older than this instance's.
+func (s *Sidecar) checkEpoch(rpc string, epoch uint64) error {
+	if cur := s.epochV.Load(); epoch < cur {
+		return status.Errorf(codes.FailedPrecondition, "%s: epoch %d is older than this instance's %d", rpc, epoch, cur)
+	}
+	return nil
+}
+
+// resetRequestPath forgets requests not yet executed: they come again by
+// resends (caller stopped the stage).
+func (s *Sidecar) resetRequestPath() {
+	if s.joiner == nil {
+		return
+	}
+	g := s.graph
+	s.joiner, _ = NewJoiner(g.Pred(s.cfg.Model), s.model.FanIn, maxWaitingJoin)
+	s.batcher = NewBatcher[*Joined](s.model.Batch.Size, s.model.Batch.MaxWait.D())
+	for {
+		select {
+		case <-s.inbox:
+			continue
+		default:
+		}
+		return
+	}
+}
+
+// promote makes a backup the primary (stateful) or numbers a stateless
+// standby's outputs after startSeq; both continue at epoch.
+func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
+	if err := s.checkEpoch("Promote", epoch); err != nil {
+		return 0, err
+	}
+	var maxSeq uint64
+	err := s.transition("Promote", func() error {
+		if !s.replicated {
+			if s.Role() != RolePrimary {
+				return status.Errorf(codes.FailedPrecondition, "Promote: stateless sidecar of %q is a %s", s.cfg.Model, s.Role())
+			}
+			if s.epochV.Load() == epoch && epoch != 0 {
+				maxSeq = s.lineage.Seq()
+				return nil // repeated order
+			}
+			from := max(startSeq, s.lineage.Seq())
+			s.lineage = NewLineage(s.cfg.Model, from)
+			s.epochV.Store(epoch)
+			maxSeq = from
+			s.log.Info("promoted: stateless instance takes traffic", "epoch", epoch, "start_seq", from)
+			return nil
+		}
+		if s.Role() == RolePrimary {
+			if s.epochV.Load() == epoch {
+				maxSeq = s.lineage.Seq()
+				return nil // repeated order
+			}
+			return status.Errorf(codes.FailedPrecondition, "Promote: sidecar of %q is already the primary (epoch %d)", s.cfg.Model, s.epochV.Load())
+		}
+		if s.receiver == nil {
+			return status.Errorf(codes.FailedPrecondition, "Promote: backup of %q has no resolver: it cannot serve", s.cfg.Model)
+		}
+		bk := s.bk
+		bk.mu.Lock()
+		last, seq, batch, pending := bk.last, bk.doneSeq, bk.doneBatch, len(bk.snaps)
+		bk.mu.Unlock()
+		s.baseBatch, s.baseSeq = batch, seq
+		s.lineage = NewLineage(s.cfg.Model, seq)
+		s.epochV.Store(epoch)
+		s.recoveredEpoch.Store(epoch)
+		s.receiver.SeedDedup(s.idx.cut(seq))
+		s.resetRequestPath()
+		if err := s.newSenders(); err != nil {
+			return status.Errorf(codes.Internal, "Promote: %v", err)
+		}
+		var base *snapshot
+		if last != nil {
+			base = s.baseSnapshot(last.state, last.header.GetStateVersion(), last.header.GetRequests())
+			base.digest = last.digest
+		}
+		s.ship.reset(base, base != nil)
+		s.setRole(RolePrimary)
+		maxSeq = seq
+		s.log.Info("promoted: backup becomes the primary", "epoch", epoch, "max_seq", seq, "batch", batch,
+			"pending_snapshots_dropped", pending)
+		return nil
+	})
+	return maxSeq, err
+}
+
+// demote makes this sidecar the backup of the primary at primaryAddr: its
+// state is overwritten by the first snapshot of epoch or later it
+// receives.
+func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
+	if !s.replicated {
+		return status.Errorf(codes.FailedPrecondition, "Demote: model %q is not replicated", s.cfg.Model)
+	}
+	if err := s.checkEpoch("Demote", epoch); err != nil {
+		return err
+	}
+	if s.Role() == RoleBackup {
+		// Already a backup (SyncBackup of a new one): take the next
+		// snapshot of this epoch as a full base.
+		bk := s.backupNow()
+		bk.mu.Lock()
+		if epoch > bk.epoch {
+			bk.epoch = epoch
+		}
+		if bk.syncEpoch < epoch {
+			bk.synced = false
+		}
+		bk.mu.Unlock()
+		s.epochV.Store(epoch)
+		s.log.Info("backup: syncing from primary", "epoch", epoch, "primary", primaryAddr)
+		return nil
+	}
+	return s.transition("Demote", func() error {
+		s.epochV.Store(epoch)
+		s.resetRequestPath()
+		s.ship.reset(nil, false)
+		s.outlog.Reset()
+		s.idx.reset()
+		bk := newBackupState(s)
+		s.mu.Lock()
+		s.bk = bk
+		s.role = RoleBackup
+		s.mu.Unlock()
+		s.log.Info("demoted: primary becomes a backup; state will be overwritten by the primary's", "epoch", epoch, "primary", primaryAddr)
+		return nil
+	})
+}
+
+func (s *Sidecar) backupNow() *backupState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bk
+}
+
+// rollback reinstalls the state the backup last applied and discards what
+// came after it (outputs, seqs, dedup memory), continuing at epoch.
+func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
+	if !s.replicated {
+		return 0, status.Errorf(codes.FailedPrecondition, "Rollback: model %q is not replicated", s.cfg.Model)
+	}
+	if err := s.checkEpoch("Rollback", epoch); err != nil {
+		return 0, err
+	}
+	var version uint64
+	err := s.transition("Rollback", func() error {
+		if s.Role() != RolePrimary {
+			return status.Errorf(codes.FailedPrecondition, "Rollback: sidecar of %q is a %s", s.cfg.Model, s.Role())
+		}
+		target := s.ship.Applied()
+		if target == nil {
+			return status.Errorf(codes.FailedPrecondition, "Rollback: primary of %q keeps no applied state yet", s.cfg.Model)
+		}
+		if toBatch != 0 && toBatch != target.batch {
+			return status.Errorf(codes.FailedPrecondition, "Rollback: kept state is after batch %d, not %d", target.batch, toBatch)
+		}
+		ctx, cancel := context.WithTimeout(s.runCtx, stateWriteTimeout)
+		defer cancel()
+		if err := s.sbe.WriteState(ctx, target.state, target.header.GetStateVersion()); err != nil {
+			return status.Errorf(codes.Unavailable, "Rollback: write kept state of batch %d: %v", target.batch, err)
+		}
+		s.baseBatch, s.baseSeq = target.batch, target.seq
+		s.lineage = NewLineage(s.cfg.Model, target.seq)
+		s.epochV.Store(epoch)
+		s.recoveredEpoch.Store(epoch)
+		s.outlog.DropAfter(s.cfg.Model, target.seq)
+		s.receiver.SeedDedup(s.idx.cut(target.seq))
+		s.resetRequestPath()
+		base := s.baseSnapshot(target.state, target.header.GetStateVersion(), target.header.GetRequests())
+		base.digest = target.digest
+		s.ship.reset(base, true)
+		version = target.header.GetStateVersion()
+		s.log.Info("rolled back to the state the backup last applied", "epoch", epoch, "batch", target.batch,
+			"seq", target.seq, "state_version", version)
+		return nil
+	})
+	return version, err
+}
+
+// resend sends the saved outputs on the edge to req.ToModel after a
+// position again (to a replacement at req.ToAddress).
+func (s *Sidecar) resend(req *hamsv1.ResendRequest) (int, error) {
+	s.roleMu.Lock()
+	defer s.roleMu.Unlock()
+	if s.Role() != RolePrimary || s.receiver == nil {
+		return 0, status.Errorf(codes.FailedPrecondition, "Resend: sidecar of %q is a %s", s.cfg.Model, s.Role())
+	}
+	senders := s.sendersNow()
+	for i, to := range s.succs {
+		if to != req.GetToModel() {
+			continue
+		}
+		spec := edge.ResendSpec{After: req.GetAfterEdgeSeq(), Addr: req.GetToAddress(), Epoch: req.GetEpoch()}
+		if s.replicated {
+			spec.Items = s.outlog.ForEdge(s.cfg.Model, i, len(senders))
+			if spec.Items == nil {
+				spec.Items = []*hamsv1.Item{}
+			}
+		}
+		n := senders[i].Resend(spec)
+		s.metrics.resent.Add(float64(n))
+		s.log.Info("resend", "to", req.GetToModel(), "addr", req.GetToAddress(), "after", req.GetAfterEdgeSeq(),
+			"epoch", req.GetEpoch(), "resent", n)
+		return n, nil
+	}
+	return 0, status.Errorf(codes.NotFound, "Resend: %q is not a successor of %q", req.GetToModel(), s.cfg.Model)
 }

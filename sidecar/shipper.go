@@ -28,23 +28,34 @@ const (
 // duplicates by batch id).
 //
 // Invariants (under mu): queue holds the unacknowledged snapshots in batch
-// order; kept is the last acknowledged one: the primary keeps the previous
-// state until the backup has the next (rollback case of IV-C).
+// order; kept is the last acknowledged one; applied is the last one the
+// backup is known to have applied (ack with applied set, or its durability
+// notice) and unapplied the acknowledged ones after it, in batch order.
+// The primary keeps the applied state until the backup applies a later
+// one: the rollback target of a correlated failure (IV-C).
 type shipper struct {
 	s    *Sidecar
 	acks chan uint64 // batch ids acknowledged, in order, to the driver
 
-	mu    sync.Mutex
-	queue []*snapshot
-	kept  *snapshot
-	wake  chan struct{}
+	mu        sync.Mutex
+	queue     []*snapshot
+	kept      *snapshot
+	applied   *snapshot
+	unapplied []*snapshot
+	// sentTo is the backup address that acknowledged kept; a new address
+	// (a new or demoted backup) first gets kept again, as its base.
+	sentTo string
+	wake   chan struct{}
+	// appliedC wakes the primary's driver when applied moves (the
+	// unapplied bound may allow a batch again).
+	appliedC chan struct{}
 
 	// dialOptions are appended to grpcx.DialOptions (tests).
 	dialOptions []grpc.DialOption
 }
 
 func newShipper(s *Sidecar) *shipper {
-	return &shipper{s: s, acks: make(chan uint64, 64), wake: make(chan struct{}, 1)}
+	return &shipper{s: s, acks: make(chan uint64, 64), wake: make(chan struct{}, 1), appliedC: make(chan struct{}, 1)}
 }
 
 func (sh *shipper) enqueue(sn *snapshot) {
@@ -72,6 +83,55 @@ func (sh *shipper) Kept() (*snapshot, int) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return sh.kept, len(sh.queue)
+}
+
+// Unapplied is the number of snapshots copied but not known applied.
+func (sh *shipper) Unapplied() int {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return len(sh.queue) + len(sh.unapplied)
+}
+
+// Applied returns the rollback target: the last state the backup applied.
+func (sh *shipper) Applied() *snapshot {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.applied
+}
+
+// setApplied records that the backup applied batch n (caller holds mu).
+func (sh *shipper) setApplied(n uint64) {
+	i := 0
+	for i < len(sh.unapplied) && sh.unapplied[i].batch <= n {
+		sh.applied = sh.unapplied[i]
+		i++
+	}
+	clear(sh.unapplied[:i])
+	sh.unapplied = sh.unapplied[i:]
+}
+
+// reset makes base the only state known (promotion, rollback): nothing is
+// queued, base counts as applied, and it is shipped first to whichever
+// backup is found (when ship is set).
+func (sh *shipper) reset(base *snapshot, ship bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	clear(sh.queue)
+	sh.queue = sh.queue[:0]
+	clear(sh.unapplied)
+	sh.unapplied = nil
+	sh.applied, sh.kept, sh.sentTo = base, base, ""
+	if ship && base != nil {
+		sh.queue = append(sh.queue, base)
+	}
+	for {
+		select {
+		case <-sh.acks:
+			continue
+		default:
+		}
+		break
+	}
 }
 
 func (sh *shipper) run(ctx context.Context) error {
@@ -103,6 +163,9 @@ func (sh *shipper) run(ctx context.Context) error {
 			return nil
 		}
 		addr, _, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model)
+		if ok && sh.rebase(addr) {
+			continue
+		}
 		var err error
 		if !ok {
 			err = fmt.Errorf("backup of %s not resolvable", s.cfg.Model)
@@ -117,7 +180,20 @@ func (sh *shipper) run(ctx context.Context) error {
 				}
 				ccAddr = addr
 			}
-			err = sh.send(ctx, cc, sn)
+			var applied bool
+			applied, err = sh.send(ctx, cc, sn)
+			if err == nil {
+				sh.mu.Lock()
+				sh.sentTo = addr
+				if (sh.applied == nil || sn.batch > sh.applied.batch) &&
+					(len(sh.unapplied) == 0 || sn.batch > sh.unapplied[len(sh.unapplied)-1].batch) {
+					sh.unapplied = append(sh.unapplied, sn)
+				}
+				if applied {
+					sh.setApplied(sn.batch)
+				}
+				sh.mu.Unlock()
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -133,9 +209,13 @@ func (sh *shipper) run(ctx context.Context) error {
 		}
 		backoff = shipMinBackoff
 		sh.mu.Lock()
-		sh.queue[0] = nil
-		sh.queue = sh.queue[1:]
-		sh.kept = sn
+		if len(sh.queue) > 0 && sh.queue[0] == sn {
+			sh.queue[0] = nil
+			sh.queue = sh.queue[1:]
+		}
+		if sh.kept == nil || sn.batch >= sh.kept.batch {
+			sh.kept = sn
+		}
 		sh.mu.Unlock()
 		s.metrics.shipped.Inc()
 		s.metrics.snapDelivery.Observe(time.Since(sn.copiedAt).Seconds())
@@ -150,7 +230,7 @@ func (sh *shipper) run(ctx context.Context) error {
 
 // send ships one snapshot: header, state data in chunks of at most
 // shipChunkBytes, the state digest on the last chunk.
-func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) error {
+func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) (applied bool, err error) {
 	if sn.digest == "" {
 		sn.digest = tensor.Digest(sn.state...)
 	}
@@ -158,7 +238,7 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 	defer cancel()
 	st, err := hamsv1.NewReplicationClient(cc).ShipSnapshot(ctx)
 	if err != nil {
-		return fmt.Errorf("open ShipSnapshot: %w", err)
+		return false, fmt.Errorf("open ShipSnapshot: %w", err)
 	}
 	first := &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: sn.header}}
 	if sn.header.GetStateBytes() == 0 {
@@ -166,7 +246,7 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 	}
 	if err := st.Send(first); err != nil {
 		_, err = st.CloseAndRecv()
-		return fmt.Errorf("send header of batch %d: %w", sn.batch, err)
+		return false, fmt.Errorf("send header of batch %d: %w", sn.batch, err)
 	}
 	var sent uint64
 	for _, t := range sn.state {
@@ -181,16 +261,34 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 			}
 			if err := st.Send(ch); err != nil {
 				_, err = st.CloseAndRecv()
-				return fmt.Errorf("send state of batch %d: %w", sn.batch, err)
+				return false, fmt.Errorf("send state of batch %d: %w", sn.batch, err)
 			}
 		}
 	}
 	resp, err := st.CloseAndRecv()
 	if err != nil {
-		return fmt.Errorf("ship batch %d: %w", sn.batch, err)
+		return false, fmt.Errorf("ship batch %d: %w", sn.batch, err)
 	}
 	if resp.GetBatchId() != sn.batch {
-		return fmt.Errorf("backup acknowledged batch %d for batch %d", resp.GetBatchId(), sn.batch)
+		return false, fmt.Errorf("backup acknowledged batch %d for batch %d", resp.GetBatchId(), sn.batch)
 	}
-	return nil
+	return resp.GetApplied(), nil
+}
+
+// rebase queues kept again, first, when the backup's address changed since
+// it was acknowledged (a new or demoted backup needs a base state). It
+// reports whether it queued something.
+func (sh *shipper) rebase(addr string) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.kept == nil || sh.sentTo == "" || sh.sentTo == addr {
+		return false
+	}
+	if len(sh.queue) > 0 && sh.queue[0] == sh.kept {
+		return false
+	}
+	sh.s.log.Info("backup moved; shipping the last state as its base", "backup", addr, "batch", sh.kept.batch)
+	sh.queue = append([]*snapshot{sh.kept}, sh.queue...)
+	sh.sentTo = ""
+	return true
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"
@@ -110,8 +111,27 @@ type Sidecar struct {
 	done    chan struct{} // closed when Run's context ends
 	started atomic.Bool
 
+	graph *config.Graph
+	idx   *lineageIndex
+	// epochV is the epoch recovery assigned to this instance;
+	// recoveredEpoch the one of its last promotion or rollback (batch ids
+	// and seqs were renumbered then).
+	epochV, recoveredEpoch atomic.Uint64
+	// baseBatch and baseSeq: where a primary's pipeline and numbering
+	// start (after the state it took over or rolled back to).
+	baseBatch, baseSeq uint64
+
+	// roleMu serialises role transitions; mu guards role, senders, and
+	// the Run context fields.
+	roleMu  sync.Mutex
+	mu      sync.Mutex
+	stage   *stage
+	stopped bool
+	runCtx  context.Context
+	fatal   func(error)
+
 	// State manager (replicated stateful models only).
-	role       string
+	role       string // guarded by mu once Run started
 	mode       nspb.Mode
 	replicated bool // stateful, ha stateful, mode not bare
 	sbe        StatefulBackend
@@ -204,33 +224,118 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	grpcM := grpcx.NewServerMetrics(reg)
 	s.serverOpts = grpcx.ServerOptions(log, grpcM, s.maxMsg)
+	s.graph = g
+	s.idx = newLineageIndex()
+	s.epochV.Store(cfg.Epoch)
 	if role == RoleBackup {
 		s.bk = newBackupState(s)
-		return s, nil
 	}
 	if replicated {
 		s.ship = newShipper(s)
 	}
+	if cfg.Resolver == nil {
+		// A backup without a Resolver cannot be promoted (no data path).
+		return s, nil
+	}
 	if s.joiner, err = NewJoiner(g.Pred(cfg.Model), m.FanIn, maxWaitingJoin); err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrConfig, cfg.Model, err)
 	}
-	s.receiver = edge.NewReceiver(cfg.Model, s.deliver, log)
-	for _, to := range s.succs {
-		snd, err := edge.NewSender(edge.SenderConfig{
-			From: cfg.Model, To: to, Resolver: cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: log,
-			Epoch: s.epoch,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
-		}
-		s.senders = append(s.senders, snd)
+	opts := []edge.ReceiverOption{edge.WithDedup(0, s.isStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit)}
+	if !m.Stateful {
+		// A resend through this model toward a replacement further down
+		// must run here again.
+		opts = append(opts, edge.WithResendPassThrough())
+	}
+	s.receiver = edge.NewReceiver(cfg.Model, s.deliver, log, opts...)
+	if err := s.newSenders(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
 
-// epoch is this model's own epoch as the topology knows it.
+// newSenders creates the out-edges afresh (a new incarnation each).
+func (s *Sidecar) newSenders() error {
+	var out []*edge.Sender
+	for _, to := range s.succs {
+		snd, err := edge.NewSender(edge.SenderConfig{
+			From: s.cfg.Model, To: to, Resolver: s.cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: s.log,
+			Epoch: s.epoch, Position: s.position,
+		})
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		out = append(out, snd)
+	}
+	s.mu.Lock()
+	s.senders = out
+	s.mu.Unlock()
+	return nil
+}
+
+// sendersNow returns the current out-edges (for goroutines outside the
+// role stage).
+func (s *Sidecar) sendersNow() []*edge.Sender {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.senders
+}
+
+// position is an output item's position on an out-edge: this model's seq
+// of the request (error items, which carry none, are always resent).
+func (s *Sidecar) position(it *hamsv1.Item) uint64 {
+	lin := it.GetLineage()
+	for i := len(lin) - 1; i >= 0; i-- {
+		if lin[i].GetModel() == s.cfg.Model {
+			return lin[i].GetSeq()
+		}
+	}
+	return ^uint64(0)
+}
+
+// isStateful reports whether a model keeps state (dedup keys include its
+// seqs and outputs: its re-executions after failover supersede).
+func (s *Sidecar) isStateful(model string) bool {
+	m := s.cfg.Deployment.Model(model)
+	return m != nil && m.Stateful
+}
+
+// senderEpoch is the epoch the topology knows for a sending model; the
+// frontend (possibly several replicas) is not fenced.
+func (s *Sidecar) senderEpoch(from string) (uint64, bool) {
+	if from == config.Frontend || s.cfg.Resolver == nil {
+		return 0, false
+	}
+	_, ep, ok := s.cfg.Resolver.Resolve(from)
+	return ep, ok
+}
+
+// admit refuses inbound traffic unless this sidecar serves the model.
+func (s *Sidecar) admit(string) error {
+	if r := s.Role(); r != RolePrimary {
+		return status.Errorf(codes.FailedPrecondition, "sidecar of %q is a %s, it takes no traffic", s.cfg.Model, r)
+	}
+	return nil
+}
+
+// Role is the sidecar's current role.
+func (s *Sidecar) Role() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.role
+}
+
+// epoch is this instance's epoch: the one recovery assigned (Promote,
+// Demote, Rollback; Config.Epoch at start), or the topology's when the
+// topology names this very instance as the model's serving one with a
+// larger epoch. A deposed instance (the topology names another address)
+// keeps its old epoch, so receivers fence its traffic.
 func (s *Sidecar) epoch() uint64 {
-	_, ep, _ := s.cfg.Resolver.Resolve(s.cfg.Model)
+	ep := s.epochV.Load()
+	if s.cfg.Resolver != nil {
+		if addr, rep, ok := s.cfg.Resolver.Resolve(s.cfg.Model); ok && rep > ep && addr == s.cfg.GRPCListener.Addr().String() {
+			ep = rep
+		}
+	}
 	return ep
 }
 
@@ -240,6 +345,7 @@ func (s *Sidecar) Receiver() *edge.Receiver { return s.receiver }
 // deliver is the Receiver's callback: it blocks while the inbox is full,
 // which stops the stream and pushes back on the sender.
 func (s *Sidecar) deliver(_ string, items []*hamsv1.Item) {
+	s.idx.received(items)
 	for _, it := range items {
 		select {
 		case s.inbox <- it:
@@ -258,19 +364,27 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	defer cancel()
 	srv := grpc.NewServer(s.serverOpts...)
 	hamsv1.RegisterReplicationServer(srv, &replicationServer{s: s})
-	if s.role == RolePrimary {
+	if s.receiver != nil {
 		hamsv1.RegisterDataplaneServer(srv, s.receiver)
 	}
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 8+len(s.senders))
+	errc := make(chan error, 64)
+	s.mu.Lock()
+	s.runCtx, s.fatal = ctx, func(err error) {
+		select {
+		case errc <- err:
+		default:
+		}
+		cancel()
+	}
+	s.mu.Unlock()
 	goRun := func(name string, f func(context.Context) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := f(ctx); err != nil && ctx.Err() == nil {
-				errc <- fmt.Errorf("sidecar %s: %s: %w", s.cfg.Model, name, err)
-				cancel()
+				s.fatal(fmt.Errorf("sidecar %s: %s: %w", s.cfg.Model, name, err))
 			}
 		}()
 	}
@@ -283,37 +397,27 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	goRun("grpc server", func(ctx context.Context) error {
 		return grpcx.Serve(ctx, srv, s.cfg.GRPCListener, stopGrace)
 	})
-	if s.replicated {
+	if s.cfg.Coord != nil {
 		goRun("completion watch", func(ctx context.Context) error {
 			return s.cfg.Coord.WatchCompleted(ctx, s.completed)
 		})
 	}
-	if s.role == RoleBackup {
-		goRun("backup", s.bk.run)
+	s.roleMu.Lock()
+	s.startStage()
+	s.roleMu.Unlock()
+	if s.Role() == RoleBackup {
 		s.log.Info("backup sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "mode", s.mode,
 			"pfm", s.pfm, "nfm", s.nfm, "epoch", s.cfg.Epoch)
 	} else {
-		for _, snd := range s.senders {
-			goRun("sender", snd.Run)
-		}
-		work := make(chan []*Joined)
-		idle := make(chan struct{})
-		if s.replicated {
-			goRun("shipper", s.ship.run)
-			goRun("executor", func(ctx context.Context) error { return s.primaryExecutor(ctx, work, idle) })
-		} else {
-			if s.model.Stateful && s.mode == nspb.Bare && s.cfg.Deployment.Mode == "replay" {
-				s.log.Warn("mode replay is not implemented by the sidecar; stateful model runs without replication")
-			}
-			goRun("executor", func(ctx context.Context) error { s.executor(ctx, work, idle); return nil })
-		}
-		goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
-	}
-	if s.role == RolePrimary {
 		s.log.Info("sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "service", s.service,
 			"successors", s.succs, "batch", s.model.Batch.Size, "fan_in", s.model.FanIn,
 			"mode", s.mode, "replicated", s.replicated)
 	}
+	<-ctx.Done()
+	s.roleMu.Lock()
+	s.stopStage()
+	s.stopped = true
+	s.roleMu.Unlock()
 	wg.Wait()
 	close(errc)
 	var err error
@@ -322,6 +426,64 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	s.log.Info("sidecar stopped", "err", err)
 	return err
+}
+
+// stage is the set of goroutines of the current role; a role transition
+// stops it (cancel, wait), switches and starts the next one.
+type stage struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// startStage starts the goroutines of the current role (caller holds
+// roleMu).
+func (s *Sidecar) startStage() {
+	ctx, cancel := context.WithCancel(s.runCtx)
+	st := &stage{cancel: cancel}
+	goRun := func(name string, f func(context.Context) error) {
+		st.wg.Add(1)
+		go func() {
+			defer st.wg.Done()
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				s.fatal(fmt.Errorf("sidecar %s: %s: %w", s.cfg.Model, name, err))
+			}
+		}()
+	}
+	s.stage = st
+	if s.Role() == RoleBackup {
+		bk := s.bk
+		goRun("backup", bk.run)
+		return
+	}
+	for _, snd := range s.sendersNow() {
+		goRun("sender", snd.Run)
+	}
+	work := make(chan []*Joined)
+	idle := make(chan struct{})
+	if s.replicated {
+		goRun("shipper", s.ship.run)
+		goRun("own durability watch", func(ctx context.Context) error {
+			return s.cfg.Coord.WatchDurable(ctx, []string{s.cfg.Model}, s.ownDurable)
+		})
+		goRun("executor", func(ctx context.Context) error { return s.primaryExecutor(ctx, work, idle) })
+	} else {
+		if s.model.Stateful && s.mode == nspb.Bare && s.cfg.Deployment.Mode == "replay" {
+			s.log.Warn("mode replay is not implemented by the sidecar; stateful model runs without replication")
+		}
+		goRun("executor", func(ctx context.Context) error { s.executor(ctx, work, idle); return nil })
+	}
+	goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
+}
+
+// stopStage stops the current role's goroutines and waits for them
+// (caller holds roleMu).
+func (s *Sidecar) stopStage() {
+	if s.stage == nil {
+		return
+	}
+	s.stage.cancel()
+	s.stage.wg.Wait()
+	s.stage = nil
 }
 
 // loop owns the Joiner and Batcher: it accepts items, forms requests, and
@@ -388,7 +550,7 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 }
 
 func (s *Sidecar) sendersFull() bool {
-	for _, snd := range s.senders {
+	for _, snd := range s.sendersNow() {
 		if snd.Full() {
 			return true
 		}
@@ -486,7 +648,7 @@ func (s *Sidecar) fanOut(it *hamsv1.Item) { s.fanOutTo(it, nil) }
 
 // fanOutKeep is fanOut returning the items sent, in successor order.
 func (s *Sidecar) fanOutKeep(it *hamsv1.Item) []*hamsv1.Item {
-	sent := make([]*hamsv1.Item, len(s.senders))
+	sent := make([]*hamsv1.Item, len(s.sendersNow()))
 	s.fanOutTo(it, sent)
 	return sent
 }
@@ -494,9 +656,10 @@ func (s *Sidecar) fanOutKeep(it *hamsv1.Item) []*hamsv1.Item {
 // fanOutTo records the item sent on out-edge i in sent[i] when sent is not
 // nil.
 func (s *Sidecar) fanOutTo(it *hamsv1.Item, sent []*hamsv1.Item) {
-	for i, snd := range s.senders {
+	senders := s.sendersNow()
+	for i, snd := range senders {
 		c := it
-		if i < len(s.senders)-1 {
+		if i < len(senders)-1 {
 			c = &hamsv1.Item{
 				ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
 				Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Error: it.Error, ErrorCode: it.ErrorCode,

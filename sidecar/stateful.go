@@ -54,9 +54,6 @@ const (
 // DefaultOutputLogBytes bounds a stateful primary's output log.
 const DefaultOutputLogBytes = 256 << 20
 
-// recoveryIssue names where the recovery RPCs are implemented.
-const recoveryIssue = "issue 4 (recovery, paper IV-E)"
-
 // replicationOf decides whether cfg.Model is replicated as primary + backup
 // (stateful, ha stateful, a mode other than bare) and checks what that
 // needs. Mode "replay" is not NSPB's: its stateful models run as in bare

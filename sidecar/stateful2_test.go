@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/audit"
@@ -320,7 +321,7 @@ func TestShipSnapshotRejectsBadInput(t *testing.T) {
 	rc := hamsv1.NewReplicationClient(cc)
 	state := row(3, 2) // FP32 [1,2], 8 bytes
 	good := func() *hamsv1.SnapshotHeader {
-		return &hamsv1.SnapshotHeader{Model: "a", BatchId: 1, StateBytes: 8,
+		return &hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: 1, StateBytes: 8,
 			StateTensors: []*hamsv1.TensorSpec{{Name: "x", Datatype: "FP32", Shape: []int64{1, 2}}},
 			Requests:     []*hamsv1.RequestRecord{{ReqId: 1, Seq: 1}}}
 	}
@@ -350,6 +351,7 @@ func TestShipSnapshotRejectsBadInput(t *testing.T) {
 		{"after last", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data, digest), data(nil, "")}, codes.InvalidArgument},
 		{"two headers", []*hamsv1.SnapshotChunk{hdr(good()), hdr(good())}, codes.InvalidArgument},
 		{"bad spec", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.StateTensors[0].Datatype = "BYTES" })), data(state.Data, digest)}, codes.InvalidArgument},
+		{"stale epoch", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.Epoch = 0 })), data(state.Data, digest)}, codes.FailedPrecondition},
 		{"spec size", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.StateTensors[0].Shape = []int64{1, 1} })), data(state.Data, digest)}, codes.InvalidArgument},
 		{"non-PFM dep", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) {
 			h.Requests[0].Lineage = []*hamsv1.LineageEntry{{Model: "a", Seq: 1}}
@@ -377,8 +379,20 @@ func TestShipSnapshotRejectsBadInput(t *testing.T) {
 	if _, err := rc.GetMaxSeq(context.Background(), &hamsv1.GetMaxSeqRequest{Model: "zz"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("GetMaxSeq other model: %v", err)
 	}
-	if _, err := rc.Promote(context.Background(), &hamsv1.PromoteRequest{}); status.Code(err) != codes.Unimplemented {
-		t.Fatalf("Promote: %v", err)
+	if _, err := rc.Promote(context.Background(), &hamsv1.PromoteRequest{}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Promote at a stale epoch: %v", err)
+	}
+	if _, err := rc.Promote(context.Background(), &hamsv1.PromoteRequest{Model: "a", Epoch: 2}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Promote of a backup without a resolver: %v", err)
+	}
+	if _, err := rc.Promote(context.Background(), &hamsv1.PromoteRequest{Model: "zz", Epoch: 2}); status.Code(err) != codes.NotFound {
+		t.Fatalf("Promote of another model: %v", err)
+	}
+	if _, err := rc.Resend(context.Background(), &hamsv1.ResendRequest{ToModel: "frontend"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Resend on a backup: %v", err)
+	}
+	if _, err := rc.Rollback(context.Background(), &hamsv1.RollbackRequest{Model: "a", Epoch: 2}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Rollback on a backup: %v", err)
 	}
 }
 
@@ -463,8 +477,8 @@ func (noCoord) WatchCompleted(ctx context.Context, _ func(*hamsv1.CompletionNoti
 	return nil
 }
 
-// The primary answers the backup-only RPCs with FailedPrecondition and
-// the recovery RPCs with Unimplemented.
+// The primary answers the backup-only RPCs with FailedPrecondition, and
+// recovery orders it cannot follow with FailedPrecondition or NotFound.
 func TestPrimaryReplicationRPCs(t *testing.T) {
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": newCounter(2)}, map[string]Backend{"a": newCounter(2)}, replOpts{})
 	defer h.stop()
@@ -487,15 +501,33 @@ func TestPrimaryReplicationRPCs(t *testing.T) {
 	if _, err := st.CloseAndRecv(); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("ShipSnapshot on primary: %v", err)
 	}
-	calls := map[string]func() error{
-		"GetLineageSummary": func() error { _, err := rc.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{}); return err },
-		"Resend":            func() error { _, err := rc.Resend(ctx, &hamsv1.ResendRequest{}); return err },
-		"Demote":            func() error { _, err := rc.Demote(ctx, &hamsv1.DemoteRequest{}); return err },
-		"Rollback":          func() error { _, err := rc.Rollback(ctx, &hamsv1.RollbackRequest{}); return err },
+	calls := map[string]struct {
+		call func() error
+		code codes.Code
+	}{
+		"GetLineageSummary unknown model": {func() error {
+			_, err := rc.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{FailedModel: "zz"})
+			return err
+		}, codes.NotFound},
+		"Resend to a non-successor": {func() error { _, err := rc.Resend(ctx, &hamsv1.ResendRequest{ToModel: "zz"}); return err }, codes.NotFound},
+		"Demote stale epoch":        {func() error { _, err := rc.Demote(ctx, &hamsv1.DemoteRequest{}); return err }, codes.FailedPrecondition},
+		"Rollback stale epoch":      {func() error { _, err := rc.Rollback(ctx, &hamsv1.RollbackRequest{}); return err }, codes.FailedPrecondition},
+		"Rollback other batch": {func() error {
+			_, err := rc.Rollback(ctx, &hamsv1.RollbackRequest{Epoch: 2, ToBatchId: 99})
+			return err
+		}, codes.FailedPrecondition},
+		"Promote the primary": {func() error { _, err := rc.Promote(ctx, &hamsv1.PromoteRequest{Epoch: 2}); return err }, codes.FailedPrecondition},
+		"Promote bad start seq": {func() error {
+			_, err := rc.Promote(metadata.AppendToOutgoingContext(ctx, StartSeqMetadata, "x"), &hamsv1.PromoteRequest{Epoch: 2})
+			return err
+		}, codes.InvalidArgument},
 	}
-	for name, call := range calls {
-		if err := call(); status.Code(err) != codes.Unimplemented {
-			t.Fatalf("%s: %v", name, err)
+	for name, c := range calls {
+		if err := c.call(); status.Code(err) != c.code {
+			t.Fatalf("%s: %v, want %v", name, err, c.code)
 		}
+	}
+	if ls, err := rc.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{}); err != nil || ls.Model != "a" {
+		t.Fatalf("GetLineageSummary of itself: %v %v", ls, err)
 	}
 }

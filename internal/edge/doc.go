@@ -17,6 +17,20 @@
 // pending) and bounds how far ahead of max_in_order it buffers. The in-order
 // items are handed to the deliver callback, then max_in_order is acknowledged.
 //
+// Retention and resend: acknowledged items stay with the Sender (bounded by
+// count and bytes) until Complete names their request (the frontend's
+// completion notices). Resend starts a new incarnation of the edge: the
+// retained items (or the caller's, e.g. a stateful primary's output log)
+// whose Position is above a given one, then the unacknowledged ones, are
+// renumbered from 1 and streamed to a given address (a replacement the
+// Resolver may not know yet). Acks of an older stream generation are
+// ignored. A Receiver built WithDedup drops, per edge, items whose DedupKey
+// (request id and lineage path, with the seq and output of stateful
+// models) it delivered within a bounded window, since resend positions are
+// conservative; SeedDedup sets that memory after a promotion or rollback.
+// WithEpochs refuses batches of a deposed sender (an epoch older than the
+// topology's), WithAdmit refuses all while the receiver does not serve.
+//
 // Backpressure: Send never blocks; Full/WaitNotFull tell the producer that the
 // edge's backlog reached its bound so it stops producing (the sidecar stops
 // starting batches, the frontend refuses requests). The deliver callback of a

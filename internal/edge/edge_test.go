@@ -305,7 +305,7 @@ func TestSenderBackpressure(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.WaitNotFull(context.Background()) }()
-	s.ack(2)
+	s.ack(0, 2)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,6 +20,45 @@ type ReceiverOption func(*Receiver)
 // WithMaxPending sets the Reorder bound of every edge.
 func WithMaxPending(n int) ReceiverOption { return func(r *Receiver) { r.maxPending = n } }
 
+// DefaultDedupWindow is the number of recent request keys per edge a
+// deduplicating Receiver remembers.
+const DefaultDedupWindow = 1 << 16
+
+// WithDedup makes the Receiver drop an in-order item whose DedupKey (with
+// stateful) was delivered on the same edge among the last window items
+// (window <= 0: DefaultDedupWindow). Resends after recovery are
+// conservative and renumbered, so edge_seq alone cannot tell them apart.
+func WithDedup(window int, stateful func(model string) bool) ReceiverOption {
+	return func(r *Receiver) {
+		if window <= 0 {
+			window = DefaultDedupWindow
+		}
+		r.dedupWindow, r.stateful = window, stateful
+	}
+}
+
+// WithResendPassThrough makes a deduplicating Receiver (WithDedup) deliver
+// an item whose exact lineage (every seq and output) it delivered before:
+// an explicit Resend through this receiver to a replacement further down,
+// which a stateless model must run again. It still drops an item whose
+// request key it has seen with another lineage (a stateless model upstream
+// running the request again). Stateful models do not use it: they must
+// never run a request twice.
+func WithResendPassThrough() ReceiverOption { return func(r *Receiver) { r.passResends = true } }
+
+// WithEpochs refuses (FailedPrecondition) batches whose epoch is below the
+// epoch epochOf reports for the sending model: a deposed instance's
+// traffic.
+func WithEpochs(epochOf func(from string) (uint64, bool)) ReceiverOption {
+	return func(r *Receiver) { r.epochOf = epochOf }
+}
+
+// WithAdmit refuses every batch while admit returns an error (a backup
+// that does not take traffic); the error is returned to the sender.
+func WithAdmit(admit func(from string) error) ReceiverOption {
+	return func(r *Receiver) { r.admit = admit }
+}
+
 // Receiver implements the server side of hamsv1.Dataplane.Forward for the
 // model `to`. It keeps one Reorder per inbound edge (keyed by the batch's
 // from_model), so a sender's old and new streams (after a reconnect) share
@@ -30,6 +70,13 @@ type Receiver struct {
 	deliver    func(from string, items []*hamsv1.Item)
 	log        *slog.Logger
 	maxPending int
+
+	dedupWindow int
+	stateful    func(string) bool
+	passResends bool
+	epochOf     func(string) (uint64, bool)
+	admit       func(string) error
+	dups        atomic.Uint64
 
 	mu    sync.Mutex
 	edges map[string]*inEdge
@@ -45,6 +92,34 @@ type inEdge struct {
 	// incarnation of the sender whose sequence space reorder tracks.
 	incarnation uint64
 	buf         []*hamsv1.Item
+	seen        *window // nil without WithDedup
+	exact       *window // exact lineage keys, with WithResendPassThrough
+}
+
+// window is a bounded FIFO set of request keys.
+type window struct {
+	max  int
+	set  map[uint64]struct{}
+	fifo []uint64
+	head int
+}
+
+func newWindow(max int) *window { return &window{max: max, set: map[uint64]struct{}{}} }
+
+// add reports false when k is already present.
+func (w *window) add(k uint64) bool {
+	if _, ok := w.set[k]; ok {
+		return false
+	}
+	w.set[k] = struct{}{}
+	if len(w.fifo) < w.max {
+		w.fifo = append(w.fifo, k)
+		return true
+	}
+	delete(w.set, w.fifo[w.head])
+	w.fifo[w.head] = k
+	w.head = (w.head + 1) % w.max
+	return true
 }
 
 // NewReceiver creates a Receiver for model `to` (config.Frontend for the
@@ -68,9 +143,62 @@ func (r *Receiver) edge(from string) *inEdge {
 	e := r.edges[from]
 	if e == nil {
 		e = &inEdge{reorder: NewReorder(r.maxPending)}
+		r.initDedup(e)
 		r.edges[from] = e
 	}
 	return e
+}
+
+func (r *Receiver) initDedup(e *inEdge) {
+	if r.dedupWindow > 0 {
+		e.seen = newWindow(r.dedupWindow)
+		if r.passResends {
+			e.exact = newWindow(r.dedupWindow)
+		}
+	}
+}
+
+func allStateful(string) bool { return true }
+
+// fresh reports whether it must be delivered, and remembers its keys.
+func (r *Receiver) fresh(e *inEdge, it *hamsv1.Item) bool {
+	newPath := e.seen.add(DedupKey(it.GetReqId(), it.GetLineage(), r.stateful))
+	if e.exact == nil {
+		return newPath
+	}
+	newExact := e.exact.add(DedupKey(it.GetReqId(), it.GetLineage(), allStateful))
+	return newPath || !newExact
+}
+
+// Duplicates is the number of items dropped by request key.
+func (r *Receiver) Duplicates() uint64 { return r.dups.Load() }
+
+// SeedDedup replaces the request keys of every edge: keys[from] become the
+// only ones remembered (a promoted backup or a rolled-back primary knows
+// exactly the requests its state covers). No-op without WithDedup.
+func (r *Receiver) SeedDedup(keys map[string][]uint64) {
+	if r.dedupWindow <= 0 {
+		return
+	}
+	r.mu.Lock()
+	for from := range keys {
+		if r.edges[from] == nil {
+			r.edges[from] = &inEdge{reorder: NewReorder(r.maxPending)}
+		}
+	}
+	edges := make(map[string]*inEdge, len(r.edges))
+	for n, e := range r.edges {
+		edges[n] = e
+	}
+	r.mu.Unlock()
+	for from, e := range edges {
+		e.mu.Lock()
+		r.initDedup(e)
+		for _, k := range keys[from] {
+			e.seen.add(k)
+		}
+		e.mu.Unlock()
+	}
 }
 
 // MaxInOrder reports max_in_order of the edge from `from` (0 if unseen).
@@ -151,6 +279,16 @@ func (r *Receiver) Forward(stream hamsv1.Dataplane_ForwardServer) error {
 func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if r.admit != nil {
+		if err := r.admit(from); err != nil {
+			return e.reorder.MaxInOrder(), err
+		}
+	}
+	if r.epochOf != nil {
+		if known, ok := r.epochOf(from); ok && b.GetEpoch() < known {
+			return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d (the topology's)", from, r.to, b.GetEpoch(), known)
+		}
+	}
 	if b.GetEpoch() < e.epoch {
 		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d", from, r.to, b.GetEpoch(), e.epoch)
 	}
@@ -195,6 +333,18 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 			ferr = err
 			break
 		}
+	}
+	if e.seen != nil && len(ready) > 0 {
+		kept := ready[:0]
+		for _, it := range ready {
+			if r.fresh(e, it) {
+				kept = append(kept, it)
+			} else {
+				r.dups.Add(1)
+			}
+		}
+		clear(ready[len(kept):])
+		ready = kept
 	}
 	if len(ready) > 0 {
 		r.deliver(from, ready)

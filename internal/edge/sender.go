@@ -56,21 +56,64 @@ type SenderConfig struct {
 	MinBackoff, MaxBackoff time.Duration
 	// DialOptions are appended to grpcx.DialOptions (tests).
 	DialOptions []grpc.DialOption
+	// Position is an item's position in the sender's own sequence space:
+	// what a receiver records as pred_seq in lineage and what Resend's
+	// "after" is compared with. Default: the item's first edge_seq.
+	Position func(*hamsv1.Item) uint64
+	// MaxRetained and MaxRetainedBytes bound the acknowledged items kept
+	// until Complete names their request (defaults DefaultMaxRetained and
+	// DefaultMaxRetainedBytes); the oldest are dropped beyond them.
+	MaxRetained      int
+	MaxRetainedBytes int64
+}
+
+// Retention defaults.
+const (
+	DefaultMaxRetained            = 1 << 16
+	DefaultMaxRetainedBytes int64 = 256 << 20
+)
+
+// ResendSpec is a Resend request.
+type ResendSpec struct {
+	// After: items whose Position is above it are resent.
+	After uint64
+	// Addr and Epoch of the receiver: the sender streams to Addr until its
+	// Resolver reports the receiver at Epoch or later (the topology may lag
+	// behind the manager's order). Empty Addr: whatever the Resolver says.
+	Addr  string
+	Epoch uint64
+	// Items, when not nil, are the candidates instead of the retained
+	// items (a stateful primary's output log); their Position decides.
+	Items []*hamsv1.Item
 }
 
 // Sender is one long-lived outbound Forward stream of an edge.
 //
 // Invariants (under mu): buf holds exactly the items with edge_seq in
-// (acked, nextSeq), in order; items with edge_seq <= sent were written to
-// the current stream; acked <= sent < nextSeq.
+// (acked, nextSeq), in order, and meta their positions; items with
+// edge_seq <= sent were written to the current stream; acked <= sent <
+// nextSeq. Acknowledged items move to ret (unless they are resent copies
+// of retained ones) until Complete names their request or the retention
+// bound evicts them; retLive counts the live ret entries per request.
+// gen grows with every Resend: acks of an older stream generation are
+// ignored, since they count in the old incarnation's numbering.
 type Sender struct {
 	cfg SenderConfig
 	log *slog.Logger
-	// incarnation names this sender's edge_seq numbering space.
-	incarnation uint64
 
-	mu           sync.Mutex
+	mu sync.Mutex
+	// incarnation names this sender's current edge_seq numbering space.
+	incarnation  uint64
+	gen          uint64
+	reset        chan struct{} // closed and replaced by Resend
+	override     *ResendSpec   // receiver address set by Resend, until the Resolver catches up
 	buf          []*hamsv1.Item
+	meta         []itemMeta
+	ret          []retained
+	retLive      map[uint64]int
+	retDead      map[uint64]bool
+	retBytes     int64
+	deadN        int
 	nextSeq      uint64
 	acked        uint64
 	sent         uint64
@@ -81,9 +124,22 @@ type Sender struct {
 	stats        SenderStats
 }
 
-// SenderStats counts a Sender's activity.
+type itemMeta struct {
+	pos     uint64
+	resent  bool // a copy made by Resend: not retained again when acked
+	retSize int64
+}
+
+type retained struct {
+	it   *hamsv1.Item
+	pos  uint64
+	size int64
+}
+
+// SenderStats counts a Sender's activity. Resent counts items sent again
+// after a broken stream; Resends the items queued again by Resend.
 type SenderStats struct {
-	Sent, Resent, Acked, Reconnects uint64
+	Sent, Resent, Acked, Reconnects, Resends uint64
 }
 
 // NewSender validates cfg.
@@ -109,6 +165,12 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = time.Second
 	}
+	if cfg.MaxRetained <= 0 {
+		cfg.MaxRetained = DefaultMaxRetained
+	}
+	if cfg.MaxRetainedBytes <= 0 {
+		cfg.MaxRetainedBytes = DefaultMaxRetainedBytes
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -116,7 +178,7 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 	return &Sender{
 		cfg: cfg, log: log.With("edge", cfg.From+"->"+cfg.To),
 		nextSeq: 1, wake: make(chan struct{}, 1), space: make(chan struct{}),
-		incarnation: newIncarnation(),
+		incarnation: newIncarnation(), reset: make(chan struct{}), retLive: map[uint64]int{}, retDead: map[uint64]bool{},
 	}, nil
 }
 
@@ -147,6 +209,7 @@ func (s *Sender) Send(items ...*hamsv1.Item) {
 		it.FromModel = s.cfg.From
 		s.nextSeq++
 		s.buf = append(s.buf, it)
+		s.meta = append(s.meta, itemMeta{pos: s.position(it), retSize: itemBytes(it)})
 	}
 	s.mu.Unlock()
 	select {
@@ -221,6 +284,9 @@ func (s *Sender) Stats() SenderStats {
 // resend unacked items, and again after every break. It returns nil when
 // ctx ends.
 func (s *Sender) Run(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = false // Run again after an earlier Run ended (a role change)
+	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.closed = true
@@ -240,7 +306,7 @@ func (s *Sender) Run(ctx context.Context) error {
 	}()
 	for ctx.Err() == nil {
 		changed := s.cfg.Resolver.Changed()
-		addr, epoch, ok := s.cfg.Resolver.Resolve(s.cfg.To)
+		addr, epoch, ok := s.target()
 		if !ok {
 			s.log.Debug("edge receiver not resolvable, waiting", "to", s.cfg.To)
 			select {
@@ -285,6 +351,26 @@ func (s *Sender) Run(ctx context.Context) error {
 // errTopologyChanged ends a stream whose receiver may have moved.
 var errTopologyChanged = errors.New("edge: topology changed")
 
+// errResend ends a stream when Resend starts a new incarnation.
+var errResend = errors.New("edge: resend requested; new incarnation")
+
+// target is the receiver's address: the one Resend named until the
+// Resolver reports the receiver at that epoch or later, else the
+// Resolver's.
+func (s *Sender) target() (string, uint64, bool) {
+	addr, epoch, ok := s.cfg.Resolver.Resolve(s.cfg.To)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o := s.override; o != nil {
+		if ok && (epoch >= o.Epoch && (epoch > o.Epoch || addr == o.Addr)) {
+			s.override = nil
+		} else {
+			return o.Addr, o.Epoch, true
+		}
+	}
+	return addr, epoch, ok
+}
+
 // stream runs one Forward stream until it breaks, ctx ends or the topology
 // changes to another address. progressed reports whether an ack arrived.
 func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan struct{}) (progressed bool, err error) {
@@ -299,6 +385,7 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 		s.stats.Resent += s.sent - s.acked
 	}
 	s.sent = s.acked // everything unacked goes out again on this stream
+	gen, reset := s.gen, s.reset
 	s.mu.Unlock()
 
 	ackErr := make(chan error, 1)
@@ -306,7 +393,7 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 	acks.Add(1)
 	go func() {
 		defer acks.Done()
-		ackErr <- s.readAcks(st)
+		ackErr <- s.readAcks(st, gen)
 	}()
 	defer acks.Wait()
 	defer cancel()
@@ -316,7 +403,7 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 		epoch = s.cfg.Epoch()
 	}
 	for {
-		batch := s.nextBatch(epoch)
+		batch := s.nextBatch(epoch, gen)
 		if batch != nil {
 			if err := st.Send(batch); err != nil {
 				return s.gotAck(), fmt.Errorf("send: %w", err)
@@ -329,9 +416,12 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 			return s.gotAck(), ctx.Err()
 		case err := <-ackErr:
 			return s.gotAck(), err
+		case <-reset:
+			_ = st.CloseSend()
+			return true, errResend
 		case <-changed:
 			changed = s.cfg.Resolver.Changed()
-			addr, ep, ok := s.cfg.Resolver.Resolve(s.cfg.To)
+			addr, ep, ok := s.target()
 			if !ok || addr != cc.Target() {
 				return s.gotAck(), fmt.Errorf("%w: %s now at %q (epoch %d, ok %v)", errTopologyChanged, s.cfg.To, addr, ep, ok)
 			}
@@ -350,9 +440,12 @@ func (s *Sender) gotAck() bool {
 }
 
 // nextBatch takes the next unsent items (bounded by count and bytes) or nil.
-func (s *Sender) nextBatch(epoch uint64) *hamsv1.ForwardBatch {
+func (s *Sender) nextBatch(epoch, gen uint64) *hamsv1.ForwardBatch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if gen != s.gen {
+		return nil
+	}
 	start := int(s.sent - s.acked)
 	if start >= len(s.buf) {
 		return nil
@@ -376,23 +469,23 @@ func (s *Sender) nextBatch(epoch uint64) *hamsv1.ForwardBatch {
 }
 
 // readAcks trims the buffer on every ack until the stream ends.
-func (s *Sender) readAcks(st hamsv1.Dataplane_ForwardClient) error {
+func (s *Sender) readAcks(st hamsv1.Dataplane_ForwardClient, gen uint64) error {
 	for {
 		ack, err := st.Recv()
 		if err != nil {
 			return fmt.Errorf("recv ack: %w", err)
 		}
-		s.ack(ack.GetMaxInOrder())
+		s.ack(gen, ack.GetMaxInOrder())
 		if ack.GetError() != "" {
 			return fmt.Errorf("receiver rejected batch: %s", ack.GetError())
 		}
 	}
 }
 
-func (s *Sender) ack(m uint64) {
+func (s *Sender) ack(gen, m uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if m <= s.acked {
+	if gen != s.gen || m <= s.acked {
 		return
 	}
 	if m >= s.nextSeq {
@@ -402,10 +495,17 @@ func (s *Sender) ack(m uint64) {
 		m = s.nextSeq - 1
 	}
 	n := int(m - s.acked)
+	for i := 0; i < n; i++ {
+		if md := s.meta[i]; !md.resent {
+			s.retain(s.buf[i], md.pos, md.retSize)
+		}
+	}
 	clear(s.buf[:n])
 	s.buf = s.buf[n:]
+	s.meta = s.meta[n:]
 	if len(s.buf) == 0 {
 		s.buf = s.buf[:0]
+		s.meta = s.meta[:0]
 	}
 	s.acked = m
 	if s.sent < s.acked {
@@ -416,4 +516,174 @@ func (s *Sender) ack(m uint64) {
 		close(s.space)
 		s.space = make(chan struct{})
 	}
+}
+
+func (s *Sender) position(it *hamsv1.Item) uint64 {
+	if s.cfg.Position != nil {
+		return s.cfg.Position(it)
+	}
+	return it.GetEdgeSeq()
+}
+
+func itemBytes(it *hamsv1.Item) int64 {
+	var n int64
+	for _, t := range it.GetTensors() {
+		n += int64(len(t.GetData()))
+	}
+	return n + 64
+}
+
+// retain keeps an acknowledged item (caller holds mu) and evicts the
+// oldest beyond the bounds.
+func (s *Sender) retain(it *hamsv1.Item, pos uint64, size int64) {
+	s.ret = append(s.ret, retained{it: it, pos: pos, size: size})
+	s.retLive[it.GetReqId()]++
+	s.retBytes += size
+	for len(s.ret) > 0 && (len(s.ret)-s.deadCount() > s.cfg.MaxRetained || s.retBytes > s.cfg.MaxRetainedBytes) {
+		r := s.ret[0]
+		s.ret[0] = retained{}
+		s.ret = s.ret[1:]
+		if s.retDead[r.it.GetReqId()] {
+			s.retBytes -= r.size
+			if s.deadN--; s.deadN <= 0 {
+				s.deadN = 0
+				clear(s.retDead)
+			}
+			continue
+		}
+		s.dropLive(r)
+	}
+}
+
+func (s *Sender) dropLive(r retained) {
+	id := r.it.GetReqId()
+	s.retBytes -= r.size
+	if s.retLive[id]--; s.retLive[id] <= 0 {
+		delete(s.retLive, id)
+	}
+}
+
+// deadCount is an upper bound of the completed entries still in ret.
+func (s *Sender) deadCount() int { return s.deadN }
+
+// Complete forgets the retained items of the requests reqIDs (they left
+// the graph: no receiver will need them again).
+func (s *Sender) Complete(reqIDs ...uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range reqIDs {
+		n, ok := s.retLive[id]
+		if !ok {
+			continue
+		}
+		delete(s.retLive, id)
+		s.retDead[id] = true
+		s.deadN += n
+	}
+	if s.deadN == 0 || s.deadN < len(s.ret)/2 {
+		return
+	}
+	kept := s.ret[:0]
+	for _, r := range s.ret {
+		if s.retDead[r.it.GetReqId()] {
+			s.retBytes -= r.size
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(s.ret[len(kept):])
+	s.ret = kept
+	clear(s.retDead)
+	s.deadN = 0
+}
+
+// Retained is the number of acknowledged items kept for Resend.
+func (s *Sender) Retained() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ret) - s.deadN
+}
+
+// Retain adds items as if they had been sent and acknowledged already (a
+// promoted backup's saved outputs): Resend may send them, nothing else
+// does. Their FromModel is set; EdgeSeq is assigned when resent.
+func (s *Sender) Retain(items ...*hamsv1.Item) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, it := range items {
+		it.FromModel = s.cfg.From
+		s.retain(it, s.position(it), itemBytes(it))
+	}
+}
+
+// cloneItem is a shallow copy (tensors and lineage shared): the original
+// may still be marshalled by an older stream while the copy is renumbered.
+func cloneItem(it *hamsv1.Item) *hamsv1.Item {
+	return &hamsv1.Item{
+		ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors, Lineage: it.Lineage,
+		EdgeSeq: it.EdgeSeq, DeadlineUnixNano: it.DeadlineUnixNano, FromModel: it.FromModel, Error: it.Error, ErrorCode: it.ErrorCode,
+	}
+}
+
+// Resend starts a new incarnation of the edge: the candidates (retained
+// items, or spec.Items) whose position is above spec.After, in their
+// original order, then every unacknowledged item, are renumbered from
+// edge_seq 1 and streamed to spec.Addr (or the Resolver's address). The
+// receiver resets its sequence space on the larger incarnation and drops
+// what it already had by request (positions are conservative). It returns
+// the number of candidates queued again.
+func (s *Sender) Resend(spec ResendSpec) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var items []*hamsv1.Item
+	var meta []itemMeta
+	if spec.Items != nil {
+		for _, it := range spec.Items {
+			if p := s.position(it); p > spec.After {
+				c := cloneItem(it)
+				c.FromModel = s.cfg.From
+				items = append(items, c)
+				meta = append(meta, itemMeta{pos: p, resent: true})
+			}
+		}
+	} else {
+		for _, r := range s.ret {
+			if r.pos > spec.After && !s.retDead[r.it.GetReqId()] {
+				items = append(items, cloneItem(r.it))
+				meta = append(meta, itemMeta{pos: r.pos, resent: true})
+			}
+		}
+	}
+	n := len(items)
+	for i, it := range s.buf {
+		items = append(items, cloneItem(it))
+		meta = append(meta, s.meta[i])
+	}
+	for i, it := range items {
+		it.EdgeSeq = uint64(i + 1)
+	}
+	clear(s.buf)
+	s.buf, s.meta = items, meta
+	s.acked, s.sent, s.nextSeq = 0, 0, uint64(len(items)+1)
+	s.incarnation = newIncarnation()
+	s.gen++
+	s.stats.Resends += uint64(n)
+	if spec.Addr != "" {
+		o := spec
+		o.Items = nil
+		s.override = &o
+	}
+	close(s.reset)
+	s.reset = make(chan struct{})
+	if s.spaceWaiters > 0 {
+		close(s.space)
+		s.space = make(chan struct{})
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	s.log.Info("edge resend: new incarnation", "after", spec.After, "resent", n, "unacked", len(items)-n,
+		"addr", spec.Addr, "receiver_epoch", spec.Epoch, "incarnation", s.incarnation)
+	return n
 }

@@ -1,0 +1,206 @@
+package edge
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Acknowledged items are retained until Complete; Resend sends those after
+// a position (then the unacked ones) to a new address at a new
+// incarnation, and a deduplicating receiver drops what it already had.
+func TestResendRetainedToReplacement(t *testing.T) {
+	sk1, sk2 := newSink(), newSink()
+	l1, l2 := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
+	defer serve(t, l1, NewReceiver("b", sk1.deliver, nil))()
+	r2 := NewReceiver("b", sk2.deliver, nil, WithDedup(0, nil))
+	defer serve(t, l2, r2)()
+	res := NewStaticResolver(map[string]string{"b": l1.Addr().String()})
+	s, stop := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res, MaxRetained: 8})
+	defer stop()
+	for i := 1; i <= 10; i++ {
+		s.Send(&hamsv1.Item{ReqId: uint64(i)})
+	}
+	waitFor(t, "acked", func() bool { return s.Backlog() == 0 && sk1.count("a") == 10 })
+	if n := s.Retained(); n != 8 {
+		t.Fatalf("retained %d, want the newest 8", n)
+	}
+	s.Complete(3, 4, 99)
+	if n := s.Retained(); n != 6 {
+		t.Fatalf("retained %d after completing 2", n)
+	}
+	// The replacement already has request 9 (a conservative position).
+	r2.SeedDedup(map[string][]uint64{"a": {DedupKey(9, nil, nil)}})
+	if n := s.Resend(ResendSpec{After: 4, Addr: l2.Addr().String(), Epoch: 2}); n != 6 {
+		t.Fatalf("resent %d, want 6 (5..10)", n)
+	}
+	s.Send(&hamsv1.Item{ReqId: 11})
+	waitFor(t, "replacement got the resent items", func() bool { return sk2.count("a") == 6 })
+	sk2.mu.Lock()
+	got, seqs := append([]uint64(nil), sk2.items["a"]...), append([]uint64(nil), sk2.seqs["a"]...)
+	sk2.mu.Unlock()
+	want := []uint64{5, 6, 7, 8, 10, 11}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("replacement got %v, want %v", got, want)
+		}
+	}
+	if seqs[0] != 1 || r2.Duplicates() != 1 {
+		t.Fatalf("new incarnation numbering %v, duplicates %d", seqs, r2.Duplicates())
+	}
+	// The override holds while the resolver lags, and yields once it
+	// reports the receiver at the new epoch.
+	if addr, _, _ := s.target(); addr != l2.Addr().String() {
+		t.Fatalf("target %s while the resolver lags", addr)
+	}
+	res.Set("b", l2.Addr().String(), 2)
+	addr, ep, _ := s.target()
+	s.mu.Lock()
+	o := s.override
+	s.mu.Unlock()
+	if addr != l2.Addr().String() || ep != 2 || o != nil {
+		t.Fatalf("target %s@%d override %v", addr, ep, o)
+	}
+	// Resend with explicit candidates (a stateful primary's output log).
+	if n := s.Resend(ResendSpec{After: 100, Items: []*hamsv1.Item{{ReqId: 50, EdgeSeq: 100}, {ReqId: 51, EdgeSeq: 101}}}); n != 1 {
+		t.Fatalf("resent %d explicit items, want 1", n)
+	}
+	waitFor(t, "explicit item", func() bool { return sk2.count("a") == 7 })
+	if st := s.Stats(); st.Resends != 7 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// Retain adds items only Resend sends.
+func TestRetainOnlyForResend(t *testing.T) {
+	sk := newSink()
+	l := listen(t, "127.0.0.1:0")
+	defer serve(t, l, NewReceiver("b", sk.deliver, nil))()
+	res := NewStaticResolver(map[string]string{"b": l.Addr().String()})
+	s, stop := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res,
+		Position: func(it *hamsv1.Item) uint64 { return it.GetReqId() * 10 }})
+	defer stop()
+	s.Retain(&hamsv1.Item{ReqId: 1}, &hamsv1.Item{ReqId: 2})
+	s.Send(&hamsv1.Item{ReqId: 3})
+	waitFor(t, "sent", func() bool { return sk.count("a") == 1 && s.Backlog() == 0 })
+	if n := s.Resend(ResendSpec{After: 15}); n != 2 {
+		t.Fatalf("resent %d, want 2 (positions 20 and 30)", n)
+	}
+	waitFor(t, "resent", func() bool { return sk.count("a") == 3 })
+	// Copies made by Resend are not retained twice.
+	if n := s.Retained(); n != 3 {
+		t.Fatalf("retained %d", n)
+	}
+}
+
+// Epoch fencing and admission refuse batches with FailedPrecondition.
+func TestReceiverFencesEpochsAndAdmission(t *testing.T) {
+	sk := newSink()
+	var closed atomic.Bool
+	r := NewReceiver("b", sk.deliver, nil,
+		WithEpochs(func(from string) (uint64, bool) { return 3, from == "a" }),
+		WithAdmit(func(string) error {
+			if closed.Load() {
+				return status.Error(codes.FailedPrecondition, "not serving")
+			}
+			return nil
+		}))
+	l := listen(t, "127.0.0.1:0")
+	defer serve(t, l, r)()
+	cc, err := grpcx.Dial(l.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	send := func(from string, epoch uint64) error {
+		st, err := hamsv1.NewDataplaneClient(cc).Forward(context.Background())
+		if err != nil {
+			return err
+		}
+		if err := st.Send(&hamsv1.ForwardBatch{FromModel: from, ToModel: "b", Epoch: epoch, Incarnation: 1,
+			Items: []*hamsv1.Item{{EdgeSeq: 1, ReqId: 1}}}); err != nil {
+			return err
+		}
+		ack, err := st.Recv()
+		if err == nil && ack.Error != "" {
+			_, err = st.Recv()
+		}
+		return err
+	}
+	if err := send("a", 2); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("stale epoch: %v", err)
+	}
+	if err := send("a", 3); err != nil {
+		t.Fatalf("current epoch: %v", err)
+	}
+	if err := send("x", 0); err != nil {
+		t.Fatalf("unfenced sender: %v", err)
+	}
+	closed.Store(true)
+	if err := send("a", 4); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("not admitted: %v", err)
+	}
+}
+
+// DedupKey: resent copies and stateless re-executions collide; a stateful
+// re-execution with another output, and another interleave branch, do not;
+// the closure of a merged lineage gives the sender's key.
+func TestDedupKey(t *testing.T) {
+	st := func(m string) bool { return m == "s" }
+	e := func(p string, ps uint64, m string, s uint64, d string) *hamsv1.LineageEntry {
+		return &hamsv1.LineageEntry{PredModel: p, PredSeq: ps, Model: m, Seq: s, OutputDigest: d}
+	}
+	base := []*hamsv1.LineageEntry{e("frontend", 1, "s", 7, "x"), e("s", 7, "p", 3, "y")}
+	k := DedupKey(1, base, st)
+	if DedupKey(1, []*hamsv1.LineageEntry{e("frontend", 1, "s", 7, "x"), e("s", 7, "p", 9, "z")}, st) != k {
+		t.Fatal("stateless re-execution has another key")
+	}
+	if DedupKey(1, []*hamsv1.LineageEntry{e("frontend", 1, "s", 7, "w"), e("s", 7, "p", 3, "y")}, st) == k {
+		t.Fatal("stateful re-execution with another output has the same key")
+	}
+	if DedupKey(2, base, st) == k || DedupKey(1, base[:1], st) == k {
+		t.Fatal("other request or path has the same key")
+	}
+	merged := append(append([]*hamsv1.LineageEntry{}, base...), e("frontend", 4, "q", 2, "u"), e("p", 3, "j", 1, "v"), e("q", 2, "j", 1, "v"))
+	if got := DedupKey(1, Closure(merged, "p", 3), st); got != k {
+		t.Fatalf("closure key %x, want %x (closure %v)", got, k, Closure(merged, "p", 3))
+	}
+}
+
+// With pass-through, an exact resend is delivered again (a stateless
+// first hop re-runs it for a replacement downstream) while an upstream
+// re-execution of a seen request (same path, another seq) is dropped.
+func TestResendPassThrough(t *testing.T) {
+	sk := newSink()
+	st := func(m string) bool { return m == "s" }
+	r := NewReceiver("p", sk.deliver, nil, WithDedup(0, st), WithResendPassThrough())
+	e := r.edge("q")
+	lin := func(seq uint64) []*hamsv1.LineageEntry {
+		return []*hamsv1.LineageEntry{{PredModel: "frontend", PredSeq: 1, Model: "q", Seq: seq}}
+	}
+	batch := func(inc, edgeSeq, qseq uint64) *hamsv1.ForwardBatch {
+		return &hamsv1.ForwardBatch{FromModel: "q", ToModel: "p", Incarnation: inc,
+			Items: []*hamsv1.Item{{ReqId: 1, EdgeSeq: edgeSeq, Lineage: lin(qseq)}}}
+	}
+	for i, c := range []struct {
+		b    *hamsv1.ForwardBatch
+		want int
+	}{
+		{batch(1, 1, 7), 1}, // first delivery
+		{batch(2, 1, 7), 2}, // exact resend at a new incarnation: delivered again
+		{batch(3, 1, 9), 2}, // re-executed upstream (seq 9): dropped
+	} {
+		if _, err := r.accept(e, "q", c.b); err != nil {
+			t.Fatal(err)
+		}
+		if got := sk.count("q"); got != c.want {
+			t.Fatalf("step %d: %d delivered, want %d", i, got, c.want)
+		}
+	}
+}
