@@ -1,17 +1,303 @@
 package main
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hams-go/hams/examples"
+	"github.com/hams-go/hams/integration/consistency"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/loadgen"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// chaosReport is the --json report of `hams chaos` (DESIGN.md): kills and
+// the totals of the consistency check over the audit logs.
+type chaosReport struct {
+	Service    string       `json:"service"`
+	Mode       string       `json:"mode"`
+	Seed       uint64       `json:"seed"`
+	DurationS  float64      `json:"duration_s"`
+	Kills      []killReport `json:"kills"`
+	Requests   int          `json:"requests"`
+	Replies    int          `json:"replies"`
+	Errors     int          `json:"errors"`
+	Conflicts  int          `json:"conflicts"`
+	Lost       int          `json:"lost"`
+	Duplicates int          `json:"duplicates"`
+	// RecoveryP50Ms and RecoveryMaxMs summarise recovery_ms over the kills
+	// that recovered.
+	RecoveryP50Ms float64             `json:"recovery_p50_ms"`
+	RecoveryMaxMs float64             `json:"recovery_max_ms"`
+	Consistency   *consistency.Report `json:"consistency"`
+}
+
+// chaosTarget is one kill candidate: a --kill role and model.
+type chaosTarget struct{ role, model, kind string }
+
+// chaosTargets lists the candidates per kind: primaries and backups of
+// replicated models, stateless models' serving instances (sidecar or
+// model server), and the manager. Frontends are left out: this build runs
+// one frontend per deployment (a killed frontend loses its in-flight
+// requests until the request log lets a replica take over).
+func chaosTargets(dep *config.Deployment, protected bool) map[string][]chaosTarget {
+	out := map[string][]chaosTarget{}
+	for i, m := range dep.Models {
+		own := m.Backend.Address == ""
+		procs := func(sc, ms string) []string {
+			if own {
+				return []string{sc, ms}
+			}
+			return []string{sc}
+		}
+		switch {
+		case replicated(dep, &dep.Models[i]):
+			for _, r := range procs(roleSidecar, roleModelServer) {
+				out["primary"] = append(out["primary"], chaosTarget{r, m.Name, "primary"})
+			}
+			for _, r := range procs(roleBackupSidecar, roleBackupModelServer) {
+				out["backup"] = append(out["backup"], chaosTarget{r, m.Name, "backup"})
+			}
+		case !m.Stateful || !protected:
+			for _, r := range procs(roleSidecar, roleModelServer) {
+				out["stateless"] = append(out["stateless"], chaosTarget{r, m.Name, "stateless"})
+			}
+		}
+	}
+	out["manager"] = []chaosTarget{{"manager", "", "manager"}}
+	return out
+}
 
 func runChaos(args []string) error {
 	fs := newFlagSet("chaos")
-	fs.String("service", "all", "service name or all")
-	fs.Duration("duration", 0, "run time")
-	fs.Int64("seed", 1, "random seed")
-	fs.String("audit", "", "directory for JSONL audit logs")
-	fs.String("json", "", "report file")
-	fs.String("mode", "nspb", "fault-tolerance mode")
+	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+") or all")
+	duration := fs.Duration("duration", 30*time.Second, "how long to drive load (kills stop early enough to recover before the end)")
+	seed := fs.Uint64("seed", 1, "random seed (kill targets and times; inputs)")
+	audit := fs.String("audit", "", "directory for JSONL audit logs (default: <run-dir>/audit)")
+	jsonPath := fs.String("json", "", "write the JSON report to this file")
+	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, remus, nspb-s1, nspb-s2, bare (replay is not implemented yet)")
+	conc := fs.Int("concurrency", 4, "closed-loop clients")
+	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
+	settle := fs.Duration("settle", time.Second, "quiet time after a recovery before the next kill (the kill comes at a random time in [settle, 2*settle])")
+	maxRecovery := fs.Duration("max-recovery", 20*time.Second, "give up waiting for a kill's recovery after this long (no more kills then)")
+	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 sidecars, 300ms above)")
+	kinds := fs.String("kinds", "primary,backup,stateless,manager", "kinds of kill targets to draw from")
+	var tf taskFlags
+	tf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	return &exitError{code: 2, err: fmt.Errorf("chaos: not implemented yet (random kills with consistency checks arrive with failure recovery)")}
+	if err := checkMode(*mode); err != nil {
+		return err
+	}
+	if *duration <= 0 || *conc < 1 || *timeout <= 0 || *settle <= 0 {
+		return usageErr("chaos: --duration, --concurrency, --timeout and --settle must be positive")
+	}
+	dir, cleanup, err := tf.prepare("hams-chaos-")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() { cleanup(ok) }()
+	dep, services, err := exampleDeployment(*service, dir)
+	if err != nil {
+		return err
+	}
+	dep.Mode = *mode
+	if *audit == "" {
+		*audit = filepath.Join(dir, "audit")
+	}
+	if *audit, err = prepareAudit(*audit); err != nil {
+		return err
+	}
+	if entries, _ := os.ReadDir(*audit); len(entries) > 0 {
+		return usageErr("chaos: --audit %s is not empty (the check reads every log under it)", *audit)
+	}
+	cands := chaosTargets(dep, dep.Mode != "bare")
+	var pool []string
+	for _, k := range splitList(*kinds) {
+		if _, known := map[string]bool{"primary": true, "backup": true, "stateless": true, "manager": true}[k]; !known {
+			return usageErr("chaos: --kinds: unknown kind %q (primary, backup, stateless, manager)", k)
+		}
+		if len(cands[k]) > 0 {
+			pool = append(pool, k)
+		}
+	}
+	if len(pool) == 0 {
+		return usageErr("chaos: no kill targets of kinds %s in service %s (mode %s)", *kinds, *service, *mode)
+	}
+
+	ctx, stop := signalContext()
+	defer stop()
+	fmt.Fprintf(os.Stderr, "hams chaos: starting %s (%d models, mode %s, seed %d) in %s\n", *service, len(dep.Models), *mode, *seed, dir)
+	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: suspicionFor(*suspicion, instances(dep)), Audit: *audit})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	gens := make([]*loadgen.Generator, *conc)
+	for i := range gens {
+		if gens[i], err = loadgen.NewGenerator(dep.Service(services[i%len(services)]), *seed*1000+uint64(i), 1, loadgen.Fashion()); err != nil {
+			return err
+		}
+	}
+	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes, fastReconnect)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+
+	kt := newKillTracker()
+	var (
+		mu       sync.Mutex
+		accepted []consistency.Accepted
+	)
+	rec := loadgen.NewRecorder()
+	loadStart := time.Now()
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	var bg sync.WaitGroup
+	killsDone := make(chan struct{})
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		defer close(killsDone)
+		rng := rand.New(rand.NewPCG(*seed, 0x6861_6d73))
+		// Stop killing when a recovery could not finish before the end.
+		last := loadStart.Add(*duration - min(*duration/4, 5*time.Second))
+		for {
+			wait := *settle + time.Duration(rng.Int64N(int64(*settle)+1))
+			if time.Now().Add(wait).After(last) || !sleepCtx(runCtx, wait) {
+				return
+			}
+			kind := pool[rng.IntN(len(pool))]
+			tg := cands[kind][rng.IntN(len(cands[kind]))]
+			kr := &killReport{Target: tg.role, Kind: tg.kind, RecoveryMs: -1, RestartMs: -1, RestoredMs: -1, services: services}
+			if tg.model != "" {
+				kr.Target += ":" + tg.model
+				kr.services = []string{dep.ServiceOf(tg.model).Name}
+			}
+			recovered := kt.add(kr)
+			wctx, cancel := context.WithTimeout(runCtx, *maxRecovery)
+			waits := d.killNow(wctx, kt, kr, tg.role, tg.model, loadStart)
+			kt.mu.Lock()
+			fmt.Fprintf(os.Stderr, "hams chaos: %7.0f ms  kill %s (%s, %s)%s\n", kr.AtMs, kr.Target, kr.Process, kr.Kind, map[bool]string{true: ": " + kr.Error}[kr.Error != ""])
+			failed := kr.Error != ""
+			kt.mu.Unlock()
+			if failed {
+				cancel()
+				continue
+			}
+			select {
+			case <-recovered:
+			case <-wctx.Done():
+			}
+			<-waits
+			cancel()
+			kt.mu.Lock()
+			fmt.Fprintf(os.Stderr, "hams chaos:            recovered after %.0f ms, redundancy restored after %.0f ms\n", kr.RecoveryMs, kr.RestoredMs)
+			gaveUp := !kr.Recovered || kr.RestoredMs < 0
+			kt.mu.Unlock()
+			if gaveUp {
+				fmt.Fprintf(os.Stderr, "hams chaos: %s did not recover within %v; no more kills\n", kr.Target, *maxRecovery)
+				return
+			}
+		}
+	}()
+	st, err := loadgen.Run(runCtx, loadgen.RunConfig{
+		Client:       hamsv1.NewFrontendClient(cc),
+		Concurrency:  *conc,
+		Duration:     *duration,
+		Timeout:      *timeout,
+		ErrorBackoff: 10 * time.Millisecond,
+		Recorder:     rec,
+		NewRequest: func(c int, i uint64) *hamsv1.PredictRequest {
+			return &hamsv1.PredictRequest{
+				Service:   services[c%len(services)],
+				RequestId: fmt.Sprintf("c%d-%d", c, i),
+				StreamId:  fmt.Sprintf("stream-%d", c),
+				Inputs:    gens[c].Inputs(),
+			}
+		},
+		OnResult: func(r loadgen.Result) {
+			a := consistency.Accepted{ClientRequestID: r.Request.RequestId}
+			if r.Err == nil {
+				a.ReqID = strconv.FormatUint(r.Reply.GetReqId(), 10)
+				kt.reply(r.Request.Service, r)
+			}
+			mu.Lock()
+			accepted = append(accepted, a)
+			mu.Unlock()
+		},
+	})
+	// Load has drained (every request answered or past its deadline).
+	cancelRun()
+	bg.Wait()
+	if err != nil {
+		return err
+	}
+	// Quiescence: give backups a moment to apply what they received, then
+	// stop every process with SIGTERM so the audit logs are complete.
+	time.Sleep(300 * time.Millisecond)
+	if err := d.Close(); err != nil {
+		return fmt.Errorf("chaos: stop deployment: %w", err)
+	}
+	var stateful []string
+	for _, m := range dep.Models {
+		if m.Stateful {
+			stateful = append(stateful, m.Name)
+		}
+	}
+	crep, err := consistency.CheckWith(*audit, accepted, consistency.Options{Quiescent: true, Stateful: stateful})
+	if err != nil {
+		return fmt.Errorf("chaos: consistency check: %w", err)
+	}
+	rep := chaosReport{
+		Service: *service, Mode: *mode, Seed: *seed, DurationS: round3(st.ElapsedS), Kills: kt.snapshot(),
+		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors,
+		Conflicts: crep.Conflicts, Lost: crep.Lost, Duplicates: crep.Duplicates, Consistency: crep,
+	}
+	if rep.Kills == nil {
+		rep.Kills = []killReport{}
+	}
+	var recs []float64
+	for _, k := range rep.Kills {
+		if k.Recovered {
+			recs = append(recs, k.RecoveryMs)
+		}
+	}
+	if len(recs) > 0 {
+		slices.Sort(recs)
+		rep.RecoveryP50Ms = recs[(len(recs)-1)/2]
+		rep.RecoveryMaxMs = recs[len(recs)-1]
+	}
+	fmt.Printf("\nHAMS-Go chaos: service %s, mode %s, seed %d, %.1fs, %d kills\n", rep.Service, rep.Mode, rep.Seed, rep.DurationS, len(rep.Kills))
+	for _, k := range rep.Kills {
+		fmt.Printf("  %8.0f ms  %-28s %-9s recovery %6.0f ms  restored %6.0f ms%s\n", k.AtMs, k.Target, k.Kind, k.RecoveryMs, k.RestoredMs, map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
+	}
+	fmt.Printf("  requests %d  replies %d  errors %d  recovery p50 %.0f ms  max %.0f ms\n", rep.Requests, rep.Replies, rep.Errors, rep.RecoveryP50Ms, rep.RecoveryMaxMs)
+	fmt.Printf("  consistency: conflicts %d  lost %d  duplicates %d  (%s)\n", rep.Conflicts, rep.Lost, rep.Duplicates, *audit)
+	if *jsonPath != "" {
+		if err := writeJSON(*jsonPath, rep); err != nil {
+			return err
+		}
+	}
+	if rep.Conflicts > 0 || rep.Lost > 0 {
+		var ex []string
+		for _, is := range crep.Examples[:min(3, len(crep.Examples))] {
+			ex = append(ex, is.String())
+		}
+		return &exitError{code: 1, err: fmt.Errorf("chaos: %d conflicts, %d lost (e.g. %s)", rep.Conflicts, rep.Lost, strings.Join(ex, "; "))}
+	}
+	ok = true
+	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/hams-go/hams/examples"
@@ -47,7 +46,7 @@ func parseKill(s string) (killSpec, error) {
 	}
 	role, model, _ := strings.Cut(target, ":")
 	switch role {
-	case roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer:
+	case roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer, roleStandbySidecar, roleStandbyModelSrv:
 		if model == "" {
 			return killSpec{}, fmt.Errorf("--kill %q: %s needs a model (%s:MODEL@AFTER)", s, role, role)
 		}
@@ -56,25 +55,9 @@ func parseKill(s string) (killSpec, error) {
 			return killSpec{}, fmt.Errorf("--kill %q: %s takes no model", s, role)
 		}
 	default:
-		return killSpec{}, fmt.Errorf("--kill %q: unknown role %q (sidecar, modelserver, backup-sidecar, backup-modelserver, frontend, manager)", s, role)
+		return killSpec{}, fmt.Errorf("--kill %q: unknown role %q (one of %s)", s, role, killRoleList())
 	}
 	return killSpec{Role: role, Model: model, After: d}, nil
-}
-
-// killReport is one entry of the report's kills.
-type killReport struct {
-	Target string `json:"target"`
-	// Kind is what was killed: stateless or primary (a sidecar),
-	// modelserver, frontend or manager.
-	Kind       string  `json:"kind"`
-	AtMs       float64 `json:"at_ms"`
-	RecoveryMs float64 `json:"recovery_ms"` // -1: no successful reply after the kill
-	RestartMs  float64 `json:"restart_ms"`  // until the restarted process was ready; -1 if never
-	Recovered  bool    `json:"recovered"`
-	Error      string  `json:"error,omitempty"`
-
-	killAt   time.Time
-	services []string
 }
 
 // modelStats is per-model information gathered from reply lineage.
@@ -245,6 +228,9 @@ func runDemo(args []string) error {
 		if (k.Role == roleBackupSidecar || k.Role == roleBackupModelServer) && !replicated(dep, dep.Model(k.Model)) {
 			return usageErr("demo: --kill %s: model %q has no backup in mode %s", k.target(), k.Model, *mode)
 		}
+		if (k.Role == roleStandbySidecar || k.Role == roleStandbyModelSrv) && (dep.Model(k.Model).Stateful || *mode == "bare") {
+			return usageErr("demo: --kill %s: model %q has no hot standby in mode %s (stateless models have one in every mode but bare)", k.target(), k.Model, *mode)
+		}
 	}
 	if *audit != "" {
 		if *audit, err = prepareAudit(*audit); err != nil {
@@ -292,6 +278,7 @@ func runDemo(args []string) error {
 	for _, s := range services {
 		perSvc[s] = loadgen.NewRecorder()
 	}
+	kt := newKillTracker()
 	var (
 		mu       sync.Mutex
 		kreports = make([]*killReport, len(kills))
@@ -301,13 +288,14 @@ func runDemo(args []string) error {
 		errCodes = map[string]int{}
 	)
 	for i, k := range kills {
-		kr := &killReport{Target: k.target(), Kind: killKind(dep, k), RecoveryMs: -1, RestartMs: -1}
+		kr := &killReport{Target: k.target(), Kind: killKind(dep, k), RecoveryMs: -1, RestartMs: -1, RestoredMs: -1}
 		if k.Model != "" {
 			kr.services = []string{dep.ServiceOf(k.Model).Name}
 		} else {
 			kr.services = services
 		}
 		kreports[i] = kr
+		kt.add(kr)
 	}
 	onResult := func(r loadgen.Result) {
 		key := r.Request.RequestId
@@ -328,15 +316,9 @@ func runDemo(args []string) error {
 			}
 			mu.Unlock()
 		}
-		done := r.Sent.Add(r.Latency)
+		kt.reply(svc, r)
 		mu.Lock()
 		defer mu.Unlock()
-		for _, kr := range kreports {
-			if !kr.killAt.IsZero() && !kr.Recovered && !r.Sent.Before(kr.killAt) && slices.Contains(kr.services, svc) {
-				kr.Recovered = true
-				kr.RecoveryMs = msSince(kr.killAt, done)
-			}
-		}
 		for _, e := range r.Reply.Lineage {
 			if seenSeq[e.Model] == nil {
 				seenSeq[e.Model] = map[uint64]bool{}
@@ -364,33 +346,21 @@ func runDemo(args []string) error {
 			case <-runCtx.Done():
 				return
 			}
-			name := childName(k.Role, k.Model)
-			before, _ := d.sup.Ready(name)
-			at := time.Now()
-			_, err := d.sup.Kill(name, syscall.SIGKILL)
-			if err == nil && k.Role == roleSidecar {
-				// The restarted sidecar numbers requests from 1 again
-				// until recovery continues the sequence (issue 4): the
-				// checker counts such reuse as seq_reuse.
+			kr := kreports[i]
+			waits := d.killNow(runCtx, kt, kr, k.Role, k.Model, loadStart)
+			kt.mu.Lock()
+			fmt.Fprintf(os.Stderr, "\nhams demo: killed %s (%s, %s) at %v%s\n", kr.Target, kr.Process, kr.Kind, time.Duration(kr.AtMs*float64(time.Millisecond)).Round(time.Millisecond),
+				map[bool]string{true: ": " + kr.Error}[kr.Error != ""])
+			bare := kr.Error == "" && !d.protected() && (k.Role == roleSidecar || k.Role == roleModelServer)
+			at := kr.killAt
+			kt.mu.Unlock()
+			if bare {
+				// Bare mode restarts the process in place: it numbers
+				// requests from 1 again (no recovery protocol), which the
+				// checker counts as seq_reuse.
 				chk.Restarted(k.Model, at)
 			}
-			mu.Lock()
-			kr := kreports[i]
-			kr.killAt, kr.AtMs = at, msSince(loadStart, at)
-			if err != nil {
-				kr.Error = err.Error()
-			}
-			mu.Unlock()
-			fmt.Fprintf(os.Stderr, "\nhams demo: killed %s (pid %d) at %v\n", kr.Target, before.PID, at.Sub(loadStart).Round(time.Millisecond))
-			if err != nil {
-				return
-			}
-			r, err := d.sup.WaitReady(runCtx, name, before.Generation)
-			mu.Lock()
-			defer mu.Unlock()
-			if err == nil {
-				kr.RestartMs = msSince(at, r.At)
-			}
+			<-waits
 		}()
 	}
 	progressDone := make(chan struct{})
@@ -440,9 +410,7 @@ func runDemo(args []string) error {
 		r.Stop()
 		rep.Services[s] = r.Stats()
 	}
-	for _, kr := range kreports {
-		rep.Kills = append(rep.Kills, *kr)
-	}
+	rep.Kills = kt.snapshot()
 	printDemoSummary(os.Stdout, rep, firstBad)
 	if *jsonPath != "" {
 		if err := writeJSON(*jsonPath, rep); err != nil {
@@ -561,7 +529,11 @@ func printDemoSummary(w io.Writer, r demoReport, firstBad string) {
 	}
 	for _, k := range r.Kills {
 		if k.Recovered {
-			fmt.Fprintf(w, "  kill %s (%s) at %.0f ms: restarted in %.0f ms, first reply after %.0f ms\n", k.Target, k.Kind, k.AtMs, k.RestartMs, k.RecoveryMs)
+			fmt.Fprintf(w, "  kill %s (%s, %s) at %.0f ms: first reply served after %.0f ms, redundancy restored after %.0f ms", k.Target, k.Process, k.Kind, k.AtMs, k.RecoveryMs, k.RestoredMs)
+			if k.RestartMs >= 0 {
+				fmt.Fprintf(w, ", restarted in place in %.0f ms", k.RestartMs)
+			}
+			fmt.Fprintln(w)
 		} else {
 			fmt.Fprintf(w, "  kill %s (%s) at %.0f ms: NO successful reply afterwards%s\n", k.Target, k.Kind, k.AtMs, map[bool]string{true: " (" + k.Error + ")"}[k.Error != ""])
 		}

@@ -13,7 +13,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -92,6 +95,17 @@ type deployment struct {
 	ModelServers map[string]string
 	// BackupServers maps each replicated model to its backup's model server.
 	BackupServers map[string]string
+
+	opt     deployOptions
+	common  []string
+	agent   *agent
+	mgrConn *grpc.ClientConn
+	closing atomic.Bool
+
+	mu    sync.Mutex
+	insts []*instance
+	byID  map[string]*instance // by sidecar component id
+	next  int                  // instances started for recovery so far
 }
 
 // Roles of supervised children besides manager and frontend: a model's
@@ -102,6 +116,8 @@ const (
 	roleModelServer       = "modelserver"
 	roleBackupSidecar     = "backup-sidecar"
 	roleBackupModelServer = "backup-modelserver"
+	roleStandbySidecar    = "standby-sidecar"
+	roleStandbyModelSrv   = "standby-modelserver"
 )
 
 // Names of the supervised children.
@@ -124,10 +140,20 @@ func writeDeployment(dep *config.Deployment, path string) error {
 	return os.WriteFile(path, b, 0o644)
 }
 
-// startDeployment starts the manager (embedded NATS), one model server per
-// reference model without backend address, one sidecar per model and a
-// frontend, then waits until the manager's topology resolves every model
-// and the frontend. On error everything started is stopped.
+// startDeployment starts the manager (embedded NATS), one instance (a
+// sidecar, and a reference model server unless the model has a backend
+// address) per model, a second one (the backup) per replicated stateful
+// model and, in the fault-tolerant modes, a hot standby per stateless
+// model, then a frontend, and waits until the manager's topology lists
+// them all. On error everything started is stopped.
+//
+// Who restarts what (see instances.go): in bare mode no protocol recovers
+// anything, so every child is restarted in place. In the other modes a
+// model's instances are never restarted in place: the manager fails over
+// to the backup or standby and asks this process's instance agent (the
+// manager's --starter) for a new backup or standby; a model server and
+// its sidecar fail together (one instance). The manager and the frontend
+// are restarted in place in every mode.
 func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOptions) (_ *deployment, err error) {
 	if opt.ReadyTimeout <= 0 {
 		opt.ReadyTimeout = 60 * time.Second
@@ -141,7 +167,8 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	if err := os.MkdirAll(opt.RunDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
-	d := &deployment{dep: dep, cfgPath: filepath.Join(opt.RunDir, "deployment.yaml"), log: opt.Logger, ModelServers: map[string]string{}}
+	d := &deployment{dep: dep, cfgPath: filepath.Join(opt.RunDir, "deployment.yaml"), log: opt.Logger, ModelServers: map[string]string{},
+		BackupServers: map[string]string{}, opt: opt, byID: map[string]*instance{}}
 	if err := writeDeployment(dep, d.cfgPath); err != nil {
 		return nil, err
 	}
@@ -156,11 +183,8 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	}()
 	ctx, cancel := context.WithTimeout(ctx, opt.ReadyTimeout)
 	defer cancel()
-	common := []string{"--config", d.cfgPath, "--log-level", opt.LogLevel}
+	d.common = []string{"--config", d.cfgPath, "--log-level", opt.LogLevel}
 
-	// Model servers, in parallel: one per reference model without an
-	// address, and a second one (the backup's) per replicated model.
-	var refModels []string
 	for i, m := range dep.Models {
 		switch {
 		case m.Backend.Address != "" && replicated(dep, &dep.Models[i]) && !opt.Direct:
@@ -171,94 +195,101 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 			d.ModelServers[m.Name] = m.Backend.Address
 		case m.Backend.Type != "reference":
 			return nil, fmt.Errorf("model %q: backend type %s needs backend.address (only reference model servers are started)", m.Name, m.Backend.Type)
-		default:
-			refModels = append(refModels, m.Name)
-			if replicated(dep, &dep.Models[i]) && !opt.Direct {
-				refModels = append(refModels, m.Name+"#backup")
+		}
+	}
+	if opt.Direct {
+		// Model servers only (bench's direct chain).
+		var mu sync.Mutex
+		err = parallel(sortedModels(dep), func(m string) error {
+			if d.ModelServers[m] != "" {
+				return nil
 			}
-		}
-	}
-	d.BackupServers = map[string]string{}
-	if !opt.Direct {
-		mgrCommon := common
-		if opt.SuspicionTimeout > 0 {
-			mgrCommon = append(slices.Clone(common), "--suspicion-timeout", opt.SuspicionTimeout.String(), "--heartbeat-interval", (opt.SuspicionTimeout / 4).String())
-		}
-		r, err := d.sup.Start(ctx, launch.Spec{
-			Name:    childName("manager", ""),
-			Args:    append([]string{"manager", "--nats-listen", "127.0.0.1:-1", "--store", filepath.Join(opt.RunDir, "jetstream")}, mgrCommon...),
-			Restart: sameAddrs("manager", mgrCommon, filepath.Join(opt.RunDir, "jetstream")),
-		})
-		if err != nil {
-			return nil, fmt.Errorf("start manager: %w", err)
-		}
-		d.Manager, d.NATS = r.String("grpc"), r.String("nats")
-	}
-	var mu sync.Mutex
-	err = parallel(refModels, func(inst string) error {
-		m, backup := strings.CutSuffix(inst, "#backup")
-		args := []string{"modelserver", "--models", m}
-		name := childName(roleModelServer, m)
-		if backup {
-			args = append(args, "--role", "backup")
-			name = childName(roleBackupModelServer, m)
-		}
-		if d.Manager != "" {
-			args = append(args, "--manager", d.Manager)
-		}
-		args = append(args, common...)
-		r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "")})
-		if err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
-		}
-		mu.Lock()
-		if backup {
-			d.BackupServers[m] = r.String("grpc")
-		} else {
+			args := append([]string{"modelserver", "--models", m}, d.common...)
+			name := childName(roleModelServer, m)
+			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "")})
+			if err != nil {
+				return fmt.Errorf("start %s: %w", name, err)
+			}
+			mu.Lock()
 			d.ModelServers[m] = r.String("grpc")
-		}
-		mu.Unlock()
-		return nil
-	})
-	if err != nil || opt.Direct {
+			mu.Unlock()
+			return nil
+		})
 		return d, err
 	}
-	var coordArgs []string
-	if coordinated(dep) {
-		coordArgs = append(coordArgs, "--nats", d.NATS)
-	}
-	if opt.Audit != "" {
-		coordArgs = append(coordArgs, "--audit", opt.Audit)
-	}
-	var insts []string
-	for i, m := range dep.Models {
-		insts = append(insts, m.Name)
-		if replicated(dep, &dep.Models[i]) {
-			insts = append(insts, m.Name+"#backup")
+	if d.protected() {
+		if d.agent, err = newAgent(d); err != nil {
+			return nil, err
 		}
 	}
-	err = parallel(insts, func(inst string) error {
-		m, backup := strings.CutSuffix(inst, "#backup")
-		name, be, role := childName(roleSidecar, m), d.ModelServers[m], "primary"
-		if backup {
-			name, be, role = childName(roleBackupSidecar, m), d.BackupServers[m], "backup"
-		}
-		args := append([]string{"sidecar", "--model", m, "--role", role, "--backend", be, "--manager", d.Manager}, common...)
-		if replicated(dep, dep.Model(m)) {
-			args = append(args, coordArgs...)
-		} else if opt.Audit != "" {
-			args = append(args, "--audit", opt.Audit)
-		}
-		if _, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args}); err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
-		}
-		return nil
+	mgrCommon := d.common
+	if opt.SuspicionTimeout > 0 {
+		mgrCommon = append(slices.Clone(d.common), "--suspicion-timeout", opt.SuspicionTimeout.String(), "--heartbeat-interval", (opt.SuspicionTimeout / 4).String())
+	}
+	if d.agent != nil {
+		mgrCommon = append(slices.Clone(mgrCommon), "--starter", d.agent.URL())
+	}
+	r, err := d.sup.Start(ctx, launch.Spec{
+		Name:    childName("manager", ""),
+		Args:    append([]string{"manager", "--nats-listen", "127.0.0.1:-1", "--store", filepath.Join(opt.RunDir, "jetstream")}, mgrCommon...),
+		Restart: sameAddrs("manager", mgrCommon, filepath.Join(opt.RunDir, "jetstream")),
 	})
 	if err != nil {
+		return nil, fmt.Errorf("start manager: %w", err)
+	}
+	d.Manager, d.NATS = r.String("grpc"), r.String("nats")
+	if d.mgrConn, err = grpcx.Dial(d.Manager, 0); err != nil {
 		return nil, err
 	}
-	feArgs := append(append([]string{"frontend", "--manager", d.Manager}, common...), coordArgs...)
-	r, err := d.sup.Start(ctx, launch.Spec{Name: childName("frontend", ""), Args: feArgs, Restart: relisten(feArgs, "http")})
+	var insts []instSpec
+	for i, m := range dep.Models {
+		insts = append(insts, instSpec{model: m.Name, role: rolePrimary})
+		if replicated(dep, &dep.Models[i]) {
+			insts = append(insts, instSpec{model: m.Name, role: roleBackup})
+		} else if d.protected() {
+			insts = append(insts, instSpec{model: m.Name, role: roleStandby})
+		}
+	}
+	// Spares start after the serving instances: a sender's incarnation is
+	// taken from the clock when its sidecar starts, and a receiver refuses
+	// an incarnation older than the one it has seen on the edge, so a
+	// standby promoted without new senders must be the younger one.
+	var mu sync.Mutex
+	for _, phase := range []func(instSpec) bool{
+		func(is instSpec) bool { return is.role == rolePrimary },
+		func(is instSpec) bool { return is.role != rolePrimary },
+	} {
+		errs := make([]error, len(insts))
+		var wg sync.WaitGroup
+		for i, is := range insts {
+			if !phase(is) {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				in, err := d.startInstance(ctx, is.model, is.role, 0, 1)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				mu.Lock()
+				switch is.role {
+				case rolePrimary:
+					d.ModelServers[is.model] = in.BackendAddr
+				case roleBackup:
+					d.BackupServers[is.model] = in.BackendAddr
+				}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+	}
+	feArgs := append(append([]string{"frontend", "--manager", d.Manager}, d.common...), d.coordArgs("", d.opt.Audit)...)
+	r, err = d.sup.Start(ctx, launch.Spec{Name: childName("frontend", ""), Args: feArgs, Restart: relisten(feArgs, "http")})
 	if err != nil {
 		return nil, fmt.Errorf("start frontend: %w", err)
 	}
@@ -268,6 +299,8 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	}
 	return d, nil
 }
+
+type instSpec struct{ model, role string }
 
 // relisten restarts a child on the addresses it had (so clients configured
 // with them find it again); extra names an additional address flag.
@@ -317,27 +350,14 @@ func parallel(items []string, f func(string) error) error {
 }
 
 // waitTopology polls the manager until every model resolves to a live
-// sidecar and the frontend is registered.
+// sidecar, has its backup or standby, and the frontend is registered.
 func (d *deployment) waitTopology(ctx context.Context) error {
-	cc, err := grpcx.Dial(d.Manager, 0)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	api := hamsv1.NewManagerClient(cc)
+	api := hamsv1.NewManagerClient(d.mgrConn)
 	var missing []string
 	for {
 		t, err := api.GetTopology(ctx, &hamsv1.GetTopologyRequest{})
 		if err == nil {
-			missing = missing[:0]
-			for i, m := range d.dep.Models {
-				if _, _, ok := client.Resolve(t, m.Name); !ok {
-					missing = append(missing, m.Name)
-				}
-				if replicated(d.dep, &d.dep.Models[i]) && !hasBackup(t, m.Name) {
-					missing = append(missing, m.Name+" (backup)")
-				}
-			}
+			missing = d.missing(t)
 			if !slices.Contains(t.GetFrontends(), d.FrontendGRPC) {
 				missing = append(missing, "frontend "+d.FrontendGRPC)
 			}
@@ -353,10 +373,33 @@ func (d *deployment) waitTopology(ctx context.Context) error {
 	}
 }
 
-// hasBackup reports whether t has a live backup sidecar of model.
-func hasBackup(t *hamsv1.Topology, model string) bool {
+// missing lists what t lacks for full redundancy: a live serving instance
+// per model, a live backup per replicated model and (fault-tolerant
+// modes) a live standby per stateless model.
+func (d *deployment) missing(t *hamsv1.Topology) []string {
+	var out []string
+	for i, m := range d.dep.Models {
+		if _, _, ok := client.Resolve(t, m.Name); !ok {
+			out = append(out, m.Name)
+		}
+		switch {
+		case replicated(d.dep, &d.dep.Models[i]):
+			if !hasRole(t, m.Name, hamsv1.Role_ROLE_BACKUP) {
+				out = append(out, m.Name+" (backup)")
+			}
+		case d.protected():
+			if !hasRole(t, m.Name, hamsv1.Role_ROLE_STANDBY) {
+				out = append(out, m.Name+" (standby)")
+			}
+		}
+	}
+	return out
+}
+
+// hasRole reports whether t has a live sidecar of model in role.
+func hasRole(t *hamsv1.Topology, model string, role hamsv1.Role) bool {
 	for _, p := range t.GetPlacements() {
-		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_BACKUP && p.GetAlive() && p.GetSidecarAddress() != "" {
+		if p.GetModel() == model && p.GetRole() == role && p.GetAlive() && p.GetSidecarAddress() != "" {
 			return true
 		}
 	}
@@ -383,10 +426,19 @@ func (d *deployment) metricsOf(role string) map[string]string {
 
 // Close stops every child and waits for them.
 func (d *deployment) Close() error {
-	if d.sup == nil {
-		return nil
+	d.closing.Store(true)
+	if d.agent != nil {
+		d.agent.Close()
 	}
-	return d.sup.Close()
+	var err error
+	if d.sup != nil {
+		err = d.sup.Close()
+	}
+	if d.mgrConn != nil {
+		d.mgrConn.Close()
+		d.mgrConn = nil
+	}
+	return err
 }
 
 // compatEndpoints probes the frontend for the TF Serving and KServe v2

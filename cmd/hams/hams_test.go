@@ -115,8 +115,9 @@ func TestDispatch(t *testing.T) {
 	if dispatch([]string{"nope"}) != 2 || dispatch(nil) != 2 {
 		t.Fatal("bad command exit codes")
 	}
-	if dispatch([]string{"chaos"}) != 2 {
-		t.Fatal("chaos must exit 2 (not implemented)")
+	if dispatch([]string{"chaos", "--mode", "replay"}) != 2 || dispatch([]string{"chaos", "--kinds", "frontend"}) != 2 ||
+		dispatch([]string{"chaos", "--settle", "0s"}) != 2 {
+		t.Fatal("chaos must refuse replay, unknown kinds and a zero settle time")
 	}
 	if dispatch([]string{"bench", "--modes", "replay"}) != 2 {
 		t.Fatal("bench replay must be refused")

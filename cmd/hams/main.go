@@ -36,7 +36,7 @@ func init() {
 		"up":          {"start a whole deployment as local processes and keep it running", runUp},
 		"demo":        {"run an example service under load on this machine, optionally killing components", runDemo},
 		"bench":       {"measure latency and throughput of services per fault-tolerance mode", runBench},
-		"chaos":       {"random kills under load with consistency checks (not implemented yet)", runChaos},
+		"chaos":       {"random kills under load, then a global-consistency check of the audit logs", runChaos},
 		"help":        {"list commands", nil},
 	}
 }

@@ -24,14 +24,32 @@ func runManager(args []string) error {
 	store := rf.fs.String("store", "", "JetStream store directory of the embedded server (empty: a temporary one)")
 	hb := rf.fs.Duration("heartbeat-interval", manager.DefaultHeartbeatInterval, "heartbeat interval components are asked to keep")
 	suspicion := rf.fs.Duration("suspicion-timeout", manager.DefaultSuspicionTimeout, "silence after which a component is declared dead")
+	starter := rf.fs.String("starter", "", "URL of the instance agent that starts new backups and standbys for recovery (POST, see starter.go); empty: recovery cannot restore redundancy")
+	id := rf.fs.String("id", "", "name of this manager in the active-manager lease (default <hostname>@<gRPC address>, so a manager restarted on its address takes its lease back at once)")
+	leaseTTL := rf.fs.Duration("lease-ttl", manager.DefaultLeaseTTL, "active-manager lease lifetime (a standby manager takes over after this much silence)")
 	if err := rf.parse(args); err != nil {
 		return err
+	}
+	var st manager.InstanceStarter
+	if *starter != "" {
+		hs, err := newHTTPStarter(*starter)
+		if err != nil {
+			return usageErr("manager: --starter: %v", err)
+		}
+		st = hs
 	}
 	r, err := setupRole("manager", rf)
 	if err != nil {
 		return err
 	}
+	if *id == "" {
+		host, _ := os.Hostname()
+		*id = host + "@" + r.grpc.Addr().String()
+	}
 	m, err := manager.New(manager.Config{
+		Starter:           st,
+		ID:                *id,
+		LeaseTTL:          *leaseTTL,
 		Deployment:        r.dep,
 		GRPCListener:      r.grpc,
 		NATSURL:           *natsURL,
@@ -55,12 +73,13 @@ func runModelServer(args []string) error {
 	rf := newRoleFlags("modelserver")
 	models := rf.fs.String("models", "", "comma-separated models of the deployment to host (required)")
 	mgr := rf.fs.String("manager", "", "manager gRPC address to register with (optional)")
-	instance := rf.fs.String("role", "primary", "instance role registered with the manager: primary, or backup (the backup replica of stateful models)")
+	instance := rf.fs.String("role", "primary", "instance role registered with the manager: primary, backup (the backup replica of stateful models) or standby (a stateless model's hot standby)")
+	idF := rf.fs.String("id", "", "component id registered with the manager (default modelserver/<model>[/<role>])")
 	if err := rf.parse(args); err != nil {
 		return err
 	}
-	if *instance != "primary" && *instance != "backup" {
-		return usageErr("modelserver: --role %q: want primary or backup", *instance)
+	if *instance != "primary" && *instance != "backup" && *instance != "standby" {
+		return usageErr("modelserver: --role %q: want primary, backup or standby", *instance)
 	}
 	names := splitList(*models)
 	if len(names) == 0 {
@@ -91,9 +110,19 @@ func runModelServer(args []string) error {
 	var clients []*client.Client
 	if *mgr != "" {
 		for _, n := range names {
+			// Model servers register without a role: recovery works on
+			// sidecars, and the manager's recovery takes any live BACKUP
+			// placement of a model for a new backup to sync (a model
+			// server has no sidecar address to sync).
 			id, role := "modelserver/"+n, hamsv1.Role_ROLE_UNSPECIFIED
-			if *instance == "backup" {
-				id, role = id+"/backup", hamsv1.Role_ROLE_BACKUP
+			if *instance != "primary" {
+				id += "/" + *instance
+			}
+			if *idF != "" {
+				id = *idF
+				if len(names) > 1 {
+					id += "/" + n
+				}
 			}
 			c, err := client.New(client.Config{ManagerAddr: *mgr, Logger: r.log, Registration: &hamsv1.RegisterRequest{
 				Kind: hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER, Id: id, Model: n, Role: role,
@@ -123,7 +152,8 @@ func runSidecar(args []string) error {
 	model := rf.fs.String("model", "", "model this sidecar fronts (required)")
 	backend := rf.fs.String("backend", "", "backend address (default: the model's backend.address)")
 	mgr := rf.fs.String("manager", "", "manager gRPC address (required)")
-	roleF := rf.fs.String("role", sidecar.RolePrimary, "instance role: primary, or backup (a replicated stateful model's backup: serves Replication, applies snapshots)")
+	roleF := rf.fs.String("role", sidecar.RolePrimary, "instance role: primary (the serving instance; ACTIVE for a stateless model), backup (a replicated stateful model's backup: serves Replication, applies snapshots) or standby (a stateless model's hot standby: registered STANDBY, promoted by the manager)")
+	idF := rf.fs.String("id", "", "component id registered with the manager (default sidecar/<model>/<role>); every instance of a model needs its own")
 	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine (the manager's ready line has it); required for a replicated stateful model")
 	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (a backup writes <dir>/<model>-backup/durable.jsonl)")
 	epoch := rf.fs.Uint64("epoch", 0, "epoch of this instance, stamped on snapshots and durability notices")
@@ -134,8 +164,9 @@ func runSidecar(args []string) error {
 	if *model == "" || *mgr == "" {
 		return usageErr("sidecar: --model and --manager are required")
 	}
-	if *roleF != sidecar.RolePrimary && *roleF != sidecar.RoleBackup {
-		return usageErr("sidecar: --role %q: want %s or %s", *roleF, sidecar.RolePrimary, sidecar.RoleBackup)
+	standby := *roleF == "standby"
+	if *roleF != sidecar.RolePrimary && *roleF != sidecar.RoleBackup && !standby {
+		return usageErr("sidecar: --role %q: want %s, %s or standby", *roleF, sidecar.RolePrimary, sidecar.RoleBackup)
 	}
 	if *outLog < 0 {
 		return usageErr("sidecar: --output-log-bytes must not be negative")
@@ -150,6 +181,10 @@ func runSidecar(args []string) error {
 		return usageErr("sidecar: model %q is not in deployment %q", *model, r.dep.Name)
 	}
 	repl := replicated(r.dep, m)
+	if standby && m.Stateful {
+		r.close()
+		return usageErr("sidecar: --role standby: model %q is stateful (its spare is a backup)", *model)
+	}
 	if *roleF == sidecar.RoleBackup && !repl {
 		r.close()
 		return usageErr("sidecar: --role backup: model %q is not replicated in mode %s (stateful %v, ha %s)", *model, r.dep.Mode, m.Stateful, m.HA)
@@ -174,14 +209,23 @@ func runSidecar(args []string) error {
 	defer closeBE()
 	roleV := hamsv1.Role_ROLE_ACTIVE
 	switch {
+	case standby:
+		// A hot standby runs the primary request path; it takes traffic
+		// once the manager promotes it (the topology then resolves the
+		// model to it).
+		roleV = hamsv1.Role_ROLE_STANDBY
+		*roleF = sidecar.RolePrimary
 	case *roleF == sidecar.RoleBackup:
 		roleV = hamsv1.Role_ROLE_BACKUP
 	case m.Stateful:
 		roleV = hamsv1.Role_ROLE_PRIMARY
 	}
 	addr := r.grpc.Addr().String()
+	if *idF == "" {
+		*idF = fmt.Sprintf("sidecar/%s/%s", *model, roleName(roleV))
+	}
 	mc, err := client.New(client.Config{ManagerAddr: *mgr, Logger: r.log, Registration: &hamsv1.RegisterRequest{
-		Kind: hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, Id: fmt.Sprintf("sidecar/%s/%s", *model, roleName(roleV)),
+		Kind: hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, Id: *idF,
 		Model: *model, Role: roleV, Address: addr, BackendAddress: *backend, Pid: int32(os.Getpid()),
 	}})
 	if err != nil {
@@ -220,7 +264,8 @@ func runSidecar(args []string) error {
 	}
 	r.fields["model"] = *model
 	r.fields["backend"] = *backend
-	r.fields["instance"] = *roleF
+	r.fields["instance"] = roleName(roleV)
+	r.fields["id"] = *idF
 	return r.serve(func(ctx context.Context) error {
 		g := newGroup(ctx)
 		g.Go("sidecar", sc.Run)

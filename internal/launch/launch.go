@@ -74,6 +74,10 @@ type Spec struct {
 	// Restart, if set, returns the arguments for a restart given the last
 	// ready line (e.g. to listen on the same address again).
 	Restart func(last Ready) []string
+	// NoRestart: when the process exits it is not restarted; the child
+	// stays known (Ready returns its last ready line, Exited reports the
+	// exit) and its name stays taken.
+	NoRestart bool
 }
 
 // Event reports a child's lifecycle change.
@@ -106,6 +110,7 @@ type child struct {
 	proc    *os.Process
 	ready   Ready
 	hasRdy  bool
+	exited  bool          // a NoRestart child whose process ended
 	readyCh chan struct{} // closed and replaced on every ready line
 	done    chan struct{} // closed when the supervise loop ends
 }
@@ -331,6 +336,14 @@ func (s *Supervisor) supervise(c *child, wait <-chan error, last Ready) {
 		if s.isClosed() {
 			return
 		}
+		if c.spec.NoRestart {
+			s.log.Info("child exited (not restarted)", "name", c.spec.Name, "err", err)
+			c.mu.Lock()
+			c.exited = true
+			c.mu.Unlock()
+			s.emit(Event{Name: c.spec.Name, Kind: "exit", Err: err, At: time.Now()})
+			return
+		}
 		s.log.Warn("child exited; restarting", "name", c.spec.Name, "err", err, "backoff", backoff)
 		s.emit(Event{Name: c.spec.Name, Kind: "exit", Err: err, At: time.Now()})
 		if time.Since(started) >= s.cfg.StableAfter {
@@ -434,13 +447,43 @@ func (s *Supervisor) Kill(name string, sig syscall.Signal) (pid int, err error) 
 		return 0, fmt.Errorf("%w: %s", ErrUnknown, name)
 	}
 	c.mu.Lock()
-	p := c.proc
+	p, exited := c.proc, c.exited
 	c.mu.Unlock()
+	if exited {
+		return p.Pid, fmt.Errorf("%w: %s has exited", ErrUnknown, name)
+	}
 	if err := killGroup(p.Pid, sig); err != nil {
 		return p.Pid, fmt.Errorf("launch: signal %s (pid %d): %w", name, p.Pid, err)
 	}
 	s.log.Info("signalled child", "name", name, "pid", p.Pid, "signal", sig.String())
 	return p.Pid, nil
+}
+
+// Exited reports whether the named NoRestart child's process has ended
+// (false for unknown children and for children that are restarted).
+func (s *Supervisor) Exited(name string) bool {
+	s.mu.Lock()
+	c := s.children[name]
+	s.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.exited
+}
+
+// Done returns a channel closed when the named child's supervision ends
+// (a NoRestart child exited, or the supervisor closed); nil for an
+// unknown child.
+func (s *Supervisor) Done(name string) <-chan struct{} {
+	s.mu.Lock()
+	c := s.children[name]
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.done
 }
 
 // Names lists the supervised children.

@@ -38,7 +38,10 @@ func helper(args []string) int {
 		fmt.Fprintln(os.Stderr, "helper: cannot start: bad flag")
 		return 3
 	case "no-ready":
-		select {}
+		// Not select{}: without other goroutines the runtime would
+		// report a deadlock and exit.
+		time.Sleep(time.Hour)
+		return 0
 	case "ignore-term":
 		signal.Ignore(syscall.SIGTERM)
 	default:
@@ -47,7 +50,10 @@ func helper(args []string) int {
 	fmt.Println("some noise before the ready line")
 	b, _ := json.Marshal(map[string]any{"role": "helper", "tag": tag, "pid": os.Getpid()})
 	fmt.Println(string(b))
-	<-sigs
+	select {
+	case <-sigs:
+	case <-time.After(time.Hour): // keeps the runtime from reporting a deadlock
+	}
 	return 0
 }
 
@@ -196,5 +202,39 @@ func TestDuplicateNameAndConfig(t *testing.T) {
 	}
 	if _, err := s.Start(context.Background(), Spec{Name: "d", Args: []string{"serve"}}); !errors.Is(err, ErrExists) {
 		t.Fatalf("duplicate: %v", err)
+	}
+}
+
+func TestNoRestartChildStaysDown(t *testing.T) {
+	s := newSup(t, nil)
+	r1, err := s.Start(context.Background(), Spec{Name: "once", Args: []string{"serve"}, NoRestart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Exited("once") || s.Exited("nope") {
+		t.Fatal("Exited before the exit")
+	}
+	if _, err := s.Kill("once", syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done("once"):
+	case <-time.After(10 * time.Second):
+		t.Fatal("supervision did not end")
+	}
+	if !s.Exited("once") {
+		t.Fatal("Exited = false after the exit")
+	}
+	if r, ok := s.Ready("once"); !ok || r.PID != r1.PID || r.Generation != 1 {
+		t.Fatalf("Ready after exit = %+v, %v", r, ok)
+	}
+	if _, err := s.Kill("once", syscall.SIGKILL); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("Kill of an exited child: %v", err)
+	}
+	if s.Done("nope") != nil {
+		t.Fatal("Done of an unknown child")
+	}
+	if _, err := s.Start(context.Background(), Spec{Name: "once", Args: []string{"serve"}}); !errors.Is(err, ErrExists) {
+		t.Fatalf("name reuse: %v", err)
 	}
 }

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/hams-go/hams/internal/launch"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Instance roles as started (the manager's recovery may change a running
+// instance's role later: a backup becomes the primary, an active a
+// standby, and so on; the topology has the current one).
+const (
+	rolePrimary = "primary" // the serving instance: PRIMARY (stateful) or ACTIVE
+	roleBackup  = "backup"
+	roleStandby = "standby"
+)
+
+// instance is one model instance: a sidecar and, for reference models
+// without a backend address, its own model server. The two fail together
+// (in the protected modes, the survivor of a pair is killed): they stand
+// for one host of the paper's deployment.
+type instance struct {
+	Model string
+	Role  string // as started
+	N     int    // 0 for the initial instances, then 1, 2, ... per deployment
+	// ID is the sidecar's component id at the manager.
+	ID          string
+	Sidecar     string // child names
+	ModelServer string // "" when the backend is external
+	SidecarAddr string
+	BackendAddr string
+	Epoch       uint64
+	StartedAt   time.Time
+}
+
+// protected reports whether the deployment's mode recovers failed model
+// instances (every mode but bare): then instances are not restarted in
+// place and stateless models get a hot standby.
+func (d *deployment) protected() bool { return d.dep.Mode != "" && d.dep.Mode != "bare" }
+
+// instanceNames returns the child names of the sidecar and model server
+// of an instance.
+func instanceNames(model, role string, n int) (sc, ms string) {
+	switch role {
+	case roleBackup:
+		sc, ms = roleBackupSidecar, roleBackupModelServer
+	case roleStandby:
+		sc, ms = roleStandbySidecar, roleStandbyModelSrv
+	default:
+		sc, ms = roleSidecar, roleModelServer
+	}
+	sc, ms = childName(sc, model), childName(ms, model)
+	if n > 0 {
+		suf := "." + strconv.Itoa(n)
+		sc, ms = sc+suf, ms+suf
+	}
+	return sc, ms
+}
+
+// coordArgs are the --nats and --audit flags of a sidecar of model (or of
+// the frontend when model is ""); audit is the directory to use.
+func (d *deployment) coordArgs(model, audit string) []string {
+	var out []string
+	if d.NATS != "" && coordinated(d.dep) && (model == "" || replicated(d.dep, d.dep.Model(model))) {
+		out = append(out, "--nats", d.NATS)
+	}
+	if audit != "" {
+		out = append(out, "--audit", audit)
+	}
+	return out
+}
+
+// startInstance starts one instance of model in role (n > 0: an instance
+// asked for by recovery) registered at epoch, and returns once its sidecar
+// printed its ready line.
+func (d *deployment) startInstance(ctx context.Context, model, role string, n int, epoch uint64) (*instance, error) {
+	m := d.dep.Model(model)
+	if m == nil {
+		return nil, fmt.Errorf("start instance: model %q is not in the deployment", model)
+	}
+	switch role {
+	case roleBackup:
+		if !replicated(d.dep, m) {
+			return nil, fmt.Errorf("start instance: model %q has no backup in mode %s", model, d.dep.Mode)
+		}
+	case roleStandby:
+		if m.Stateful {
+			return nil, fmt.Errorf("start instance: model %q is stateful: its spare is a backup, not a standby", model)
+		}
+	case rolePrimary:
+	default:
+		return nil, fmt.Errorf("start instance: role %q is not primary, backup or standby", role)
+	}
+	in := &instance{Model: model, Role: role, N: n, Epoch: epoch, BackendAddr: m.Backend.Address}
+	in.Sidecar, in.ModelServer = instanceNames(model, role, n)
+	inPlace := !d.protected()
+	if in.BackendAddr == "" {
+		args := append([]string{"modelserver", "--models", model, "--role", role, "--manager", d.Manager,
+			"--id", "modelserver/" + model + "/" + role + suffix(n)}, d.common...)
+		spec := launch.Spec{Name: in.ModelServer, Args: args, NoRestart: !inPlace}
+		if inPlace {
+			spec.Restart = relisten(args, "")
+		}
+		r, err := d.sup.Start(ctx, spec)
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", in.ModelServer, err)
+		}
+		in.BackendAddr = r.String("grpc")
+	} else {
+		in.ModelServer = ""
+	}
+	in.ID = "sidecar/" + model + "/" + role + suffix(n)
+	audit := d.opt.Audit
+	if audit != "" {
+		// One directory per instance: two instances of a model never
+		// append to one file.
+		audit = filepath.Join(audit, sanitizeKey(in.Sidecar))
+	}
+	args := append([]string{"sidecar", "--model", model, "--role", role, "--id", in.ID, "--epoch", strconv.FormatUint(epoch, 10),
+		"--backend", in.BackendAddr, "--manager", d.Manager}, d.common...)
+	args = append(args, d.coordArgs(model, audit)...)
+	r, err := d.sup.Start(ctx, launch.Spec{Name: in.Sidecar, Args: args, NoRestart: !inPlace})
+	if err != nil {
+		if in.ModelServer != "" {
+			_, _ = d.sup.Kill(in.ModelServer, syscall.SIGKILL)
+		}
+		return nil, fmt.Errorf("start %s: %w", in.Sidecar, err)
+	}
+	in.SidecarAddr = r.String("grpc")
+	in.StartedAt = time.Now()
+	d.mu.Lock()
+	d.insts = append(d.insts, in)
+	d.byID[in.ID] = in
+	d.mu.Unlock()
+	if !inPlace && in.ModelServer != "" {
+		go d.pair(in)
+	}
+	return in, nil
+}
+
+func suffix(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return "/" + strconv.Itoa(n)
+}
+
+// pair makes an instance's sidecar and model server fail together: when
+// one exits, the other is killed (the model server loses no state the
+// protocol needs: the instance is replaced as a whole).
+func (d *deployment) pair(in *instance) {
+	sc, ms := d.sup.Done(in.Sidecar), d.sup.Done(in.ModelServer)
+	if sc == nil || ms == nil {
+		return
+	}
+	select {
+	case <-sc:
+		if !d.closing.Load() {
+			_, _ = d.sup.Kill(in.ModelServer, syscall.SIGKILL)
+		}
+	case <-ms:
+		if !d.closing.Load() {
+			_, _ = d.sup.Kill(in.Sidecar, syscall.SIGKILL)
+		}
+	}
+}
+
+// startForRecovery is the instance agent's action: a new instance of model
+// in role (backup or standby), registered at the model's current epoch.
+func (d *deployment) startForRecovery(ctx context.Context, model, role string) (*instance, error) {
+	if d.closing.Load() {
+		return nil, errors.New("deployment is stopping")
+	}
+	if role != roleBackup && role != roleStandby {
+		return nil, fmt.Errorf("role %q: recovery starts only backups and standbys", role)
+	}
+	t, err := hamsv1.NewManagerClient(d.mgrConn).GetTopology(ctx, &hamsv1.GetTopologyRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("read topology: %w", err)
+	}
+	epoch := uint64(1)
+	for _, p := range t.GetPlacements() {
+		if p.GetModel() == model {
+			epoch = max(epoch, p.GetEpoch())
+		}
+	}
+	d.mu.Lock()
+	d.next++
+	n := d.next
+	d.mu.Unlock()
+	in, err := d.startInstance(ctx, model, role, n, epoch)
+	if err != nil {
+		return nil, err
+	}
+	d.log.Info("instance started for recovery", "model", model, "role", role, "sidecar", in.Sidecar, "epoch", epoch)
+	return in, nil
+}
+
+// topology asks the manager for the current topology.
+func (d *deployment) topology(ctx context.Context) (*hamsv1.Topology, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return hamsv1.NewManagerClient(d.mgrConn).GetTopology(ctx, &hamsv1.GetTopologyRequest{})
+}
+
+// resolvedTarget is a kill target resolved against the current topology.
+type resolvedTarget struct {
+	Child string // supervised child to signal
+	Kind  string // primary, backup, stateless, standby, manager, frontend
+	Inst  *instance
+}
+
+// resolveTarget maps a --kill role and model to the child that plays it
+// now: sidecar/modelserver name the model's serving instance (primary or
+// active), backup-* its live backup, standby-* its live standby.
+func (d *deployment) resolveTarget(ctx context.Context, role, model string) (resolvedTarget, error) {
+	switch role {
+	case "manager", "frontend":
+		return resolvedTarget{Child: childName(role, ""), Kind: role}, nil
+	}
+	t, err := d.topology(ctx)
+	if err != nil {
+		return resolvedTarget{}, fmt.Errorf("resolve %s:%s: %w", role, model, err)
+	}
+	var want []hamsv1.Role
+	switch role {
+	case roleSidecar, roleModelServer:
+		want = []hamsv1.Role{hamsv1.Role_ROLE_PRIMARY, hamsv1.Role_ROLE_ACTIVE}
+	case roleBackupSidecar, roleBackupModelServer:
+		want = []hamsv1.Role{hamsv1.Role_ROLE_BACKUP}
+	case roleStandbySidecar, roleStandbyModelSrv:
+		want = []hamsv1.Role{hamsv1.Role_ROLE_STANDBY}
+	default:
+		return resolvedTarget{}, fmt.Errorf("unknown kill role %q", role)
+	}
+	var best *hamsv1.Placement
+	for _, p := range t.GetPlacements() {
+		if p.GetModel() != model || !p.GetAlive() || p.GetSidecarAddress() == "" {
+			continue
+		}
+		for _, w := range want {
+			if p.GetRole() == w && (best == nil || p.GetEpoch() > best.GetEpoch() ||
+				(p.GetEpoch() == best.GetEpoch() && p.GetComponentId() < best.GetComponentId())) {
+				best = p
+			}
+		}
+	}
+	if best == nil {
+		return resolvedTarget{}, fmt.Errorf("%s:%s: no live instance in that role now", role, model)
+	}
+	d.mu.Lock()
+	in := d.byID[best.GetComponentId()]
+	d.mu.Unlock()
+	if in == nil {
+		return resolvedTarget{}, fmt.Errorf("%s:%s: instance %s was not started by this process", role, model, best.GetComponentId())
+	}
+	rt := resolvedTarget{Child: in.Sidecar, Inst: in}
+	switch role {
+	case roleModelServer, roleBackupModelServer, roleStandbyModelSrv:
+		if in.ModelServer == "" {
+			return resolvedTarget{}, fmt.Errorf("%s:%s: the model's backend is external (no model server of ours)", role, model)
+		}
+		rt.Child = in.ModelServer
+	}
+	switch best.GetRole() {
+	case hamsv1.Role_ROLE_PRIMARY:
+		rt.Kind = "primary"
+	case hamsv1.Role_ROLE_ACTIVE:
+		rt.Kind = "stateless"
+	case hamsv1.Role_ROLE_BACKUP:
+		rt.Kind = "backup"
+	case hamsv1.Role_ROLE_STANDBY:
+		rt.Kind = "standby"
+	}
+	return rt, nil
+}
+
+// instancesNow returns the instances started so far.
+func (d *deployment) instancesNow() []*instance {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*instance(nil), d.insts...)
+}
+
+// aliveID reports whether component id is alive in t.
+func aliveID(t *hamsv1.Topology, id string) bool {
+	for _, p := range t.GetPlacements() {
+		if p.GetComponentId() == id {
+			return p.GetAlive()
+		}
+	}
+	return false
+}

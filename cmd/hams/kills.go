@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hams-go/hams/internal/loadgen"
+)
+
+// killReport is one entry of the report's kills.
+//
+// recovery_ms is measured at the client: from the SIGKILL to the moment
+// the first reply arrives for a request that was sent at or after the kill
+// and whose lineage names the killed model (any model for a manager or
+// frontend kill). Such a request cannot have been served by the killed
+// process, so the reply shows the replacement serving: the promoted
+// backup or standby for a primary or stateless kill; for a backup kill,
+// the primary whose outputs became durable again at a new (synced) backup,
+// since the frontend releases a reply only when its stateful states are
+// durable. Closed-loop clients stuck on requests in flight at the kill send
+// new requests only after those complete, so the figure includes one
+// request's latency after the service resumed.
+type killReport struct {
+	Target string `json:"target"`
+	// Kind is what failed in protocol terms: primary, backup, stateless
+	// (the active instance of a stateless model), standby, manager or
+	// frontend.
+	Kind string `json:"kind"`
+	// Process is the supervised child signalled (e.g. backup-sidecar:m.2).
+	Process    string  `json:"process,omitempty"`
+	AtMs       float64 `json:"at_ms"`
+	RecoveryMs float64 `json:"recovery_ms"` // -1: no successful reply after the kill
+	// RestartMs: a process restarted in place (manager, frontend; every
+	// process in bare mode) until its ready line; -1 if never or not
+	// restarted in place.
+	RestartMs float64 `json:"restart_ms"`
+	// RestoredMs: until the topology again had a live serving instance,
+	// backup (replicated models) or standby (stateless models) for every
+	// model, i.e. redundancy was restored; -1 if not within the run.
+	RestoredMs float64 `json:"restored_ms"`
+	Recovered  bool    `json:"recovered"`
+	Error      string  `json:"error,omitempty"`
+
+	killAt   time.Time
+	model    string
+	services []string
+}
+
+// killTracker matches replies to kills (recovery_ms).
+type killTracker struct {
+	mu    sync.Mutex
+	kills []*killReport
+	// recovered is signalled (closed) per kill when its first qualifying
+	// reply arrived.
+	done map[*killReport]chan struct{}
+}
+
+func newKillTracker() *killTracker { return &killTracker{done: map[*killReport]chan struct{}{}} }
+
+func (kt *killTracker) add(kr *killReport) chan struct{} {
+	kt.mu.Lock()
+	defer kt.mu.Unlock()
+	kt.kills = append(kt.kills, kr)
+	ch := make(chan struct{})
+	kt.done[kr] = ch
+	return ch
+}
+
+// reply records a successful reply of service svc.
+func (kt *killTracker) reply(svc string, r loadgen.Result) {
+	done := r.Sent.Add(r.Latency)
+	kt.mu.Lock()
+	defer kt.mu.Unlock()
+	for _, kr := range kt.kills {
+		if kr.killAt.IsZero() || kr.Recovered || r.Sent.Before(kr.killAt) || !slices.Contains(kr.services, svc) {
+			continue
+		}
+		if kr.model != "" && !lineageHas(r, kr.model) {
+			continue
+		}
+		kr.Recovered = true
+		kr.RecoveryMs = msSince(kr.killAt, done)
+		close(kt.done[kr])
+	}
+}
+
+func lineageHas(r loadgen.Result, model string) bool {
+	for _, e := range r.Reply.GetLineage() {
+		if e.GetModel() == model {
+			return true
+		}
+	}
+	return false
+}
+
+func (kt *killTracker) snapshot() []killReport {
+	kt.mu.Lock()
+	defer kt.mu.Unlock()
+	out := make([]killReport, 0, len(kt.kills))
+	for _, kr := range kt.kills {
+		out = append(out, *kr)
+	}
+	return out
+}
+
+// killNow SIGKILLs the process that plays role for model now and tracks
+// its recovery: kr is filled in (under kt.mu) as the outcome becomes
+// known. It returns after the kill; the waits (restart in place, restored
+// redundancy) run until ctx ends and are done when the returned channel
+// closes.
+// kr must have been added to kt.
+func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time) (waits chan struct{}) {
+	waits = make(chan struct{})
+	rt, err := d.resolveTarget(ctx, role, model)
+	if err != nil {
+		kt.mu.Lock()
+		kr.Error = err.Error()
+		kt.mu.Unlock()
+		close(waits)
+		return waits
+	}
+	before, _ := d.sup.Ready(rt.Child)
+	at := time.Now()
+	_, kerr := d.sup.Kill(rt.Child, syscall.SIGKILL)
+	kt.mu.Lock()
+	kr.Kind, kr.Process = rt.Kind, rt.Child
+	kr.killAt, kr.AtMs = at, msSince(loadStart, at)
+	kr.model = model
+	if kerr != nil {
+		kr.Error = kerr.Error()
+	}
+	kt.mu.Unlock()
+	if kerr != nil {
+		close(waits)
+		return waits
+	}
+	inPlace := rt.Inst == nil || !d.protected()
+	go func() {
+		defer close(waits)
+		var wg sync.WaitGroup
+		if inPlace {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := d.sup.WaitReady(ctx, rt.Child, before.Generation)
+				if err == nil {
+					kt.mu.Lock()
+					kr.RestartMs = msSince(at, r.At)
+					kt.mu.Unlock()
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Let the manager notice the death first: until then the
+			// topology still lists the dead instance as alive.
+			if !sleepCtx(ctx, 50*time.Millisecond) {
+				return
+			}
+			for {
+				if t, err := d.topology(ctx); err == nil && len(d.missing(t)) == 0 {
+					if rt.Inst == nil || !aliveID(t, rt.Inst.ID) || !d.protected() {
+						kt.mu.Lock()
+						kr.RestoredMs = msSince(at, time.Now())
+						kt.mu.Unlock()
+						return
+					}
+				}
+				if !sleepCtx(ctx, 20*time.Millisecond) {
+					return
+				}
+			}
+		}()
+		wg.Wait()
+	}()
+	return waits
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// validateKillRole checks a --kill role against the deployment.
+func killRoles() []string {
+	return []string{roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer, roleStandbySidecar, roleStandbyModelSrv, "frontend", "manager"}
+}
+
+func killRoleList() string {
+	return fmt.Sprint(killRoles())
+}
