@@ -35,6 +35,10 @@ const DefaultRPCTimeout = 500 * time.Millisecond
 // ErrNoStarter is the outcome of StartInstance without a Config.Starter.
 var ErrNoStarter = errors.New("manager: no InstanceStarter configured")
 
+// ErrNoAddress fails a recovery RPC aimed at a placement that has no
+// sidecar address.
+var ErrNoAddress = errors.New("manager: recovery target has no sidecar address")
+
 // assignment is a role and epoch set by recovery; it overrides the
 // registration in the deployment state.
 type assignment struct {
@@ -171,6 +175,13 @@ func (d *driver) perform(acts []recovery.Action) {
 				d.async(to, func(context.Context) recEvent { return failed(a, err) })
 				continue
 			}
+		} else if a.Kind != recovery.StartInstance && a.Kind != recovery.Rewire {
+			// An RPC action aimed at a placement without a sidecar
+			// address (a model server's) cannot be performed: fail it
+			// so the machine treats the target as unreachable.
+			err := fmt.Errorf("%w: %s has no sidecar address", ErrNoAddress, a.String())
+			d.async(to, func(context.Context) recEvent { return failed(a, err) })
+			continue
 		}
 		switch a.Kind {
 		case recovery.GetMaxSeq:

@@ -189,7 +189,9 @@ func (m *Machine) Topology(t *hamsv1.Topology) []Action {
 			continue
 		}
 		for _, p := range t.GetPlacements() {
-			if p.GetModel() != model || p.GetRole() != hamsv1.Role_ROLE_BACKUP || !p.GetAlive() || known[p.GetComponentId()] {
+			// A model server's placement has no sidecar address: only a
+			// backup sidecar can be synced.
+			if p.GetModel() != model || p.GetRole() != hamsv1.Role_ROLE_BACKUP || !p.GetAlive() || known[p.GetComponentId()] || p.GetSidecarAddress() == "" {
 				continue
 			}
 			delete(m.awaitSync, model)

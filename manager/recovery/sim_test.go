@@ -87,6 +87,10 @@ func newSim(t *testing.T, seed uint64, standby bool) *sim {
 		if s.g.Stateful(md) {
 			add(md+"/p", md, hamsv1.Role_ROLE_PRIMARY)
 			add(md+"/b", md, hamsv1.Role_ROLE_BACKUP)
+			// The backup's model server registers too, without a sidecar
+			// address: recovery must never aim an RPC at it.
+			s.topo.Placements = append(s.topo.Placements, &hamsv1.Placement{ComponentId: md + "/bms", Model: md,
+				Role: hamsv1.Role_ROLE_BACKUP, BackendAddress: md + "-bms:1", Epoch: 1, Alive: true})
 		} else {
 			add(md+"/a", md, hamsv1.Role_ROLE_ACTIVE)
 			if standby {
@@ -214,6 +218,12 @@ func (s *sim) feExec() uint64 {
 
 func (s *sim) do(a Action) {
 	delay := 1 + s.rng.IntN(10)
+	switch a.Kind {
+	case GetMaxSeq, GetLineageSummary, Promote, Rollback, Resend, Demote, SyncBackup:
+		if a.Address == "" {
+			s.fail("action %v has no sidecar address", a)
+		}
+	}
 	switch a.Kind {
 	case Recovered:
 		s.recov++
