@@ -320,6 +320,13 @@ func (s *sim) do(a Action) {
 		s.started++
 		id := fmt.Sprintf("%s/new%d", a.Model, s.started)
 		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, nil)) })
+		// The new instance's model server registers first, without a
+		// sidecar address; its sidecar follows.
+		s.at(delay+2, func() {
+			s.topo.Placements = append(s.topo.Placements, &hamsv1.Placement{ComponentId: id + "-ms", Model: a.Model, Role: a.Role,
+				BackendAddress: id + "-ms:1", Epoch: max(s.maxEpoch(a.Model), 1), Alive: true})
+			s.feedTopo()
+		})
 		s.at(delay+5, func() {
 			s.topo.Placements = append(s.topo.Placements, &hamsv1.Placement{ComponentId: id, Model: a.Model, Role: a.Role,
 				SidecarAddress: id + ":1", Epoch: max(s.maxEpoch(a.Model), 1), Alive: true})
