@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -76,7 +77,50 @@ func (f *Frontend) onDurable(n *hamsv1.DurabilityNotice) {
 		return
 	}
 	now := f.now()
-	for _, r := range f.holds.durable(n.GetModel(), n.GetDurableSeq()) {
+	released, rolled, newEpoch := f.holds.notice(n.GetModel(), n.GetEpoch(), n.GetDurableSeq())
+	if newEpoch {
+		// A new primary of the model took over from its backup's state at
+		// durable_seq: what the model produced beyond it is lost. Parts
+		// that came from it are dropped; rolled-back replies go back to
+		// the table to await the re-executed items.
+		dropped := f.table.dropParts(n.GetModel(), n.GetDurableSeq())
+		for _, r := range rolled {
+			keep := map[string]*hamsv1.Item{}
+			for s, it := range r.comp.parts {
+				if !namesBeyond(it.GetLineage(), n.GetModel(), n.GetDurableSeq()) {
+					keep[s] = it
+				}
+			}
+			f.table.readd(r.comp, keep)
+			f.m.rolledBack.Inc()
+			// Items kept aside while the reply was held: copies of the
+			// lost execution (same seq and output of the model) go; a
+			// re-execution that overtook this notice completes the request.
+			lost := map[string]bool{}
+			for _, it := range r.comp.parts {
+				for _, l := range it.GetLineage() {
+					if l.GetModel() == n.GetModel() && l.GetSeq() > n.GetDurableSeq() {
+						lost[fmt.Sprint(l.GetSeq(), "/", l.GetOutputDigest())] = true
+					}
+				}
+			}
+			for _, o := range f.orphans.take(r.reqID) {
+				old := false
+				for _, l := range o.it.GetLineage() {
+					if l.GetModel() == n.GetModel() && lost[fmt.Sprint(l.GetSeq(), "/", l.GetOutputDigest())] {
+						old = true
+					}
+				}
+				if !old {
+					f.deliverLocked(o.from, o.it)
+				}
+			}
+		}
+		f.log.Info("stateful model failed over: replies depending on lost state rolled back",
+			"model", n.GetModel(), "epoch", n.GetEpoch(), "durable_seq", n.GetDurableSeq(), "rolled_back", len(rolled), "parts_dropped", dropped)
+		signal(f.kick)
+	}
+	for _, r := range released {
 		f.m.gatingWait.Observe(now.Sub(r.since).Seconds())
 		if c := f.calls[r.reqID]; c != nil {
 			f.finishLocked(c, r.resp, nil, true)

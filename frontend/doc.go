@@ -52,6 +52,53 @@
 // the same answer. Deadline, cancellation and shutdown answers are not
 // remembered, so a retry after them executes again.
 //
+// Request log and several frontends (requestlog.go, with Config.Log): every
+// accepted request is appended to the JetStream request log, and
+// acknowledged there, before anything of it enters the graph; a request
+// the log refuses is answered Unavailable. req_ids carry this process's
+// incarnation (coord.FrontendIncarnation) in their 24 high bits and are
+// dense below, so no two frontends or restarts share one; without a log
+// they are 1, 2, ... as before. Only one frontend injects requests: the
+// one the topology names for config.Frontend (Config.Address equal to
+// Resolver.Resolve(config.Frontend)), because the sink edges of every
+// sidecar go there and because two frontends sending on one frontend ->
+// entry edge would fence each other off at the entry model (a receiver
+// refuses the sender incarnation that is not the newest). The others log
+// their requests and wait for the answer the leader records; the leader
+// consumes the log and injects them. Every answer (reply or model error)
+// of an injected request is recorded once (first writer wins) before it
+// is released; a frontend that loses the race releases the recorded one
+// instead, so all attempts of a request, on any frontend, get one answer.
+// A client request_id claims its key in the log: a retry on any frontend
+// joins the logged attempt and gets its recorded answer; an attempt whose
+// deadline passed unanswered is replaced (the retry executes again). Only
+// the injecting frontend publishes completion notices and audit records.
+//
+// Takeover: when the topology names another frontend (the leader died),
+// that frontend scans the log back one request timeout: every request not
+// answered and not past its deadline is injected with its original req_id
+// (entry models drop what they already had by req_id), and every sink
+// model is asked to Resend what it keeps for the frontend edge (items the
+// dead leader had acknowledged). Sink items for requests not (yet) in the
+// table are kept aside (bounded) and used when their request is injected.
+// Exactly one frontend takes over: the one the manager's topology names.
+//
+// Recovery hooks: the gRPC server also serves hamsv1.Replication:
+// GetLineageSummary answers as the successor of the sink models (from the
+// lineage of the sink items received: max seq of the failed model,
+// contiguous prefixes of the models upstream of it, consumed_beyond false),
+// Resend resends on an entry edge the items kept (acknowledged, not yet
+// answered) above after_edge_seq and the unacknowledged ones, to
+// to_address at epoch. The other calls answer FailedPrecondition.
+//
+// Rollback of held replies: the hold area tracks the epoch of each
+// model's durability notices. A notice at a higher epoch means a new
+// primary took over from state durable at durable_seq: held replies that
+// depend on the model beyond it came from lost speculative state; they
+// are never released but go back to the table (with the parts that do not
+// depend on the lost state) to await the re-executed items, and parts of
+// pending requests from the lost state are dropped.
+//
 // Run serves gRPC, HTTP, one sender per entry edge, the expiry loop and,
 // when configured, the durability watch, the completion loop and the audit
 // loop until its context ends, answers what is pending with Unavailable,

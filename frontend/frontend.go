@@ -84,6 +84,17 @@ type Config struct {
 	// AuditDir, when set, receives AuditDir/<Name>/replies.jsonl: one
 	// record per reply released to a client.
 	AuditDir string
+
+	// Log is the request log (*coord.Coord): with it, every accepted
+	// request is logged before it enters the graph, every answer is
+	// recorded before it is released, and several frontends share one
+	// deployment (requestlog.go). Nil: a lone frontend without a log.
+	Log RequestLog
+	// Address is the gRPC address this frontend is registered under in the
+	// topology (default GRPCListener's address): the frontend whose address
+	// the Resolver returns for config.Frontend receives the sink edges and
+	// is the one that injects requests into the graph.
+	Address string
 }
 
 // sender is what the frontend needs of an outbound edge (edge.Sender).
@@ -91,6 +102,8 @@ type sender interface {
 	Run(ctx context.Context) error
 	Send(items ...*hamsv1.Item)
 	Full() bool
+	Resend(spec edge.ResendSpec) int
+	Complete(reqIDs ...uint64)
 }
 
 // Frontend serves the client APIs and collects replies from the sink edges.
@@ -127,10 +140,14 @@ type Frontend struct {
 
 	// mu guards the request table, the hold area, the calls, the in-flight
 	// index, the reply cache and the completion and audit queues.
-	// Invariant: calls holds exactly the req_ids of table.pending plus those
-	// of holds (disjoint); inflight holds exactly the calls with a
-	// request_id that are not done; every done call's req_id was queued in
-	// doneIDs once (with a Coord).
+	// Invariant: calls holds exactly the req_ids of table.pending, those of
+	// holds, and (with a request log) those of calls being logged, waiting
+	// for another frontend's answer or being recorded (recording set), all
+	// disjoint; table.pending and holds hold only injected calls; inflight
+	// holds exactly the calls with a request_id that are not done (or the
+	// call a joined attempt was merged into); every done call's req_id was
+	// queued in doneIDs once (with a Coord) by the frontend that injected
+	// it.
 	mu sync.Mutex
 	// holds is nil when replies are not gated.
 	holds    *holds
@@ -145,6 +162,19 @@ type Frontend struct {
 	// it is zero after closed was set.
 	active  int
 	drained chan struct{}
+
+	// orphans keeps sink items of requests not pending (guarded by mu).
+	orphans *orphans
+	// Request-log state (requestlog.go), guarded by mu: leader says this
+	// frontend currently injects requests; recQ holds answers waiting to be
+	// recorded; logged counts requests logged (metrics, tests).
+	leader  bool
+	recQ    []recording
+	recKick chan struct{}
+
+	// flowMu guards flow, the lineage index of received sink items.
+	flowMu sync.Mutex
+	flow   *flowIndex
 }
 
 // call is one execution of a client request, shared by every client call
@@ -158,6 +188,22 @@ type call struct {
 	done    chan struct{} // closed once resp/err are set
 	resp    *hamsv1.PredictResponse
 	err     error
+	// With a request log: injected says this frontend sent the request
+	// into the graph (so it records the answer); recording that the answer
+	// is being recorded.
+	injected  bool
+	recording bool
+	// sinks, requestID, streamID, inputs and deadline let a logged request
+	// be injected later (it was logged while another frontend led).
+	req      *hamsv1.PredictRequest
+	deadline time.Time
+	// items are the items sent on the entry edges, in entry order (their
+	// EdgeSeq is the position the Sender assigned): what Resend resends
+	// while the request is unanswered. The Sender owns them; read-only.
+	items []*hamsv1.Item
+	// linked are calls merged into this one (joined attempts of a logged
+	// request); they get the same answer.
+	linked []*call
 }
 
 // New validates cfg and builds the frontend (no I/O).
@@ -208,6 +254,13 @@ func New(cfg Config) (*Frontend, error) {
 		stateful:  map[string]bool{},
 		complKick: make(chan struct{}, 1),
 		complFull: make(chan struct{}, 1),
+		orphans:   newOrphans(),
+		recKick:   make(chan struct{}, 1),
+		flow:      newFlowIndex(),
+		leader:    cfg.Log == nil,
+	}
+	if f.cfg.Address == "" {
+		f.cfg.Address = cfg.GRPCListener.Addr().String()
 	}
 	for _, m := range d.StatefulModels() {
 		f.stateful[m] = true
@@ -265,6 +318,7 @@ func New(cfg Config) (*Frontend, error) {
 	f.grpc = grpc.NewServer(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes)...)
 	hamsv1.RegisterFrontendServer(f.grpc, &frontendServer{f: f})
 	hamsv1.RegisterDataplaneServer(f.grpc, f.receiver)
+	hamsv1.RegisterReplicationServer(f.grpc, &replicationServer{f: f})
 	// Compatibility APIs (compat.go) on the same port.
 	tfapis.RegisterPredictionServiceServer(f.grpc, &tfPredictServer{f: f})
 	tfapis.RegisterModelServiceServer(f.grpc, &tfModelServer{f: f})
@@ -310,6 +364,12 @@ func (f *Frontend) Run(ctx context.Context) error {
 			defer wg.Done()
 			fail(what, fn())
 		}()
+	}
+	if f.cfg.Log != nil {
+		if err := f.startLog(ctx); err != nil {
+			return fmt.Errorf("frontend: request log: %w", err)
+		}
+		start("request log", func() error { return f.runLog(ctx) })
 	}
 	f.log.Info("frontend serving", "grpc", f.cfg.GRPCListener.Addr().String(), "http", addrOf(f.cfg.HTTPListener),
 		"services", f.svcOrder)
@@ -472,15 +532,34 @@ func (f *Frontend) expiryLoop(ctx context.Context) {
 
 // deliver receives in-order items of a sink edge (from the Receiver).
 func (f *Frontend) deliver(from string, items []*hamsv1.Item) {
+	f.flowMu.Lock()
+	for _, it := range items {
+		f.flow.add(it.GetLineage())
+		f.flow.addSink(from, it.GetLineage())
+	}
+	f.flowMu.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, it := range items {
+		f.deliverLocked(from, it)
+	}
+}
+
+// deliverLocked hands one sink item to the table; an item of a request
+// that is not pending is kept among the orphans (a request this frontend
+// is about to take over, or a re-executed item that overtook a rollback).
+func (f *Frontend) deliverLocked(from string, it *hamsv1.Item) {
+	{
 		res, comp := f.table.deliver(from, it)
 		switch res {
 		case completed:
 			f.completeLocked(comp)
 		case partStored:
 			f.log.Debug("sink part arrived", "req_id", it.GetReqId(), "from", from)
+		case unknownReq:
+			f.orphans.add(from, it)
+			f.m.lateItems.Inc()
+			f.log.Debug("sink item kept aside", "req_id", it.GetReqId(), "from", from, "reason", res.String())
 		default:
 			f.m.lateItems.Inc()
 			f.log.Debug("sink item dropped", "req_id", it.GetReqId(), "from", from, "reason", res.String())
@@ -519,7 +598,7 @@ func (f *Frontend) completeLocked(comp *completion) {
 	}
 	now := f.now()
 	deps := replyDeps(comp.resp.GetLineage(), f.stateful)
-	if f.holds.hold(comp.reqID, comp.resp, deps, now, comp.deadline) {
+	if f.holds.holdComp(comp, deps, now) {
 		f.m.gatingWait.Observe(0)
 		f.finishLocked(c, comp.resp, nil, true)
 		return
@@ -534,6 +613,20 @@ func (f *Frontend) completeLocked(comp *completion) {
 // kept for idempotent retries (replies and model errors are; deadline,
 // cancellation and shutdown are not, so a retry executes again).
 func (f *Frontend) finishLocked(c *call, resp *hamsv1.PredictResponse, err error, remember bool) {
+	if f.cfg.Log != nil && remember && c.injected {
+		// The answer leaves only once it is recorded (requestlog.go).
+		f.recordLocked(c, resp, err)
+		return
+	}
+	// With a log, only the frontend that injected a request publishes its
+	// completion and audits it (a follower's answer is the leader's).
+	f.answerLocked(c, resp, err, remember, f.cfg.Log == nil || c.injected)
+}
+
+// answerLocked answers a call once. own says this frontend produced the
+// answer (it publishes the completion and audits the reply); an answer
+// another frontend recorded is neither.
+func (f *Frontend) answerLocked(c *call, resp *hamsv1.PredictResponse, err error, remember, own bool) {
 	select {
 	case <-c.done:
 		return
@@ -541,14 +634,35 @@ func (f *Frontend) finishLocked(c *call, resp *hamsv1.PredictResponse, err error
 	}
 	c.resp, c.err = resp, err
 	close(c.done)
-	delete(f.calls, c.reqID)
+	for _, l := range c.linked {
+		select {
+		case <-l.done:
+		default:
+			l.resp, l.err = resp, err
+			close(l.done)
+		}
+	}
+	if f.calls[c.reqID] == c {
+		delete(f.calls, c.reqID)
+	}
+	// The request left the graph: the entry edges need not keep its items
+	// for a Resend.
+	if svc := f.services[c.service]; svc != nil {
+		for _, e := range svc.entries {
+			f.senders[e].Complete(c.reqID)
+		}
+	}
 	if c.hasKey {
-		delete(f.inflight, c.key)
+		if f.inflight[c.key] == c {
+			delete(f.inflight, c.key)
+		}
 		if remember {
 			f.cache.put(c.key, resp, err, f.now())
 		}
 	}
-	f.noteAnsweredLocked(c.reqID, resp, err)
+	if own {
+		f.noteAnsweredLocked(c.reqID, resp, err)
+	}
 }
 
 // epoch is the frontend's own epoch as the topology knows it (0 when it is
@@ -647,6 +761,10 @@ func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (res
 			return nil, status.Errorf(codes.Unavailable, "service %q: entry model %q is backlogged", svc.name, e)
 		}
 	}
+	if f.cfg.Log != nil {
+		f.mu.Unlock()
+		return f.predictLogged(ctx, svc, req, key, deadline)
+	}
 	c := &call{service: svc.name, key: key, hasKey: hasKey, waiters: 1, done: make(chan struct{})}
 	c.reqID = f.table.add(svc.name, req.GetRequestId(), svc.sinks, deadline)
 	f.calls[c.reqID] = c
@@ -666,13 +784,15 @@ func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (res
 	// Items are sent under mu so that edge_seq order equals req_id order on
 	// every entry edge.
 	for _, e := range svc.entries {
-		f.senders[e].Send(&hamsv1.Item{
+		it := &hamsv1.Item{
 			ReqId:            c.reqID,
 			Service:          svc.name,
 			StreamId:         streamID,
 			Tensors:          req.GetInputs(),
 			DeadlineUnixNano: deadline.UnixNano(),
-		})
+		}
+		c.items = append(c.items, it)
+		f.senders[e].Send(it)
 	}
 	f.mu.Unlock()
 	f.log.Debug("request admitted", "service", svc.name, "req_id", c.reqID, "request_id", req.GetRequestId(), "stream_id", streamID)
@@ -724,9 +844,11 @@ func (f *Frontend) wait(ctx context.Context, c *call) (*hamsv1.PredictResponse, 
 	}
 	c.waiters--
 	if c.waiters == 0 {
-		f.table.remove(c.reqID)
-		if f.holds != nil {
-			f.holds.drop(c.reqID)
+		if f.calls[c.reqID] == c {
+			f.table.remove(c.reqID)
+			if f.holds != nil {
+				f.holds.drop(c.reqID)
+			}
 		}
 		f.finishLocked(c, nil, err, false)
 	}

@@ -49,10 +49,20 @@ func replyDeps(lineage []*hamsv1.LineageEntry, stateful map[string]bool) map[str
 // Invariants: byID and the gate's held set hold the same req_ids; the
 // deadline heap holds exactly the entries of byID; a reply leaves through
 // exactly one of release (durable), expire or drop, at most once.
+//
+// Epochs: the gate also tracks, per model, the epoch of the last
+// durability notice. A notice at a higher epoch (a new primary took over)
+// rolls back: every held reply depending on the model beyond the notice's
+// durable_seq came from speculative state that the failover lost, so it
+// leaves the hold area (rollback returns it, and the caller puts its
+// request back to await the re-executed items), and the gate restarts from
+// the notice's durable_seq for that model (it may be lower than before).
 type holds struct {
-	gate  *nspb.ReplyGate
-	byID  map[uint64]*heldReply
-	byDue heldHeap
+	gate      *nspb.ReplyGate
+	byID      map[uint64]*heldReply
+	byDue     heldHeap
+	epochs    map[string]uint64
+	durableAt map[string]uint64
 }
 
 // heldReply is one reply waiting for durability.
@@ -63,20 +73,80 @@ type heldReply struct {
 	since    time.Time // when the last sink item arrived
 	deadline time.Time
 	heapIdx  int
+	// comp is the table's completion (the request's parts), kept so the
+	// request can go back into the table after a rollback.
+	comp *completion
 }
 
 func newHolds() *holds {
-	return &holds{gate: nspb.NewReplyGate(), byID: map[uint64]*heldReply{}}
+	return &holds{gate: nspb.NewReplyGate(), byID: map[uint64]*heldReply{}, epochs: map[string]uint64{}, durableAt: map[string]uint64{}}
+}
+
+// notice applies a durability notice of model at epoch: it returns the
+// replies it releases (in req_id order) and, when the epoch is higher than
+// the last one seen for model, the replies it rolls back (see holds). A
+// notice of an older epoch is ignored.
+func (h *holds) notice(model string, epoch, seq uint64) (released, rolled []*heldReply, newEpoch bool) {
+	last, known := h.epochs[model]
+	switch {
+	case known && epoch < last:
+		return nil, nil, false
+	case known && epoch > last:
+		h.epochs[model] = epoch
+		rolled, released = h.rollback(model, seq)
+		return released, rolled, true
+	}
+	h.epochs[model] = epoch
+	return h.durable(model, seq), nil, false
+}
+
+// rollback removes the held replies depending on model beyond seq and
+// rebuilds the gate with model durable up to seq; it returns the removed
+// replies and the ones the rebuilt gate releases.
+func (h *holds) rollback(model string, seq uint64) (rolled, released []*heldReply) {
+	h.durableAt[model] = seq
+	for _, r := range h.byID {
+		if r.deps[model] > seq {
+			rolled = append(rolled, r)
+		}
+	}
+	sort.Slice(rolled, func(i, j int) bool { return rolled[i].reqID < rolled[j].reqID })
+	for _, r := range rolled {
+		h.remove(r)
+	}
+	h.gate = nspb.NewReplyGate()
+	for m, s := range h.durableAt {
+		h.gate.Durable(m, s)
+	}
+	var ids []uint64
+	for id := range h.byID {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		r := h.byID[id]
+		if h.gate.Hold(id, r.deps) {
+			h.remove(r)
+			released = append(released, r)
+		}
+	}
+	return rolled, released
 }
 
 // hold registers a complete reply with its dependencies. It reports true
 // when every dependency is durable already: the reply is not kept and may
 // leave at once.
 func (h *holds) hold(reqID uint64, resp *hamsv1.PredictResponse, deps map[string]uint64, since, deadline time.Time) bool {
+	return h.holdComp(&completion{reqID: reqID, resp: resp, deadline: deadline}, deps, since)
+}
+
+// holdComp is hold with the table's completion kept for a rollback.
+func (h *holds) holdComp(c *completion, deps map[string]uint64, since time.Time) bool {
+	reqID, resp, deadline := c.reqID, c.resp, c.deadline
 	if h.gate.Hold(reqID, deps) {
 		return true
 	}
-	r := &heldReply{reqID: reqID, resp: resp, deps: deps, since: since, deadline: deadline}
+	r := &heldReply{reqID: reqID, resp: resp, deps: deps, since: since, deadline: deadline, comp: c}
 	h.byID[reqID] = r
 	heap.Push(&h.byDue, r)
 	return false
@@ -85,6 +155,9 @@ func (h *holds) hold(reqID uint64, resp *hamsv1.PredictResponse, deps map[string
 // durable records that model is durable up to seq and returns the replies
 // this releases, in req_id order.
 func (h *holds) durable(model string, seq uint64) []*heldReply {
+	if seq > h.durableAt[model] {
+		h.durableAt[model] = seq
+	}
 	ids := h.gate.Durable(model, seq)
 	if len(ids) == 0 {
 		return nil

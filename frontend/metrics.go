@@ -24,6 +24,11 @@ type metrics struct {
 	completions      prometheus.Counter
 	completionErrors prometheus.Counter
 	auditErrors      prometheus.Counter
+	rolledBack       prometheus.Counter
+	logged           prometheus.Counter
+	recorded         *prometheus.CounterVec // outcome: own|other|error
+	adopted          prometheus.Counter
+	logLatency       prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64) (*metrics, error) {
@@ -82,8 +87,29 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 			Namespace: "hams", Subsystem: "frontend", Name: "audit_write_errors_total",
 			Help: "Reply audit records that could not be written.",
 		}),
+		rolledBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "rolled_back_replies_total",
+			Help: "Held replies dropped because a stateful model they depend on failed over below their seq; their requests await re-executed items.",
+		}),
+		logged: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "logged_requests_total",
+			Help: "Requests appended to the request log.",
+		}),
+		recorded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "recorded_answers_total",
+			Help: "Answers recorded before release, by outcome (own: this frontend's answer was recorded; other: another frontend had recorded one; error: recording failed).",
+		}, []string{"outcome"}),
+		adopted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "adopted_requests_total",
+			Help: "Logged requests this frontend injected although it did not accept them (taken over from another frontend).",
+		}),
+		logLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "request_log_seconds",
+			Help:    "Time to append a request to the request log (until JetStream acknowledged it).",
+			Buckets: []float64{.0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .5},
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
+	for _, c := range []prometheus.Collector{m.rolledBack, m.logged, m.recorded, m.adopted, m.logLatency, m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
 		m.held, m.gatingWait, m.watchRestarts, m.completions, m.completionErrors, m.auditErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -48,6 +48,13 @@ type completion struct {
 	// deadline is the request's deadline (a reply held for durability
 	// keeps it).
 	deadline time.Time
+	// service, requestID, sinks and parts describe a reply's request, so a
+	// held reply whose dependency was rolled back can go back into the
+	// table with the parts that survive.
+	service   string
+	requestID string
+	sinks     []string
+	parts     map[string]*hamsv1.Item
 }
 
 func newTable() *table {
@@ -57,9 +64,25 @@ func newTable() *table {
 // add registers a request waiting for one item from each of sinks and
 // returns its req_id.
 func (t *table) add(service, requestID string, sinks []string, deadline time.Time) uint64 {
+	return t.addID(t.newID(), service, requestID, sinks, deadline)
+}
+
+// newID hands out the next req_id without registering a request (a
+// request that is logged first and registered once it enters the graph).
+func (t *table) newID() uint64 {
 	t.next++
+	return t.next
+}
+
+// addID registers a request under a req_id handed out earlier (by newID,
+// or by another frontend whose request this one completes). An id that is
+// pending already is left as it is.
+func (t *table) addID(id uint64, service, requestID string, sinks []string, deadline time.Time) uint64 {
+	if t.pending[id] != nil {
+		return id
+	}
 	e := &entry{
-		reqID:     t.next,
+		reqID:     id,
 		service:   service,
 		requestID: requestID,
 		deadline:  deadline,
@@ -113,8 +136,47 @@ func (t *table) deliver(from string, it *hamsv1.Item) (deliverResult, *completio
 		return partStored, nil
 	}
 	t.drop(e)
-	return completed, &completion{reqID: e.reqID, resp: e.reply(), deadline: e.deadline}
+	return completed, &completion{reqID: e.reqID, resp: e.reply(), deadline: e.deadline,
+		service: e.service, requestID: e.requestID, sinks: e.sinks, parts: e.parts}
 }
+
+// readd puts a request back that left the table as a reply (its reply was
+// held and a dependency was rolled back), with the parts that survive.
+func (t *table) readd(c *completion, keep map[string]*hamsv1.Item) {
+	t.addID(c.reqID, c.service, c.requestID, c.sinks, c.deadline)
+	e := t.pending[c.reqID]
+	for s, it := range keep {
+		e.parts[s] = it
+	}
+}
+
+// dropParts forgets every arrived part whose lineage names model with a
+// seq above seq (it came from state that was rolled back).
+func (t *table) dropParts(model string, seq uint64) int {
+	n := 0
+	for _, e := range t.pending {
+		for s, it := range e.parts {
+			if namesBeyond(it.GetLineage(), model, seq) {
+				delete(e.parts, s)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// namesBeyond reports whether lineage names model with a seq above seq.
+func namesBeyond(lineage []*hamsv1.LineageEntry, model string, seq uint64) bool {
+	for _, l := range lineage {
+		if l.GetModel() == model && l.GetSeq() > seq {
+			return true
+		}
+	}
+	return false
+}
+
+// has reports whether reqID is pending.
+func (t *table) has(reqID uint64) bool { return t.pending[reqID] != nil }
 
 // expire removes every request whose deadline is at or before now and
 // reports each with DeadlineExceeded.

@@ -20,11 +20,13 @@ type serviceInfo struct {
 	sinks   []string // models feeding the frontend, sorted by name
 	models  []string // topological order
 	inputs  []config.TensorSpec
+	graph   *config.Graph
 }
 
 func newServiceInfo(s *config.Service) *serviceInfo {
 	g := s.Graph()
 	return &serviceInfo{
+		graph:   g,
 		name:    s.Name,
 		entries: append([]string(nil), g.Entries()...),
 		sinks:   g.Sinks(),

@@ -26,6 +26,8 @@ type Coord struct {
 	// notices must not fall into the previous incarnation's duplicate
 	// window.
 	incarnation int64
+	// frontends is the bucket of frontend incarnations (requestlog.go).
+	frontends jetstream.KeyValue
 }
 
 func streamName(dep, what string) string {
@@ -74,7 +76,11 @@ func Open(ctx context.Context, nc *nats.Conn, deployment string, replicas int) (
 			return nil, fmt.Errorf("coord: create stream %s: %w", c.Name, err)
 		}
 	}
-	return &Coord{js: js, deployment: deployment, incarnation: time.Now().UnixNano()}, nil
+	c := &Coord{js: js, deployment: deployment, incarnation: time.Now().UnixNano()}
+	if err := c.openRequestLog(ctx, replicas); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Announce publishes that n.Model is durable up to n.DurableSeq.

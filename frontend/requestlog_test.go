@@ -1,0 +1,486 @@
+package frontend
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/coord"
+	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// openLog opens the coordination layer (request log included) of
+// deployment "test" on an embedded JetStream server.
+func openLog(t *testing.T) *coord.Coord {
+	t.Helper()
+	nc := embeddedNATS(t)
+	co, err := coord.Open(ctxT(t, 10*time.Second), nc, "test", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return co
+}
+
+// orderLog wraps a RequestLog and checks, when a request is logged, that
+// nothing of it entered the graph yet.
+type orderLog struct {
+	RequestLog
+	fe     func() *Frontend
+	mu     sync.Mutex
+	logged int
+	early  []string
+}
+
+func (l *orderLog) LogRequest(ctx context.Context, r *coord.LoggedRequest) (*coord.LoggedRequest, error) {
+	ex, err := l.RequestLog.LogRequest(ctx, r)
+	// The log acknowledged the record: the entry edge must not have seen
+	// the request yet (it is injected only after this returns).
+	snd := l.fe().senders["a"].(*edge.Sender)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.logged++
+	if n := snd.LastSeq(); n != uint64(l.logged-1) {
+		l.early = append(l.early, fmt.Sprintf("req %d: entry edge had %d items when the log acknowledged request #%d", r.ReqID, n, l.logged))
+	}
+	return ex, err
+}
+
+func TestRequestLoggedBeforeItEntersTheGraph(t *testing.T) {
+	co := openLog(t)
+	var e *env
+	ol := &orderLog{RequestLog: co, fe: func() *Frontend { return e.fe }}
+	e = newEnvWith(t, envOpts{yaml: fmt.Sprintf(testYAML, "5s"), config: func(c *Config) { c.Log = ol; c.Name = "fe-1" }})
+	var ids []uint64
+	for i := range 3 {
+		resp := e.mustEcho(float32(i))
+		ids = append(ids, resp.ReqId)
+	}
+	ol.mu.Lock()
+	if ol.logged != 3 || len(ol.early) != 0 {
+		t.Fatalf("logged %d, out of order: %v", ol.logged, ol.early)
+	}
+	ol.mu.Unlock()
+	// req_ids carry the incarnation in their high bits and are dense below.
+	inc := ids[0] >> (64 - coord.IncarnationBits)
+	if inc == 0 || ids[1] != ids[0]+1 || ids[2] != ids[0]+2 {
+		t.Fatalf("req_ids %v (incarnation %d)", ids, inc)
+	}
+	// Every answer was recorded before it was released.
+	for _, id := range ids {
+		rec, err := co.LookupReply(ctxT(t, 5*time.Second), id)
+		if err != nil || rec.Response.GetReqId() != id || rec.Frontend != "fe-1" {
+			t.Fatalf("reply record of %d: %v %v", id, rec, err)
+		}
+	}
+	if got := counterValue(e.fe.m.recorded.WithLabelValues("own")); got != 3 {
+		t.Fatalf("recorded own answers %v, want 3", got)
+	}
+}
+
+func TestRequestLogUnavailableRefusesRequest(t *testing.T) {
+	co := openLog(t)
+	bad := &failingLog{RequestLog: co}
+	e := newEnvWith(t, envOpts{yaml: fmt.Sprintf(testYAML, "5s"), config: func(c *Config) { c.Log = bad }})
+	_, err := e.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", Inputs: echoInputs(1, 1)})
+	if status.Code(err) != codes.Unavailable || !msgHas(status.Convert(err).Message(), "request log") {
+		t.Fatalf("predict with a failing log: %v", err)
+	}
+	if n := e.models["a"].executed.Load(); n != 0 {
+		t.Fatalf("a request that was not logged executed %d times", n)
+	}
+	eventually(t, "no state", func() bool { return e.pending() == 0 })
+}
+
+type failingLog struct{ RequestLog }
+
+func (failingLog) LogRequest(context.Context, *coord.LoggedRequest) (*coord.LoggedRequest, error) {
+	return nil, fmt.Errorf("nats down")
+}
+
+// feHandle is an extra frontend of an env (same models and resolver).
+type feHandle struct {
+	fe     *Frontend
+	client hamsv1.FrontendClient
+	repl   hamsv1.ReplicationClient
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// addFrontend starts another frontend of e's deployment.
+func (e *env) addFrontend(t *testing.T, yaml string, more func(*Config)) *feHandle {
+	t.Helper()
+	dep, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl := listen(t)
+	cfg := Config{Deployment: dep, Resolver: e.res, GRPCListener: gl, Registry: prometheus.NewRegistry()}
+	if more != nil {
+		more(&cfg)
+	}
+	fe, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &feHandle{fe: fe, addr: gl.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { h.done <- fe.Run(ctx) }()
+	cc, err := grpcx.Dial(h.addr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.client, h.repl = hamsv1.NewFrontendClient(cc), hamsv1.NewReplicationClient(cc)
+	t.Cleanup(func() { _ = cc.Close(); h.stop(t) })
+	return h
+}
+
+func (h *feHandle) stop(t *testing.T) {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	h.cancel = nil
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Errorf("frontend Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("frontend Run did not return")
+	}
+}
+
+func (f *Frontend) isLeader() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.leader
+}
+
+func (f *Frontend) pendingIDs() []uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []uint64
+	for id := range f.table.pending {
+		out = append(out, id)
+	}
+	return out
+}
+
+// TestFollowerRequestsAreInjectedByTheLeader: a frontend that the topology
+// does not name for the sink edges logs its requests and the leader
+// injects them; the follower answers with what the leader recorded.
+func TestFollowerRequestsAreInjectedByTheLeader(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "lead" }})
+	f2 := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "follow" })
+	eventually(t, "leadership settled", func() bool { return e.fe.isLeader() && !f2.fe.isLeader() })
+	in := echoInputs(2, 7)
+	resp, err := f2.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", RequestId: "f-1", Inputs: in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ReqId>>(64-coord.IncarnationBits) == e.fe.table.next>>(64-coord.IncarnationBits) {
+		t.Fatalf("req_id %x was handed out by the leader, want the follower's incarnation", resp.ReqId)
+	}
+	if len(resp.Outputs) != 1 || !proto.Equal(resp.Outputs[0].Tensors[0], in[0]) {
+		t.Fatalf("reply %v", resp)
+	}
+	if got := counterValue(e.fe.m.adopted); got != 1 {
+		t.Fatalf("leader injected %v requests of others, want 1", got)
+	}
+	if got := counterValue(f2.fe.m.recorded.WithLabelValues("own")); got != 0 {
+		t.Fatalf("follower recorded %v answers, want 0", got)
+	}
+	// A retry on the leader joins the recorded answer.
+	again, err := e.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", RequestId: "f-1", Inputs: in})
+	if err != nil || !proto.Equal(again, resp) {
+		t.Fatalf("retry on the other frontend: %v %v", again, err)
+	}
+	if n := e.models["a"].executed.Load(); n != 1 {
+		t.Fatalf("a executed %d times, want 1", n)
+	}
+}
+
+// TestSurvivorAdoptsDeadLeadersRequests: the leader accepted a request and
+// died before it was answered; the frontend the topology names next takes
+// over the log, injects the request with its original req_id, completes
+// it, and the client's retry on the survivor gets that answer. A third
+// frontend does not adopt it.
+func TestSurvivorAdoptsDeadLeadersRequests(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "fe-a" }})
+	fb := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "fe-b" })
+	fc := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "fe-c" })
+	eventually(t, "leadership settled", func() bool { return e.fe.isLeader() && !fb.fe.isLeader() && !fc.fe.isLeader() })
+
+	in := echoInputs(1, 3)
+	req := &hamsv1.PredictRequest{Service: "echo", RequestId: "k-1", StreamId: "hold:a", Inputs: in}
+	first := e.predictAsync(ctxT(t, 10*time.Second), req)
+	eventually(t, "request injected by the leader", func() bool { return len(e.fe.pendingIDs()) == 1 })
+	orig := e.fe.pendingIDs()[0]
+	// The leader dies with the request unanswered; the topology names b.
+	e.stop()
+	if r := await(t, "dead leader's answer", first); status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("call on the stopped leader: %v", r.err)
+	}
+	e.res.set(config.Frontend, fb.addr)
+	eventually(t, "b adopted the request", func() bool {
+		ids := fb.fe.pendingIDs()
+		return fb.fe.isLeader() && len(ids) == 1 && ids[0] == orig
+	})
+	close(e.models["a"].gate)
+	var rec *coord.LoggedReply
+	eventually(t, "answer recorded", func() bool {
+		r, err := co.LookupReply(ctxT(t, 5*time.Second), orig)
+		rec = r
+		return err == nil
+	})
+	if rec.Frontend != "fe-b" || rec.Response.GetReqId() != orig {
+		t.Fatalf("recorded answer %v", rec)
+	}
+	// The client retries on the survivor and on the third frontend: the
+	// same answer, no new execution.
+	retry, err := fb.client.Predict(ctxT(t, 5*time.Second), req)
+	if err != nil || !proto.Equal(retry, rec.Response) {
+		t.Fatalf("retry on the survivor: %v %v", retry, err)
+	}
+	retry2, err := fc.client.Predict(ctxT(t, 5*time.Second), req)
+	if err != nil || !proto.Equal(retry2, rec.Response) {
+		t.Fatalf("retry on the third frontend: %v %v", retry2, err)
+	}
+	if got := counterValue(fb.fe.m.adopted); got != 1 {
+		t.Fatalf("survivor adopted %v requests, want 1", got)
+	}
+	if got := counterValue(fc.fe.m.adopted); got != 0 || len(fc.fe.pendingIDs()) != 0 {
+		t.Fatalf("the frontend the topology does not name adopted %v requests", got)
+	}
+	// A new request on the survivor works as usual.
+	if _, err := fb.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", Inputs: in}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRetryOnSurvivorGetsAnsweredReply: an answer released by a frontend
+// that died since is served to a retry on another frontend unchanged.
+func TestRetryOnSurvivorGetsAnsweredReply(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "fe-a" }})
+	fb := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "fe-b" })
+	req := &hamsv1.PredictRequest{Service: "echo", RequestId: "k-2", Inputs: echoInputs(2, 9)}
+	resp, err := e.client.Predict(ctxT(t, 5*time.Second), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.stop()
+	e.res.set(config.Frontend, fb.addr)
+	eventually(t, "b leads", fb.fe.isLeader)
+	retry, err := fb.client.Predict(ctxT(t, 5*time.Second), req)
+	if err != nil || !proto.Equal(retry, resp) {
+		t.Fatalf("retry: %v %v, want %v", retry, err, resp)
+	}
+	if n := e.models["a"].executed.Load(); n != 1 {
+		t.Fatalf("a executed %d times, want 1", n)
+	}
+	if got := counterValue(fb.fe.m.adopted); got != 0 {
+		t.Fatalf("survivor re-injected %v answered requests", got)
+	}
+}
+
+func TestFrontendReplicationHooks(t *testing.T) {
+	e := newEnv(t, "5s")
+	fb := e.addFrontend(t, fmt.Sprintf(testYAML, "5s"), nil) // a second listener for its Replication client only
+	_ = fb
+	cc, err := grpcx.Dial(e.res.addrs[config.Frontend], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	repl := hamsv1.NewReplicationClient(cc)
+	ctx := ctxT(t, 5*time.Second)
+	for i := range 3 {
+		e.mustEcho(float32(i))
+	}
+	// One request stays in the graph (a never forwards it).
+	pending := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "echo", StreamId: "drop:a", Inputs: echoInputs(1, 1)})
+	eventually(t, "4th item acknowledged", func() bool { return e.fe.senders["a"].(*edge.Sender).MaxAcked() == 4 })
+
+	sum, err := repl.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{FailedModel: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.MaxOutSeq != 3 || sum.MaxInByPred[config.Frontend] != 3 || sum.ConsumedBeyond {
+		t.Fatalf("summary about a: %v", sum)
+	}
+	self, err := repl.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{})
+	if err != nil || self.MaxInByPred["a"] != 3 {
+		t.Fatalf("summary about the frontend: %v %v", self, err)
+	}
+	if _, err := repl.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{FailedModel: "nope"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown model: %v", err)
+	}
+	// Resend: the answered requests left the graph; the pending one (at
+	// position 4) is resent after 3, not after 4.
+	r, err := repl.Resend(ctx, &hamsv1.ResendRequest{ToModel: "a", AfterEdgeSeq: 4})
+	if err != nil || r.Resent != 0 {
+		t.Fatalf("resend after 4: %v %v", r, err)
+	}
+	r, err = repl.Resend(ctx, &hamsv1.ResendRequest{ToModel: "a", AfterEdgeSeq: 0, ToAddress: e.res.addrs["a"], Epoch: 1})
+	if err != nil || r.Resent != 1 {
+		t.Fatalf("resend after 0: %v %v", r, err)
+	}
+	if _, err := repl.Resend(ctx, &hamsv1.ResendRequest{ToModel: "x-unknown"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("resend to a model that is no entry: %v", err)
+	}
+	for name, call := range map[string]func() error{
+		"GetMaxSeq": func() error { _, err := repl.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{}); return err },
+		"Promote":   func() error { _, err := repl.Promote(ctx, &hamsv1.PromoteRequest{}); return err },
+		"Demote":    func() error { _, err := repl.Demote(ctx, &hamsv1.DemoteRequest{}); return err },
+		"Rollback":  func() error { _, err := repl.Rollback(ctx, &hamsv1.RollbackRequest{}); return err },
+	} {
+		if err := call(); status.Code(err) != codes.FailedPrecondition || !msgHas(err.Error(), "not a model") {
+			t.Errorf("%s on the frontend: %v", name, err)
+		}
+	}
+	notDone(t, "the dropped request", pending)
+}
+
+// TestHeldReplyOfRolledBackStateIsNotReleased: a reply held for s1's
+// durability depends on s1 seq 2; s1 fails over at epoch 2 with its new
+// primary durable only up to 1. The held reply must never leave; the
+// request goes back to wait, and the re-executed item (s1 seq 2 again, a
+// different output) is released once durable at the new epoch.
+func TestHeldReplyOfRolledBackStateIsNotReleased(t *testing.T) {
+	co := newFakeCoord()
+	e := newGateEnv(t, "nspb", "5s", co, nil, nil)
+	first := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "one", Inputs: vec(1)})
+	co.announce(t, "s1", 1)
+	r1 := await(t, "first reply", first)
+	if r1.err != nil {
+		t.Fatal(r1.err)
+	}
+	second := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "one", Inputs: vec(2)})
+	eventually(t, "second reply held", func() bool { return e.held() == 1 })
+	var id uint64
+	e.fe.mu.Lock()
+	for k := range e.fe.holds.byID {
+		id = k
+	}
+	e.fe.mu.Unlock()
+
+	// Failover of s1: epoch 2, durable 1. The held reply (s1 seq 2) is
+	// rolled back, not released; the request waits in the table again.
+	co.durable <- &hamsv1.DurabilityNotice{Model: "s1", Epoch: 2, DurableSeq: 1}
+	eventually(t, "rolled back", func() bool {
+		e.fe.mu.Lock()
+		defer e.fe.mu.Unlock()
+		return e.fe.holds.len() == 0 && e.fe.table.has(id)
+	})
+	if got := counterValue(e.fe.m.rolledBack); got != 1 {
+		t.Fatalf("rolled back %v replies, want 1", got)
+	}
+	notDone(t, "rolled-back reply", second)
+	// A late notice of the old epoch changes nothing.
+	co.announce(t, "s1", 5)
+	notDone(t, "rolled-back reply after a stale notice", second)
+
+	// The new primary re-executes the request as its seq 2 (a different
+	// output: non-determinism) and resends it to the frontend.
+	out := vec(2.5)
+	s1 := e.models["s1"]
+	s1.senders[config.Frontend].Send(&hamsv1.Item{ReqId: id, Service: "one", StreamId: "x", Tensors: out,
+		Lineage: []*hamsv1.LineageEntry{{PredModel: config.Frontend, PredSeq: 2, Model: "s1", Seq: 2, OutputDigest: "new"}}})
+	eventually(t, "re-executed reply held", func() bool { return e.held() == 1 })
+	notDone(t, "re-executed reply before its durability", second)
+	co.durable <- &hamsv1.DurabilityNotice{Model: "s1", Epoch: 2, DurableSeq: 2}
+	r2 := await(t, "re-executed reply", second)
+	if r2.err != nil {
+		t.Fatal(r2.err)
+	}
+	if r2.resp.ReqId != id || !proto.Equal(r2.resp.Outputs[0].Tensors[0], out[0]) {
+		t.Fatalf("released reply %v, want the re-executed one", r2.resp)
+	}
+}
+
+// TestRolledBackItemThatArrivedEarlyIsUsed: the re-executed item reaches
+// the frontend before the failover's notice (it is kept aside while the
+// old reply is held) and completes the request once the rollback happens.
+func TestRolledBackItemThatArrivedEarlyIsUsed(t *testing.T) {
+	co := newFakeCoord()
+	e := newGateEnv(t, "nspb", "5s", co, map[string]uint64{"s1": 4}, nil)
+	c := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "one", Inputs: vec(1)})
+	eventually(t, "reply held", func() bool { return e.held() == 1 })
+	var id uint64
+	e.fe.mu.Lock()
+	for k := range e.fe.holds.byID {
+		id = k
+	}
+	e.fe.mu.Unlock()
+	out := vec(7)
+	e.models["s1"].senders[config.Frontend].Send(&hamsv1.Item{ReqId: id, Service: "one", StreamId: "x", Tensors: out,
+		Lineage: []*hamsv1.LineageEntry{{PredModel: config.Frontend, PredSeq: 1, Model: "s1", Seq: 5, OutputDigest: "new"}}})
+	eventually(t, "early item kept aside", func() bool {
+		e.fe.mu.Lock()
+		defer e.fe.mu.Unlock()
+		return len(e.fe.orphans.byID[id]) == 1
+	})
+	co.announce(t, "s1", 1) // epoch 1 known
+	co.durable <- &hamsv1.DurabilityNotice{Model: "s1", Epoch: 2, DurableSeq: 4}
+	eventually(t, "re-executed reply held", func() bool {
+		e.fe.mu.Lock()
+		defer e.fe.mu.Unlock()
+		r := e.fe.holds.byID[id]
+		return r != nil && r.deps["s1"] == 5 && r.resp.Lineage[0].OutputDigest == "new"
+	})
+	co.durable <- &hamsv1.DurabilityNotice{Model: "s1", Epoch: 2, DurableSeq: 5}
+	r := await(t, "reply", c)
+	if r.err != nil || !proto.Equal(r.resp.Outputs[0].Tensors[0], out[0]) {
+		t.Fatalf("reply %v %v", r.resp, r.err)
+	}
+}
+
+// counterValue reads a counter.
+func counterValue(c prometheus.Counter) float64 {
+	m := &dto.Metric{}
+	if err := c.Write(m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// TestSurvivorStartedBeforeLeaderIsNotFenced: the survivor's entry-edge
+// senders were created before the dead leader's; on taking over it starts
+// new sender incarnations, so the entry model does not refuse it as stale.
+func TestSurvivorStartedBeforeLeaderIsNotFenced(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "fe-old" }})
+	// fb is created after the env's frontend, but make the env's frontend
+	// the survivor: fb leads first.
+	fb := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "fe-new" })
+	e.res.set(config.Frontend, fb.addr)
+	eventually(t, "fb leads", func() bool { return fb.fe.isLeader() && !e.fe.isLeader() })
+	if _, err := fb.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", Inputs: echoInputs(1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	fb.stop(t)
+	e.res.set(config.Frontend, e.fe.cfg.Address)
+	eventually(t, "the older frontend leads", e.fe.isLeader)
+	if _, err := e.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", Inputs: echoInputs(1, 2)}); err != nil {
+		t.Fatalf("request through the frontend created first, after takeover: %v", err)
+	}
+}

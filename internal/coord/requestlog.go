@@ -1,0 +1,468 @@
+package coord
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Request-log retention: a record is needed while its request may still be
+// answered or retried (request timeout + the frontends' reply-cache TTL);
+// both streams keep RequestLogMaxAge and at most RequestLogMaxBytes.
+const (
+	RequestLogMaxAge         = 15 * time.Minute
+	RequestLogMaxBytes int64 = 1 << 30
+	// chunkHeadroom is kept under the server's max payload for headers.
+	chunkHeadroom = 8 << 10
+	// IncarnationBits is how many high bits of a req_id name the frontend
+	// incarnation that assigned it (see FrontendIncarnation).
+	IncarnationBits = 24
+)
+
+// Headers of log records.
+const (
+	hdrReqID    = "Hams-Req-Id"
+	hdrFrontend = "Hams-Frontend"
+	hdrDeadline = "Hams-Deadline"
+	hdrCode     = "Hams-Code"
+	hdrError    = "Hams-Error"
+	hdrChunks   = "Hams-Chunks"
+)
+
+// ErrNoRecord is returned by LookupReply when no reply is recorded.
+var ErrNoRecord = errors.New("coord: no record")
+
+// RequestsSubject prefixes the request log of deployment dep:
+// <prefix>.k.<key hash> holds the record of a request with a client
+// request_id (at most one live record per key: the key is claimed with a
+// compare-and-set), <prefix>.n.<req_id> one without, and <prefix>.c the
+// chunks of records over the max payload.
+func RequestsSubject(dep string) string { return "hams." + dep + ".requests" }
+
+// RepliesSubject prefixes the reply records: <prefix>.r.<req_id> (written
+// once: the first writer wins) and <prefix>.c their chunks.
+func RepliesSubject(dep string) string { return "hams." + dep + ".replies" }
+
+// LoggedRequest is one accepted request as the log keeps it.
+type LoggedRequest struct {
+	ReqID    uint64
+	Frontend string
+	Deadline time.Time
+	Request  *hamsv1.PredictRequest
+	// Seq is the record's stream sequence (set by reads and by LogRequest).
+	Seq uint64
+}
+
+// LoggedReply is the answer recorded for a request: a response or a
+// non-OK status (Code, Error).
+type LoggedReply struct {
+	ReqID    uint64
+	Frontend string
+	Response *hamsv1.PredictResponse
+	Code     codes.Code
+	Error    string
+}
+
+// requestKeySubject is the subject of the record of (service, request_id).
+func (c *Coord) requestKeySubject(service, requestID string) string {
+	h := sha256.Sum256([]byte(service + "\x00" + requestID))
+	return RequestsSubject(c.deployment) + ".k." + hex.EncodeToString(h[:16])
+}
+
+func (c *Coord) replySubject(reqID uint64) string {
+	return RepliesSubject(c.deployment) + ".r." + strconv.FormatUint(reqID, 10)
+}
+
+func (c *Coord) openRequestLog(ctx context.Context, replicas int) error {
+	for _, sc := range []jetstream.StreamConfig{
+		{
+			Name:     streamName(c.deployment, "REQUESTS"),
+			Subjects: []string{RequestsSubject(c.deployment) + ".>"},
+			Storage:  jetstream.FileStorage, Replicas: replicas,
+			MaxAge: RequestLogMaxAge, MaxBytes: RequestLogMaxBytes, Discard: jetstream.DiscardOld,
+		},
+		{
+			Name:     streamName(c.deployment, "REPLIES"),
+			Subjects: []string{RepliesSubject(c.deployment) + ".>"},
+			Storage:  jetstream.FileStorage, Replicas: replicas,
+			MaxAge: RequestLogMaxAge, MaxBytes: RequestLogMaxBytes, Discard: jetstream.DiscardOld,
+		},
+	} {
+		if _, err := c.js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("coord: create stream %s: %w", sc.Name, err)
+		}
+	}
+	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: streamName(c.deployment, "FRONTENDS"), Storage: jetstream.FileStorage, Replicas: replicas, History: 1,
+	})
+	if err != nil {
+		return fmt.Errorf("coord: create frontends bucket: %w", err)
+	}
+	c.frontends = kv
+	return nil
+}
+
+// FrontendIncarnation allocates a number no other frontend process of the
+// deployment ever got (a compare-and-set counter in the frontends bucket),
+// in 1 .. 2^IncarnationBits-1. A frontend puts it in the high bits of its
+// req_ids, so the req_ids of all frontends, restarts included, never
+// collide.
+func (c *Coord) FrontendIncarnation(ctx context.Context) (uint64, error) {
+	const key = "incarnation"
+	for {
+		e, err := c.frontends.Get(ctx, key)
+		var n uint64
+		var rev uint64
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return 0, fmt.Errorf("coord: read frontend incarnation: %w", err)
+		default:
+			n, err = strconv.ParseUint(string(e.Value()), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("coord: frontend incarnation %q: %w", e.Value(), err)
+			}
+			rev = e.Revision()
+		}
+		next := n%(1<<IncarnationBits-1) + 1
+		val := []byte(strconv.FormatUint(next, 10))
+		if rev == 0 {
+			_, err = c.frontends.Create(ctx, key, val)
+		} else {
+			_, err = c.frontends.Update(ctx, key, val, rev)
+		}
+		if err == nil {
+			return next, nil
+		}
+		if !isWrongLast(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, fmt.Errorf("coord: allocate frontend incarnation: %w", err)
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func isWrongLast(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return false
+}
+
+// LogRequest appends r to the request log and returns once JetStream
+// acknowledged it. A request with a client request_id claims its key: when
+// the key holds a live record already (another attempt of the same request,
+// on any frontend), nothing is written and that record is returned
+// instead. A record whose deadline passed without a reply is replaced
+// (the retry executes again).
+func (c *Coord) LogRequest(ctx context.Context, r *LoggedRequest) (existing *LoggedRequest, err error) {
+	body, err := proto.Marshal(r.Request)
+	if err != nil {
+		return nil, fmt.Errorf("coord: encode request %d: %w", r.ReqID, err)
+	}
+	h := nats.Header{}
+	h.Set(hdrReqID, strconv.FormatUint(r.ReqID, 10))
+	h.Set(hdrFrontend, r.Frontend)
+	h.Set(hdrDeadline, strconv.FormatInt(r.Deadline.UnixNano(), 10))
+	if r.Request.GetRequestId() == "" {
+		seq, err := c.putRecord(ctx, RequestsSubject(c.deployment), RequestsSubject(c.deployment)+".n."+strconv.FormatUint(r.ReqID, 10), h, body, nil)
+		r.Seq = seq
+		return nil, err
+	}
+	subj := c.requestKeySubject(r.Request.GetService(), r.Request.GetRequestId())
+	var expect uint64
+	for attempt := 0; ; attempt++ {
+		seq, err := c.putRecord(ctx, RequestsSubject(c.deployment), subj, h, body, []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(expect)})
+		if err == nil {
+			r.Seq = seq
+			return nil, nil
+		}
+		if !isWrongLast(err) || attempt > 8 {
+			return nil, err
+		}
+		prev, err := c.lastRequest(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			expect = 0 // expired in between
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if time.Now().Before(prev.Deadline) {
+			return prev, nil
+		}
+		if _, err := c.LookupReply(ctx, prev.ReqID); err == nil {
+			return prev, nil
+		} else if !errors.Is(err, ErrNoRecord) {
+			return nil, err
+		}
+		expect = prev.Seq
+	}
+}
+
+func (c *Coord) lastRequest(ctx context.Context, subj string) (*LoggedRequest, error) {
+	st, err := c.js.Stream(ctx, streamName(c.deployment, "REQUESTS"))
+	if err != nil {
+		return nil, fmt.Errorf("coord: request log: %w", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, subj)
+	if err != nil {
+		return nil, err
+	}
+	data, err := c.assemble(ctx, st, m.Header, m.Data)
+	if err != nil {
+		return nil, err
+	}
+	return decodeRequest(m.Header, data, m.Sequence)
+}
+
+// putRecord publishes data on subj, chunked over chunkSubj when it does
+// not fit the server's max payload: the chunks first, then the record on
+// subj naming their stream sequences (header Hams-Chunks). opts apply to
+// the record. It returns the record's stream sequence.
+func (c *Coord) putRecord(ctx context.Context, prefix, subj string, h nats.Header, data []byte, opts []jetstream.PublishOpt) (uint64, error) {
+	limit := int(c.js.Conn().MaxPayload()) - chunkHeadroom
+	if limit < 1024 {
+		limit = 1024
+	}
+	if len(data) > limit {
+		var seqs []string
+		for off := 0; off < len(data); off += limit {
+			end := min(off+limit, len(data))
+			ack, err := c.js.Publish(ctx, prefix+".c", data[off:end])
+			if err != nil {
+				return 0, fmt.Errorf("coord: publish chunk of %s: %w", subj, err)
+			}
+			seqs = append(seqs, strconv.FormatUint(ack.Sequence, 10))
+		}
+		h.Set(hdrChunks, strings.Join(seqs, ","))
+		data = nil
+	}
+	ack, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: subj, Header: h, Data: data}, opts...)
+	if err != nil {
+		return 0, fmt.Errorf("coord: publish %s: %w", subj, err)
+	}
+	return ack.Sequence, nil
+}
+
+// assemble returns a record's data, fetching its chunks if it has any.
+func (c *Coord) assemble(ctx context.Context, st jetstream.Stream, h nats.Header, data []byte) ([]byte, error) {
+	list := h.Get(hdrChunks)
+	if list == "" {
+		return data, nil
+	}
+	var out []byte
+	for _, s := range strings.Split(list, ",") {
+		seq, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("coord: bad chunk list %q: %w", list, err)
+		}
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			return nil, fmt.Errorf("coord: chunk %d: %w", seq, err)
+		}
+		out = append(out, m.Data...)
+	}
+	return out, nil
+}
+
+func decodeRequest(h nats.Header, data []byte, seq uint64) (*LoggedRequest, error) {
+	id, err := strconv.ParseUint(h.Get(hdrReqID), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("coord: request record %d: req_id %q: %w", seq, h.Get(hdrReqID), err)
+	}
+	dl, err := strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("coord: request record %d: deadline %q: %w", seq, h.Get(hdrDeadline), err)
+	}
+	req := &hamsv1.PredictRequest{}
+	if err := proto.Unmarshal(data, req); err != nil {
+		return nil, fmt.Errorf("coord: request record %d: %w", seq, err)
+	}
+	return &LoggedRequest{ReqID: id, Frontend: h.Get(hdrFrontend), Deadline: time.Unix(0, dl), Request: req, Seq: seq}, nil
+}
+
+// RecordReply records the answer to request r.ReqID once: the first writer
+// wins. When an answer is recorded already (another frontend completed the
+// same request), nothing is written and that answer is returned.
+func (c *Coord) RecordReply(ctx context.Context, r *LoggedReply) (existing *LoggedReply, err error) {
+	var body []byte
+	if r.Response != nil {
+		if body, err = proto.Marshal(r.Response); err != nil {
+			return nil, fmt.Errorf("coord: encode reply %d: %w", r.ReqID, err)
+		}
+	}
+	h := nats.Header{}
+	h.Set(hdrReqID, strconv.FormatUint(r.ReqID, 10))
+	h.Set(hdrFrontend, r.Frontend)
+	if r.Code != codes.OK {
+		h.Set(hdrCode, strconv.Itoa(int(r.Code)))
+		h.Set(hdrError, r.Error)
+	}
+	_, err = c.putRecord(ctx, RepliesSubject(c.deployment), c.replySubject(r.ReqID), h, body,
+		[]jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(0)})
+	if err == nil {
+		return nil, nil
+	}
+	if !isWrongLast(err) {
+		return nil, err
+	}
+	prev, lerr := c.LookupReply(ctx, r.ReqID)
+	if lerr != nil {
+		return nil, fmt.Errorf("coord: reply %d recorded by another frontend, but reading it: %w", r.ReqID, lerr)
+	}
+	return prev, nil
+}
+
+// LookupReply returns the answer recorded for reqID, or ErrNoRecord.
+func (c *Coord) LookupReply(ctx context.Context, reqID uint64) (*LoggedReply, error) {
+	st, err := c.js.Stream(ctx, streamName(c.deployment, "REPLIES"))
+	if err != nil {
+		return nil, fmt.Errorf("coord: reply records: %w", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, c.replySubject(reqID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, ErrNoRecord
+	}
+	if err != nil {
+		return nil, fmt.Errorf("coord: look up reply %d: %w", reqID, err)
+	}
+	data, err := c.assemble(ctx, st, m.Header, m.Data)
+	if err != nil {
+		return nil, err
+	}
+	return decodeReply(m.Header, data)
+}
+
+func decodeReply(h nats.Header, data []byte) (*LoggedReply, error) {
+	id, err := strconv.ParseUint(h.Get(hdrReqID), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("coord: reply record: req_id %q: %w", h.Get(hdrReqID), err)
+	}
+	r := &LoggedReply{ReqID: id, Frontend: h.Get(hdrFrontend)}
+	if s := h.Get(hdrCode); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("coord: reply record %d: code %q", id, s)
+		}
+		r.Code, r.Error = codes.Code(n), h.Get(hdrError)
+		return r, nil
+	}
+	r.Response = &hamsv1.PredictResponse{}
+	if err := proto.Unmarshal(data, r.Response); err != nil {
+		return nil, fmt.Errorf("coord: reply record %d: %w", id, err)
+	}
+	return r, nil
+}
+
+// WatchReplies calls fn for every reply record written from now on (a core
+// NATS subscription: records published while the connection is down are
+// missed; callers look the ones they wait for up with LookupReply as a
+// backstop). fn runs on one goroutine.
+func (c *Coord) WatchReplies(ctx context.Context, fn func(*LoggedReply)) error {
+	ch := make(chan *nats.Msg, 1024)
+	sub, err := c.js.Conn().ChanSubscribe(RepliesSubject(c.deployment)+".r.*", ch)
+	if err != nil {
+		return fmt.Errorf("coord: subscribe to reply records: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	var st jetstream.Stream
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-ch:
+			data := m.Data
+			if m.Header.Get(hdrChunks) != "" {
+				if st == nil {
+					if st, err = c.js.Stream(ctx, streamName(c.deployment, "REPLIES")); err != nil {
+						return fmt.Errorf("coord: reply records: %w", err)
+					}
+				}
+				if data, err = c.assemble(ctx, st, m.Header, nil); err != nil {
+					return err
+				}
+			}
+			r, err := decodeReply(m.Header, data)
+			if err != nil {
+				return err
+			}
+			fn(r)
+		}
+	}
+}
+
+// WatchRequests calls fn for every request record logged since `since`
+// (and every later one), in log order, until ctx ends. backlog is true for
+// records that were in the log when the watch started. fn runs on one
+// goroutine and may block (the watch then pauses).
+func (c *Coord) WatchRequests(ctx context.Context, since time.Time, fn func(r *LoggedRequest, backlog bool)) error {
+	name := streamName(c.deployment, "REQUESTS")
+	st, err := c.js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("coord: request log: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("coord: request log info: %w", err)
+	}
+	last := info.State.LastSeq
+	p := RequestsSubject(c.deployment)
+	cons, err := c.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{p + ".k.*", p + ".n.*"},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &since,
+	})
+	if err != nil {
+		return fmt.Errorf("coord: consumer on %s: %w", name, err)
+	}
+	for {
+		it, err := cons.Messages()
+		if err != nil {
+			return fmt.Errorf("coord: consume %s: %w", name, err)
+		}
+		err = func() error {
+			defer it.Stop()
+			for {
+				m, err := it.Next(jetstream.NextContext(ctx))
+				if err != nil {
+					return err
+				}
+				md, err := m.Metadata()
+				if err != nil {
+					return fmt.Errorf("coord: request record metadata: %w", err)
+				}
+				data, err := c.assemble(ctx, st, m.Headers(), m.Data())
+				if err != nil {
+					return err
+				}
+				r, err := decodeRequest(m.Headers(), data, md.Sequence.Stream)
+				if err != nil {
+					return err
+				}
+				fn(r, md.Sequence.Stream <= last)
+			}
+		}()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return err
+		}
+	}
+}
