@@ -27,6 +27,7 @@ type received struct {
 	header *hamsv1.SnapshotHeader
 	state  []*hamsv1.Tensor
 	digest string
+	at     time.Time
 }
 
 // backupState is a backup sidecar's state manager: it buffers snapshots
@@ -206,13 +207,21 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 		return nil
 	}
 	top := applies[len(applies)-1]
+	now := time.Now()
+	for _, r := range applies {
+		s.metrics.applyWait.Observe(now.Sub(r.at).Seconds())
+	}
 	var err error
 	for attempt := 0; attempt < stateOpAttempts; attempt++ {
 		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
 			return ctx.Err()
 		}
 		start := time.Now()
-		err = s.sbe.WriteState(ctx, top.state, top.header.GetStateVersion())
+		if dw, ok := s.sbe.(DigestStateWriter); ok {
+			err = dw.WriteStateDigest(ctx, top.state, top.header.GetStateVersion(), top.digest)
+		} else {
+			err = s.sbe.WriteState(ctx, top.state, top.header.GetStateVersion())
+		}
 		s.metrics.applySeconds.Observe(time.Since(start).Seconds())
 		if err == nil {
 			break
@@ -263,7 +272,9 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	n := &hamsv1.DurabilityNotice{Model: last.Model, Epoch: s.epoch(), DurableSeq: last.DurableSeq, BatchId: last.BatchID}
 	backoff := stateOpBackoff
 	for {
+		t0 := time.Now()
 		err := s.cfg.Coord.Announce(ctx, n)
+		s.metrics.announce.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			s.log.Debug("durable", "seq", n.DurableSeq, "batch", n.BatchId)
 			return nil
@@ -337,7 +348,7 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
 	}
-	return &received{header: h, state: state, digest: digest}, nil
+	return &received{header: h, state: state, digest: digest, at: time.Now()}, nil
 }
 
 // shipSnapshot serves Replication.ShipSnapshot: it answers as soon as the

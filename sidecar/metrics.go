@@ -30,6 +30,13 @@ type metrics struct {
 	applySeconds  prometheus.Histogram
 	pending       prometheus.Gauge
 	durableSeq    prometheus.Gauge
+	// Stage breakdown of the state path.
+	updateWait prometheus.Histogram // compute end -> update issued (waits for a copy)
+	copyPin    prometheus.Histogram // copy start -> state captured
+	shipSend   prometheus.Histogram // one ShipSnapshot call
+	coalesced  prometheus.Histogram // batches per shipped snapshot
+	applyWait  prometheus.Histogram // backup: received -> applied
+	announce   prometheus.Histogram // backup: Coord.Announce
 
 	// Recovery.
 	transitions *prometheus.CounterVec
@@ -88,6 +95,19 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_backup_pending_snapshots", Help: "Snapshots the backup holds, waiting for earlier batches or PFM durability.", ConstLabels: cl})
 	m.durableSeq = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hams_sidecar_durable_seq", Help: "Highest request seq covered by an applied snapshot (backup).", ConstLabels: cl})
+	m.updateWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_update_wait_seconds", Help: "From a batch's compute end to its Update being issued (waits for the previous copy).", ConstLabels: cl, Buckets: secs})
+	m.copyPin = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_snapshot_capture_seconds", Help: "From a copy's start to the backend capturing the state (updates may go on after it).", ConstLabels: cl, Buckets: secs})
+	m.shipSend = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_snapshot_send_seconds", Help: "One ShipSnapshot call to the backup (send and acknowledgement).", ConstLabels: cl, Buckets: secs})
+	m.coalesced = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_snapshot_batches", Help: "Batches covered by one shipped snapshot.", ConstLabels: cl,
+		Buckets: []float64{0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64}})
+	m.applyWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_backup_apply_wait_seconds", Help: "Backup: from a snapshot's arrival to its apply starting (earlier batches, PFM durability, the applier).", ConstLabels: cl, Buckets: secs})
+	m.announce = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_backup_announce_seconds", Help: "Backup: publishing one durability notice.", ConstLabels: cl, Buckets: secs})
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "hams_sidecar_role_transitions_total", Help: "Recovery orders carried out (promote, demote, rollback).", ConstLabels: cl}, []string{"kind"})
 	m.resent = prometheus.NewCounter(prometheus.CounterOpts{
@@ -95,7 +115,8 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.transitions, m.resent, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.outlogBytes, m.outlogItems,
-			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq)
+			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq,
+			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.applyWait, m.announce)
 	}
 	return m
 }

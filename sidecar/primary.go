@@ -38,6 +38,7 @@ type eventKind int
 const (
 	evComputed eventKind = iota
 	evUpdated
+	evPinned // the copy captured the state; its data is still arriving
 	evCopied
 )
 
@@ -50,6 +51,8 @@ type opDone struct {
 	outs    [][]*hamsv1.Tensor
 	state   []*hamsv1.Tensor
 	version uint64
+	digest  string
+	pinned  bool // evCopied: an evPinned preceded it
 	attempt int
 	dur     time.Duration
 	err     error
@@ -68,9 +71,16 @@ type computedBatch struct {
 }
 
 // snapshot is <requests with lineage, state tensors, outputs> after one
-// batch (paper IV-D), as shipped to the backup.
+// or more batches (paper IV-D), as shipped to the backup.
 type snapshot struct {
-	batch    uint64
+	// batch is the snapshot's id (the header's batch_id), dense per
+	// primary numbering; set when the shipper takes it (taken).
+	batch uint64
+	taken bool
+	// last is the primary's batch the state is after; batches how many
+	// batches' requests the snapshot covers.
+	last     uint64
+	batches  int
 	seq      uint64 // highest request seq the state covers
 	header   *hamsv1.SnapshotHeader
 	state    []*hamsv1.Tensor
@@ -97,6 +107,16 @@ type primary struct {
 	queue   [][]request // validated batches waiting for the pipeline
 	busy    bool        // a Compute is running
 	blocked bool        // holding batches because the output log is full
+	// covered is the last batch whose requests are in a snapshot handed
+	// to the shipper; streaming: a pinned copy's data is still arriving.
+	covered   uint64
+	streaming bool
+	// onDemand: copies only when the shipper can take one (non-stop
+	// modes); pinEarly: the backend reports the capture of a copy.
+	onDemand, pinEarly bool
+	copyFails          int
+	// computedAt: when each batch's compute ended (update-wait metric).
+	computedAt map[uint64]time.Time
 }
 
 // primaryExecutor replaces executor for a replicated stateful primary.
@@ -116,7 +136,11 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 		}
 		s.ship.reset(s.baseSnapshot(ts, v, nil), false)
 	}
-	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, s.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{}}
+	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, s.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{},
+		covered: s.baseBatch, computedAt: map[uint64]time.Time{}}
+	p.onDemand = p.pipe.CopyOnDemand()
+	_, p.pinEarly = s.sbe.(PinnedStateReader)
+	p.pinEarly = p.pinEarly && p.onDemand
 	defer p.ops.Wait()
 	idleSent := false
 	for {
@@ -146,6 +170,11 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 		if full {
 			spaceC = space
 		}
+		// On demand, ask for a copy whenever the shipper has nothing
+		// waiting: the next snapshot is then as fresh as it can be.
+		if p.onDemand && !p.streaming && !p.pipe.Copying() && !p.pipe.CopyRequested() && s.ship.Waiting() == 0 {
+			p.do(ctx, p.pipe.RequestCopy())
+		}
 		select {
 		case idleC <- struct{}{}:
 			idleSent = true
@@ -161,6 +190,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 		case n := <-s.ship.acks:
 			p.do(ctx, p.pipe.Acked(n))
 		case <-s.ship.appliedC:
+		case <-s.ship.tookC:
 		case <-spaceC:
 		case <-ctx.Done():
 			return nil
@@ -240,6 +270,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			return fmt.Errorf("pipeline started batch %d, compute ran %d", id, ev.batch)
 		}
 		p.batches[ev.batch] = p.record(ev)
+		p.computedAt[ev.batch] = time.Now()
 		p.do(ctx, p.pipe.Computed(ev.batch))
 	case evUpdated:
 		s.metrics.update.Observe(ev.dur.Seconds())
@@ -252,8 +283,24 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			return nil
 		}
 		p.do(ctx, p.pipe.Updated(ev.batch))
+	case evPinned:
+		p.streaming = true
+		s.metrics.copyPin.Observe(ev.dur.Seconds())
+		p.copied(ctx, ev.batch)
 	case evCopied:
 		if ev.err != nil {
+			if ev.pinned {
+				// The captured state is gone (later updates may have
+				// run): the batches it covered wait for a new copy.
+				p.streaming = false
+				p.copyFails++
+				if p.copyFails >= stateOpAttempts || ctx.Err() != nil {
+					return fmt.Errorf("copy state after batch %d: %w", ev.batch, ev.err)
+				}
+				s.log.Warn("state copy failed after capture, copying again", "batch", ev.batch, "attempt", p.copyFails, "err", ev.err)
+				p.do(ctx, p.pipe.CopyLost(ev.batch))
+				return nil
+			}
 			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
 				return fmt.Errorf("copy state after batch %d: %w", ev.batch, ev.err)
 			}
@@ -261,34 +308,70 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			p.copyState(ctx, ev.batch, ev.attempt+1)
 			return nil
 		}
+		p.copyFails = 0
 		s.metrics.snapCopy.Observe(ev.dur.Seconds())
-		b := p.batches[ev.batch]
-		var bytes uint64
-		specs := make([]*hamsv1.TensorSpec, len(ev.state))
-		for i, t := range ev.state {
-			bytes += uint64(len(t.GetData()))
-			specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
+		p.streaming = false
+		sn := p.snapshotOf(ev)
+		if !ev.pinned {
+			p.copied(ctx, ev.batch)
 		}
-		s.metrics.stateBytes.Set(float64(bytes))
-		var maxSeq uint64
+		s.ship.enqueue(sn)
+	}
+	return nil
+}
+
+// copied tells the pipeline that the copy of the state after batch n is
+// captured (Ship is carried out when its data is complete).
+func (p *primary) copied(ctx context.Context, n uint64) {
+	p.do(ctx, p.pipe.Copied(n))
+}
+
+// snapshotOf builds the snapshot of a copy of the state after batch
+// ev.batch: it covers every batch since the previous snapshot.
+func (p *primary) snapshotOf(ev opDone) *snapshot {
+	s := p.s
+	var bytes uint64
+	specs := make([]*hamsv1.TensorSpec, len(ev.state))
+	for i, t := range ev.state {
+		bytes += uint64(len(t.GetData()))
+		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
+	}
+	s.metrics.stateBytes.Set(float64(bytes))
+	var (
+		records []*hamsv1.RequestRecord
+		rows    []uint32
+		parts   [][]*hamsv1.Tensor
+		maxSeq  uint64
+		n       int
+	)
+	for id := p.covered + 1; id <= ev.batch; id++ {
+		b := p.batches[id]
+		if b == nil {
+			continue // a failed compute consumed no id; never here
+		}
+		records = append(records, b.records...)
+		rows = append(rows, b.rows...)
+		parts = append(parts, b.outputs)
 		for _, r := range b.records {
 			maxSeq = max(maxSeq, r.GetSeq())
 		}
-		sn := &snapshot{batch: ev.batch, seq: maxSeq, state: ev.state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
-			Model: s.cfg.Model, Epoch: s.epoch(), BatchId: ev.batch, StateVersion: ev.version,
-			Requests: b.records, StateTensors: specs, StateBytes: bytes, Outputs: b.outputs, OutputRows: b.rows,
-		}}
 		b.copied = true
 		p.forget(b)
-		acts := p.pipe.Copied(ev.batch)
-		for _, a := range acts {
-			if sh, ok := a.(nspb.Ship); ok && sh.Batch == ev.batch {
-				s.ship.enqueue(sn)
-			}
-		}
-		p.do(ctx, acts)
+		n++
 	}
-	return nil
+	p.covered = ev.batch
+	var outputs []*hamsv1.Tensor
+	if len(parts) > 0 {
+		var err error
+		if outputs, err = concatOutputs(parts); err != nil {
+			s.log.Warn("outputs of coalesced batches do not concatenate; the backup keeps none of them", "batch", ev.batch, "err", err)
+			outputs, rows = nil, nil
+		}
+	}
+	return &snapshot{last: ev.batch, batches: n, seq: maxSeq, state: ev.state, digest: ev.digest, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+		Model: s.cfg.Model, Epoch: s.epoch(), StateVersion: ev.version,
+		Requests: records, StateTensors: specs, StateBytes: bytes, Outputs: outputs, OutputRows: rows,
+	}}
 }
 
 // computeFailed fails the batch's requests, or re-queues them one by one
@@ -393,6 +476,10 @@ func (p *primary) forget(b *computedBatch) {
 
 func (p *primary) update(ctx context.Context, n uint64, attempt int) {
 	s := p.s
+	if t, ok := p.computedAt[n]; ok {
+		s.metrics.updateWait.Observe(time.Since(t).Seconds())
+		delete(p.computedAt, n)
+	}
 	p.spawn(ctx, func() opDone {
 		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
 			return opDone{kind: evUpdated, batch: n, attempt: attempt, err: ctx.Err()}
@@ -410,6 +497,17 @@ func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 			return opDone{kind: evCopied, batch: n, attempt: attempt, err: ctx.Err()}
 		}
 		start := time.Now()
+		if pr, ok := s.sbe.(PinnedStateReader); ok && p.pinEarly {
+			pinned := false
+			ts, v, digest, err := pr.ReadStatePinned(ctx, func() {
+				pinned = true
+				select {
+				case p.events <- opDone{kind: evPinned, batch: n, dur: time.Since(start)}:
+				case <-ctx.Done():
+				}
+			})
+			return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, digest: digest, pinned: pinned, dur: time.Since(start), err: err}
+		}
 		ts, v, err := s.sbe.ReadState(ctx)
 		return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, dur: time.Since(start), err: err}
 	})
@@ -436,7 +534,7 @@ func (s *Sidecar) baseSnapshot(state []*hamsv1.Tensor, version uint64, reqs []*h
 		bytes += uint64(len(t.GetData()))
 		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
 	}
-	return &snapshot{batch: s.baseBatch, seq: s.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+	return &snapshot{batch: s.baseBatch, taken: true, last: s.baseBatch, seq: s.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
 		Model: s.cfg.Model, Epoch: s.epoch(), BatchId: s.baseBatch, StateVersion: version,
 		Requests: reqs, StateTensors: specs, StateBytes: bytes,
 	}}

@@ -27,37 +27,52 @@ const (
 // response arrives; after a broken call it is sent again (the backup drops
 // duplicates by batch id).
 //
+// Coalescing: snapshots copied while an earlier one is being sent wait in
+// the queue without a snapshot id. When the shipper takes them, it ships
+// only the newest state, with the request records and outputs of every
+// batch they cover, under one new id (ids are dense, so the backup's
+// apply-in-order rule is unchanged; its deps are the maxima over all the
+// covered requests' lineage, computed by the backup from the records).
+// Since each snapshot holds the full state, the newest one is the state
+// after every covered batch.
+//
 // Invariants (under mu): queue holds the unacknowledged snapshots in batch
-// order; kept is the last acknowledged one; applied is the last one the
-// backup is known to have applied (ack with applied set, or its durability
-// notice) and unapplied the acknowledged ones after it, in batch order.
-// The primary keeps the applied state until the backup applies a later
-// one: the rollback target of a correlated failure (IV-C).
+// order, those taken (given an id: being sent, or a base) before the waiting ones;
+// kept is the last acknowledged one; applied is the last one the backup is
+// known to have applied (ack with applied set, or its durability notice)
+// and unapplied the acknowledged ones after it, in batch order. The
+// primary keeps the applied state until the backup applies a later one:
+// the rollback target of a correlated failure (IV-C). nextID is the id of
+// the next snapshot taken.
 type shipper struct {
 	s    *Sidecar
-	acks chan uint64 // batch ids acknowledged, in order, to the driver
+	acks chan uint64 // last compute batch covered by acknowledged snapshots, in order, to the driver
 
 	mu        sync.Mutex
 	queue     []*snapshot
 	kept      *snapshot
 	applied   *snapshot
 	unapplied []*snapshot
+	nextID    uint64
 	// sentTo is the backup address that acknowledged kept; a new address
 	// (a new or demoted backup) first gets kept again, as its base.
 	sentTo string
 	wake   chan struct{}
 	// appliedC wakes the primary's driver when applied moves (the
-	// unapplied bound may allow a batch again).
+	// unapplied bound may allow a batch again); tookC when the shipper
+	// took the waiting snapshots (it can take a new copy).
 	appliedC chan struct{}
+	tookC    chan struct{}
 
 	// dialOptions are appended to grpcx.DialOptions (tests).
 	dialOptions []grpc.DialOption
 }
 
 func newShipper(s *Sidecar) *shipper {
-	return &shipper{s: s, acks: make(chan uint64, 64), wake: make(chan struct{}, 1), appliedC: make(chan struct{}, 1)}
+	return &shipper{s: s, acks: make(chan uint64, 64), wake: make(chan struct{}, 1), appliedC: make(chan struct{}, 1), tookC: make(chan struct{}, 1)}
 }
 
+// enqueue queues a copied snapshot (without an id).
 func (sh *shipper) enqueue(sn *snapshot) {
 	sh.mu.Lock()
 	sh.queue = append(sh.queue, sn)
@@ -68,13 +83,108 @@ func (sh *shipper) enqueue(sn *snapshot) {
 	}
 }
 
-func (sh *shipper) head() *snapshot {
+// Waiting is the number of queued snapshots not taken for sending yet.
+func (sh *shipper) Waiting() int {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	n := 0
+	for _, sn := range sh.queue {
+		if !sn.taken {
+			n++
+		}
+	}
+	return n
+}
+
+// head returns the snapshot to send next: the first one with an id, or
+// the waiting ones merged into one and given the next id.
+func (sh *shipper) head() *snapshot {
+	sh.mu.Lock()
 	if len(sh.queue) == 0 {
+		sh.mu.Unlock()
 		return nil
 	}
-	return sh.queue[0]
+	if sn := sh.queue[0]; sn.taken {
+		sh.mu.Unlock()
+		return sn
+	}
+	waiting := sh.queue
+	sn, err := mergeSnapshots(waiting)
+	if err != nil {
+		// Outputs that do not concatenate: send the first alone.
+		sh.s.log.Warn("snapshots not coalesced", "err", err)
+		sn, waiting = waiting[0], waiting[:1]
+	}
+	if sh.nextID == 0 {
+		sh.nextID = 1
+	}
+	sn.batch, sn.taken = sh.nextID, true
+	sn.header.BatchId = sn.batch
+	sh.nextID++
+	sh.queue = append([]*snapshot{sn}, sh.queue[len(waiting):]...)
+	sh.mu.Unlock()
+	sh.s.metrics.coalesced.Observe(float64(sn.batches))
+	select {
+	case sh.tookC <- struct{}{}:
+	default:
+	}
+	return sn
+}
+
+// mergeSnapshots coalesces copied snapshots (oldest first) into one: the
+// newest state with every request record and output, in batch order.
+func mergeSnapshots(sns []*snapshot) (*snapshot, error) {
+	if len(sns) == 1 {
+		return sns[0], nil
+	}
+	top := sns[len(sns)-1]
+	th := top.header
+	h := &hamsv1.SnapshotHeader{Model: th.GetModel(), Epoch: th.GetEpoch(), StateVersion: th.GetStateVersion(),
+		StateTensors: th.GetStateTensors(), StateBytes: th.GetStateBytes()}
+	parts := make([][]*hamsv1.Tensor, 0, len(sns))
+	batches := 0
+	var seq uint64
+	for _, sn := range sns {
+		h.Requests = append(h.Requests, sn.header.GetRequests()...)
+		h.OutputRows = append(h.OutputRows, sn.header.GetOutputRows()...)
+		parts = append(parts, sn.header.GetOutputs())
+		batches += sn.batches
+		seq = max(seq, sn.seq)
+	}
+	outs, err := concatOutputs(parts)
+	if err != nil {
+		return nil, err
+	}
+	h.Outputs = outs
+	m := *top
+	m.header, m.seq, m.batches = h, seq, batches
+	m.copiedAt = sns[0].copiedAt
+	return &m, nil
+}
+
+// concatOutputs concatenates the outputs of several batches along dim 0,
+// tensor by tensor.
+func concatOutputs(parts [][]*hamsv1.Tensor) ([]*hamsv1.Tensor, error) {
+	if len(parts) == 1 {
+		return parts[0], nil
+	}
+	n := len(parts[0])
+	out := make([]*hamsv1.Tensor, n)
+	for j := 0; j < n; j++ {
+		col := make([]*hamsv1.Tensor, len(parts))
+		for i, p := range parts {
+			if len(p) != n {
+				return nil, fmt.Errorf("batch %d has %d output tensors, batch 0 has %d", i, len(p), n)
+			}
+			col[i] = p[j]
+		}
+		t, err := tensor.Concat(col)
+		if err != nil {
+			return nil, fmt.Errorf("concatenate output %q: %w", col[0].GetName(), err)
+		}
+		out[j] = t
+	}
+	return out, nil
 }
 
 // Kept returns the last snapshot the backup acknowledged (nil before the
@@ -112,7 +222,7 @@ func (sh *shipper) setApplied(n uint64) {
 
 // reset makes base the only state known (promotion, rollback): nothing is
 // queued, base counts as applied, and it is shipped first to whichever
-// backup is found (when ship is set).
+// backup is found (when ship is set). Ids continue after base's.
 func (sh *shipper) reset(base *snapshot, ship bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -121,6 +231,10 @@ func (sh *shipper) reset(base *snapshot, ship bool) {
 	clear(sh.unapplied)
 	sh.unapplied = nil
 	sh.applied, sh.kept, sh.sentTo = base, base, ""
+	sh.nextID = 0
+	if base != nil {
+		sh.nextID = base.batch + 1
+	}
 	if ship && base != nil {
 		sh.queue = append(sh.queue, base)
 	}
@@ -156,8 +270,8 @@ func (sh *shipper) run(ctx context.Context) error {
 				return nil
 			}
 		}
-		if s.shipHook != nil {
-			s.shipHook(ctx, sn.batch)
+		if hook := s.cfg.ShipHook; hook != nil {
+			hook(ctx, sn.batch)
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -181,7 +295,9 @@ func (sh *shipper) run(ctx context.Context) error {
 				ccAddr = addr
 			}
 			var applied bool
+			t0 := time.Now()
 			applied, err = sh.send(ctx, cc, sn)
+			s.metrics.shipSend.Observe(time.Since(t0).Seconds())
 			if err == nil {
 				sh.mu.Lock()
 				sh.sentTo = addr
@@ -221,7 +337,7 @@ func (sh *shipper) run(ctx context.Context) error {
 		s.metrics.snapDelivery.Observe(time.Since(sn.copiedAt).Seconds())
 		s.log.Debug("snapshot acknowledged", "batch", sn.batch, "bytes", sn.header.GetStateBytes())
 		select {
-		case sh.acks <- sn.batch:
+		case sh.acks <- sn.last:
 		case <-ctx.Done():
 			return nil
 		}

@@ -71,6 +71,11 @@ type Config struct {
 	// their requests complete (default DefaultOutputLogBytes); when full,
 	// no new batch starts until completion notices free space.
 	OutputLogBytes int64
+	// ShipHook, when set, runs on a primary's shipper before each snapshot
+	// is sent (batch is the snapshot's id, which the backup's durability
+	// notices name); it may block until ctx ends. Fault injection (a
+	// delayed state delivery) and tests.
+	ShipHook func(ctx context.Context, batch uint64)
 }
 
 // AnyInput is the declared input name that accepts every tensor of a request.
@@ -139,9 +144,6 @@ type Sidecar struct {
 	outlog     *OutputLog // primary: released outputs; backup: applied outputs
 	ship       *shipper   // primary
 	bk         *backupState
-	// shipHook, when set (tests), runs on the shipper before batch is
-	// shipped; it may block until ctx ends.
-	shipHook func(ctx context.Context, batch uint64)
 }
 
 // New validates cfg and builds the sidecar (no I/O).

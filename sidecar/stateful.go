@@ -26,6 +26,25 @@ type StatefulBackend interface {
 	WriteState(ctx context.Context, tensors []*hamsv1.Tensor, version uint64) error
 }
 
+// PinnedStateReader is an optional StatefulBackend extension for the
+// non-stop modes. ReadStatePinned is ReadState that calls pinned once the
+// backend has captured the installed state: an Update issued after pinned
+// was called no longer changes what this read returns (the backend either
+// keeps the captured version aside or holds the Update until the read
+// ends). Large states then stop delaying the next update for the whole
+// transfer. It also returns the hex SHA-256 of the state bytes when the
+// backend verified one ("" otherwise), so the shipper need not hash again.
+type PinnedStateReader interface {
+	ReadStatePinned(ctx context.Context, pinned func()) (tensors []*hamsv1.Tensor, version uint64, digest string, err error)
+}
+
+// DigestStateWriter is an optional StatefulBackend extension:
+// WriteStateDigest is WriteState with the hex SHA-256 of the tensors'
+// bytes already known (a backup verified it on receipt).
+type DigestStateWriter interface {
+	WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor, version uint64, digest string) error
+}
+
 // Coord carries the protocol's notices (satisfied by *coord.Coord).
 type Coord interface {
 	// Announce publishes that n.Model is durable up to n.DurableSeq.

@@ -46,7 +46,7 @@ func TestFigure6DownstreamWaitsForUpstreamDurability(t *testing.T) {
 		map[string]Backend{"a": newCounter(4), "b": newCounter(4)},
 		replOpts{tweak: func(name string, s *Sidecar) {
 			if name == "a" && s.role == RolePrimary {
-				s.shipHook = func(ctx context.Context, batch uint64) {
+				s.cfg.ShipHook = func(ctx context.Context, batch uint64) {
 					select {
 					case <-release:
 					case <-ctx.Done():
@@ -128,7 +128,7 @@ func TestReleaseOnAckVersusEarlyRelease(t *testing.T) {
 		h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": newCounter(8)}, map[string]Backend{"a": newCounter(8)},
 			replOpts{tweak: func(name string, s *Sidecar) {
 				if s.role == RolePrimary {
-					s.shipHook = func(ctx context.Context, _ uint64) {
+					s.cfg.ShipHook = func(ctx context.Context, _ uint64) {
 						select {
 						case <-release:
 						case <-ctx.Done():

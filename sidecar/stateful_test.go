@@ -395,7 +395,7 @@ func TestSnapshotsNeverHalfUpdated(t *testing.T) {
 			if s.role != RolePrimary {
 				return
 			}
-			s.shipHook = func(_ context.Context, batch uint64) {
+			s.cfg.ShipHook = func(_ context.Context, batch uint64) {
 				sh := s.ship.head()
 				mu.Lock()
 				shipped = append(shipped, tensor.Digest(sh.state...))

@@ -44,72 +44,105 @@ func (b *Backend) Update(ctx context.Context, batchID uint64) error {
 // the stream: header first, offsets contiguous, exactly total_bytes, and
 // the SHA-256 on the last chunk.
 func (b *Backend) ReadState(ctx context.Context) ([]*hamsv1.Tensor, uint64, error) {
+	ts, v, _, err := b.ReadStatePinned(ctx, nil)
+	return ts, v, err
+}
+
+// ReadStatePinned is ReadState that calls pinned (when not nil) as soon as
+// the header chunk arrived: the model server sends it once it holds the
+// state it streams (ModelRuntime.ReadState is atomic with respect to
+// Update: the server either captured that version or holds updates until
+// the stream ends), so an Update issued afterwards cannot change the data.
+// It returns the verified SHA-256 (hex) of the state bytes too.
+func (b *Backend) ReadStatePinned(ctx context.Context, pinned func()) ([]*hamsv1.Tensor, uint64, string, error) {
+	ts, v, sum, err := b.readState(ctx, pinned)
+	return ts, v, sum, err
+}
+
+func (b *Backend) readState(ctx context.Context, pinned func()) ([]*hamsv1.Tensor, uint64, string, error) {
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
 	st, err := b.rt.ReadState(ctx, &hamsv1.ReadStateRequest{Model: b.model, ChunkBytes: StateChunkBytes})
 	if err != nil {
-		return nil, 0, b.mapErr("read state", err)
+		return nil, 0, "", b.mapErr("read state", err)
 	}
 	var (
 		first *hamsv1.StateChunk
 		data  []byte
+		sum   string
 		h     = sha256.New()
 	)
 	for {
 		ch, err := st.Recv()
 		if errors.Is(err, io.EOF) {
-			return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: stream ended without a last chunk", b.model)
+			return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: stream ended without a last chunk", b.model)
 		}
 		if err != nil {
-			return nil, 0, b.mapErr("read state", err)
+			return nil, 0, "", b.mapErr("read state", err)
 		}
 		if first == nil {
 			first = ch
+			if pinned != nil {
+				pinned()
+			}
 			if ch.GetTotalBytes() > 1<<34 {
-				return nil, 0, status.Errorf(codes.ResourceExhausted, "reference %s read state: %d bytes", b.model, ch.GetTotalBytes())
+				return nil, 0, "", status.Errorf(codes.ResourceExhausted, "reference %s read state: %d bytes", b.model, ch.GetTotalBytes())
 			}
 			data = make([]byte, 0, ch.GetTotalBytes())
 		}
 		if len(ch.GetData()) > 0 && ch.GetOffset() != uint64(len(data)) {
-			return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: chunk at offset %d, expected %d", b.model, ch.GetOffset(), len(data))
+			return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: chunk at offset %d, expected %d", b.model, ch.GetOffset(), len(data))
 		}
 		if uint64(len(data)+len(ch.GetData())) > first.GetTotalBytes() {
-			return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: more than the announced %d bytes", b.model, first.GetTotalBytes())
+			return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: more than the announced %d bytes", b.model, first.GetTotalBytes())
 		}
 		data = append(data, ch.GetData()...)
 		h.Write(ch.GetData())
 		if ch.GetLast() {
 			if uint64(len(data)) != first.GetTotalBytes() {
-				return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: %d of %d bytes", b.model, len(data), first.GetTotalBytes())
+				return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: %d of %d bytes", b.model, len(data), first.GetTotalBytes())
 			}
-			if sum := hex.EncodeToString(h.Sum(nil)); ch.GetSha256() != sum {
-				return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: sha256 %q does not match the data (%s)", b.model, ch.GetSha256(), sum)
+			sum = hex.EncodeToString(h.Sum(nil))
+			if ch.GetSha256() != sum {
+				return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: sha256 %q does not match the data (%s)", b.model, ch.GetSha256(), sum)
 			}
 			break
 		}
 	}
 	ts, err := SplitState(first.GetTensors(), data)
 	if err != nil {
-		return nil, 0, status.Errorf(codes.DataLoss, "reference %s read state: %v", b.model, err)
+		return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: %v", b.model, err)
 	}
-	return ts, first.GetStateVersion(), nil
+	return ts, first.GetStateVersion(), sum, nil
 }
 
 // WriteState overwrites the installed state with tensors (the model's state
 // tensors in order) and sets its version, streamed in chunks with the
 // SHA-256 on the last one.
 func (b *Backend) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, version uint64) error {
+	return b.WriteStateDigest(ctx, tensors, version, "")
+}
+
+// WriteStateDigest is WriteState with the hex SHA-256 of the tensors'
+// bytes known already (digest; "" computes it). The server verifies it
+// against the data it received either way.
+func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor, version uint64, digest string) error {
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
 	specs := make([]*hamsv1.TensorSpec, len(tensors))
 	var total uint64
-	h := sha256.New()
 	for i, t := range tensors {
 		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
 		total += uint64(len(t.GetData()))
-		h.Write(t.GetData())
 	}
-	sum := hex.EncodeToString(h.Sum(nil))
+	sum := digest
+	if sum == "" {
+		h := sha256.New()
+		for _, t := range tensors {
+			h.Write(t.GetData())
+		}
+		sum = hex.EncodeToString(h.Sum(nil))
+	}
 	st, err := b.rt.WriteState(ctx)
 	if err != nil {
 		return b.mapErr("write state", err)

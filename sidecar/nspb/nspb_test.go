@@ -323,14 +323,105 @@ func TestReplyGate(t *testing.T) {
 func TestPipelineInvariants(t *testing.T) {
 	for _, mode := range []Mode{Bare, NSPB, Remus, NSPBS1, NSPBS2} {
 		for seed := int64(1); seed <= 30; seed++ {
-			checkPipeline(t, mode, seed)
+			checkPipeline(t, mode, seed, false)
+			checkPipeline(t, mode, seed, true)
 		}
 	}
 }
 
-func checkPipeline(t *testing.T, mode Mode, seed int64) {
+// On demand, a copy starts only when requested, covers every batch since
+// the previous one, and updates go ahead without copies in between.
+func TestPipelineCopyOnDemand(t *testing.T) {
+	if NewPipeline(Remus, 0).CopyOnDemand() || NewPipeline(NSPBS2, 0).CopyOnDemand() || NewPipeline(Bare, 0).CopyOnDemand() {
+		t.Fatal("stop-to-copy and bare modes must copy after every batch")
+	}
+	p := NewPipeline(NSPB, 0)
+	if !p.CopyOnDemand() {
+		t.Fatal("nspb copies on demand")
+	}
+	p.StartCompute()
+	if got := p.Computed(1); !reflect.DeepEqual(got, []Action{Release{1}, Update{1}}) {
+		t.Fatalf("computed 1: %v", got)
+	}
+	if got := p.Updated(1); len(got) != 0 {
+		t.Fatalf("no copy requested, nothing to do: %v", got)
+	}
+	p.StartCompute()
+	if got := p.Computed(2); !reflect.DeepEqual(got, []Action{Release{2}, Update{2}}) {
+		t.Fatalf("update 2 without a copy of 1: %v", got)
+	}
+	if got := p.RequestCopy(); len(got) != 0 {
+		t.Fatalf("copy during an update: %v", got)
+	}
+	if got := p.Updated(2); !reflect.DeepEqual(got, []Action{Copy{2}}) {
+		t.Fatalf("requested copy after update 2: %v", got)
+	}
+	p.StartCompute()
+	if got := p.Computed(3); !reflect.DeepEqual(got, []Action{Release{3}}) {
+		t.Fatalf("update 3 during copy of 2: %v", got)
+	}
+	if got := p.Copied(2); !reflect.DeepEqual(got, []Action{Ship{2}, Update{3}}) {
+		t.Fatalf("copied 2: %v", got)
+	}
+	if got := p.RequestCopy(); len(got) != 0 || !p.CopyRequested() {
+		t.Fatalf("copy while updating: %v", got)
+	}
+	if got := p.Updated(3); !reflect.DeepEqual(got, []Action{Copy{3}}) {
+		t.Fatalf("updated 3: %v", got)
+	}
+	if got := p.Copied(3); !reflect.DeepEqual(got, []Action{Ship{3}}) {
+		t.Fatalf("copied 3: %v", got)
+	}
+	if got := p.RequestCopy(); len(got) != 0 {
+		t.Fatalf("state 3 copied already: %v", got)
+	}
+	p.Acked(3)
+	if _, _, c, a, r := p.Progress(); c != 3 || a != 3 || r != 3 {
+		t.Fatalf("progress copied %d acked %d released %d", c, a, r)
+	}
+	// A copy lost after its capture: the batches it covered (4) go with
+	// the next copy, of whatever state is installed then (5).
+	p.StartCompute()
+	p.Computed(4)
+	if got := p.Updated(4); !reflect.DeepEqual(got, []Action{Copy{4}}) {
+		t.Fatalf("the request stood: updated 4: %v", got)
+	}
+	p.StartCompute()
+	p.Computed(5)
+	if got := p.Copied(4); !reflect.DeepEqual(got, []Action{Ship{4}, Update{5}}) {
+		t.Fatalf("copied 4: %v", got)
+	}
+	if got := p.CopyLost(4); len(got) != 0 {
+		t.Fatalf("copy during update 5: %v", got)
+	}
+	if got := p.Updated(5); !reflect.DeepEqual(got, []Action{Copy{5}}) {
+		t.Fatalf("after a lost copy, the next state is copied: %v", got)
+	}
+	// nspb-s1 releases a batch only with the ack of a copy covering it.
+	q := NewPipeline(NSPBS1, 0)
+	q.CopyOnDemand()
+	q.StartCompute()
+	q.Computed(1)
+	q.Updated(1)
+	q.StartCompute()
+	q.Computed(2)
+	q.RequestCopy()
+	if got := q.Updated(2); !reflect.DeepEqual(got, []Action{Copy{2}}) {
+		t.Fatalf("s1 updated 2: %v", got)
+	}
+	q.Copied(2)
+	if got := q.Acked(2); !reflect.DeepEqual(got, []Action{Release{1}, Release{2}}) {
+		t.Fatalf("s1 ack of the copy covering 1 and 2: %v", got)
+	}
+}
+
+func checkPipeline(t *testing.T, mode Mode, seed int64, onDemand bool) {
 	rng := rand.New(rand.NewSource(seed))
 	p := NewPipeline(mode, 0)
+	if onDemand && !p.CopyOnDemand() {
+		return
+	}
+	shipped := uint64(0)
 	var inflight []Action // Update, Copy, Ship pending completion; plus compute
 	computing := uint64(0)
 	updated, copied, acked, released := uint64(0), uint64(0), uint64(0), uint64(0)
@@ -347,7 +438,7 @@ func checkPipeline(t *testing.T, mode Mode, seed int64) {
 				}
 				released = a.Batch
 			case Update:
-				if mode != Bare && copied < a.Batch-1 {
+				if mode != Bare && !onDemand && copied < a.Batch-1 {
 					t.Fatalf("%v seed %d: update %d while copy of %d not done (half-updated copy)", mode, seed, a.Batch, a.Batch-1)
 				}
 				if copyActive != 0 {
@@ -355,15 +446,25 @@ func checkPipeline(t *testing.T, mode Mode, seed int64) {
 				}
 				inflight = append(inflight, a)
 			case Copy:
+				if a.Batch != updated || a.Batch <= copied {
+					t.Fatalf("%v seed %d: copy of %d, installed %d, copied %d", mode, seed, a.Batch, updated, copied)
+				}
 				copyActive = a.Batch
 				inflight = append(inflight, a)
 			case Ship:
+				if a.Batch != copied || a.Batch <= shipped {
+					t.Fatalf("%v seed %d: ship %d after %d, copied %d", mode, seed, a.Batch, shipped, copied)
+				}
+				shipped = a.Batch
 				inflight = append(inflight, a)
 			}
 		}
 	}
 	const batches = 40
 	for steps := 0; steps < 10000; steps++ {
+		if onDemand && rng.Intn(3) == 0 {
+			do(p.RequestCopy())
+		}
 		if computing == 0 && p.CanCompute() && rng.Intn(2) == 0 {
 			computing = p.StartCompute()
 			if computing != updated+1 {
@@ -381,6 +482,10 @@ func checkPipeline(t *testing.T, mode Mode, seed int64) {
 		n := len(inflight)
 		if computing != 0 {
 			n++
+		}
+		if n == 0 && onDemand {
+			do(p.RequestCopy())
+			continue
 		}
 		if n == 0 {
 			if !p.CanCompute() {
@@ -408,6 +513,37 @@ func checkPipeline(t *testing.T, mode Mode, seed int64) {
 		case Ship:
 			acked = max(acked, a.Batch)
 			do(p.Acked(a.Batch))
+		}
+	}
+	if onDemand {
+		// Drain: with copies requested, everything computed is released.
+		if computing != 0 {
+			c := computing
+			computing = 0
+			do(p.Computed(c))
+		}
+		for i := 0; i < 100 && (len(inflight) > 0 || released < updated); i++ {
+			do(p.RequestCopy())
+			if len(inflight) == 0 {
+				continue
+			}
+			a := inflight[0]
+			inflight = inflight[1:]
+			switch a := a.(type) {
+			case Update:
+				updated = a.Batch
+				do(p.Updated(a.Batch))
+			case Copy:
+				copyActive = 0
+				copied = a.Batch
+				do(p.Copied(a.Batch))
+			case Ship:
+				acked = max(acked, a.Batch)
+				do(p.Acked(a.Batch))
+			}
+		}
+		if released != updated {
+			t.Fatalf("%v seed %d: drained: updated %d released %d", mode, seed, updated, released)
 		}
 	}
 	if updated < batches-1 || released < batches-2 {

@@ -47,10 +47,12 @@ type (
 	// Update installs the state staged by batch Batch's compute.
 	Update struct{ Batch uint64 }
 	// Copy copies the installed state (after batch Batch) into a snapshot
-	// buffer; the driver reports Copied when done.
+	// buffer; the driver reports Copied when the state is captured (later
+	// updates no longer change what the copy returns).
 	Copy struct{ Batch uint64 }
-	// Ship sends snapshot Batch to the backup (off the request path); the
-	// driver reports Acked when the backup has received it.
+	// Ship sends the snapshot of the state after batch Batch to the backup
+	// (off the request path); it covers every batch after the previous
+	// Ship. The driver reports Acked when the backup has received it.
 	Ship struct{ Batch uint64 }
 )
 
@@ -64,20 +66,36 @@ func (Ship) action()    {}
 //
 // Invariants, for every mode:
 //   - compute n+1 starts only after update n (it reads state n);
-//   - update n+1 is issued only after copy n is done (a copy never sees a
-//     half-updated state, without stopping the model);
+//   - no update is issued while a copy is running (a copy never sees a
+//     half-updated state, without stopping the model); with eager copies
+//     update n+1 is issued only after copy n is done;
 //   - stop-to-copy modes also start compute n+1 only after copy n;
-//   - release-on-ack modes release batch n only after the backup has
-//     snapshot n; the others release it as soon as compute n ends;
+//   - release-on-ack modes release batch n only after the backup has a
+//     snapshot covering batch n; the others release it as soon as compute
+//     n ends;
 //   - releases happen in batch order.
+//
+// Copies on demand (CopyOnDemand, non-stop modes only): the state after
+// batch n is copied only when the driver asked for a copy (its shipper can
+// take a snapshot) and state n is installed; otherwise update n+1 goes
+// ahead and the next copy, of a later state, covers batch n too (each
+// snapshot holds the full state, so the state after batch m covers every
+// batch up to m). Copy{Batch: m} then covers the batches after the
+// previous copy up to m. A batch becomes durable only when a snapshot
+// covering it is applied, so durability is never claimed early; it only
+// comes with a later, fuller state.
 type Pipeline struct {
 	mode      Mode
+	onDemand  bool
+	wanted    bool // on demand: the driver asked for a copy
 	computing bool
 	computed  uint64
 	updating  bool
 	updated   uint64
 	copying   bool
+	copyOf    uint64
 	copied    uint64
+	shipped   uint64 // on demand: copied before the last Copied (CopyLost goes back to it)
 	acked     uint64
 	released  uint64
 }
@@ -85,7 +103,45 @@ type Pipeline struct {
 // NewPipeline starts after batch `start` (0 for a fresh primary; a promoted
 // backup starts after the last batch it applied).
 func NewPipeline(mode Mode, start uint64) *Pipeline {
-	return &Pipeline{mode: mode, computed: start, updated: start, copied: start, acked: start, released: start}
+	return &Pipeline{mode: mode, computed: start, updated: start, copied: start, shipped: start, acked: start, released: start}
+}
+
+// CopyOnDemand makes the pipeline copy only when RequestCopy asked for it
+// (see Pipeline). It applies to the non-stop modes (nspb, nspb-s1) and
+// reports whether it did; stop-to-copy modes copy after every batch.
+func (p *Pipeline) CopyOnDemand() bool {
+	if p.mode == Bare || p.mode.stopToCopy() {
+		return false
+	}
+	p.onDemand = true
+	return true
+}
+
+// RequestCopy is the event "the driver can take a new snapshot" (on
+// demand only; ignored otherwise). The copy starts at once when a state
+// newer than the last copy is installed and no update or copy runs, else
+// as soon as one is.
+func (p *Pipeline) RequestCopy() []Action {
+	if !p.onDemand {
+		return nil
+	}
+	p.wanted = true
+	return p.maybeCopy()
+}
+
+// CopyRequested reports whether a requested copy has not started yet.
+func (p *Pipeline) CopyRequested() bool { return p.wanted }
+
+// Copying reports whether a copy runs.
+func (p *Pipeline) Copying() bool { return p.copying }
+
+func (p *Pipeline) maybeCopy() []Action {
+	if !p.wanted || p.copying || p.updating || p.copied >= p.updated {
+		return nil
+	}
+	p.wanted = false
+	p.copying, p.copyOf = true, p.updated
+	return []Action{Copy{Batch: p.updated}}
 }
 
 // CanCompute reports whether the next batch may start computing.
@@ -134,18 +190,40 @@ func (p *Pipeline) Updated(n uint64) []Action {
 		p.copied, p.acked = n, n
 		return nil
 	}
-	p.copying = true
+	if p.onDemand {
+		// Without a request, state n is left uncopied: the next update
+		// may go ahead and a later copy covers batch n.
+		if acts := p.maybeCopy(); acts != nil {
+			return acts
+		}
+		return p.maybeUpdate()
+	}
+	p.copying, p.copyOf = true, n
 	return []Action{Copy{Batch: n}}
 }
 
 // Copied is the event "the copy of the state after batch n is done".
 func (p *Pipeline) Copied(n uint64) []Action {
-	if !p.copying || n != p.copied+1 {
-		panic(fmt.Sprintf("nspb: Copied(%d) out of order (copied %d)", n, p.copied))
+	if !p.copying || n != p.copyOf {
+		panic(fmt.Sprintf("nspb: Copied(%d) out of order (copied %d, copying %v of %d)", n, p.copied, p.copying, p.copyOf))
 	}
 	p.copying = false
+	p.shipped = p.copied
 	p.copied = n
 	return append([]Action{Ship{Batch: n}}, p.maybeUpdate()...)
+}
+
+// CopyLost is the event "the copy of the state after batch n, reported
+// Copied, failed before its data arrived" (on demand only; the state it
+// captured may be overwritten by now). The batches it covered wait for
+// the next copy, which starts as soon as it may.
+func (p *Pipeline) CopyLost(n uint64) []Action {
+	if !p.onDemand || p.copying || n != p.copied {
+		panic(fmt.Sprintf("nspb: CopyLost(%d) (copied %d, copying %v, on demand %v)", n, p.copied, p.copying, p.onDemand))
+	}
+	p.copied = p.shipped
+	p.wanted = true
+	return p.maybeCopy()
 }
 
 // Acked is the event "the backup has received snapshot n" (acks are
@@ -169,8 +247,12 @@ func (p *Pipeline) maybeUpdate() []Action {
 	if p.updating || p.computed < n {
 		return nil
 	}
-	// Update n overwrites state n-1: its copy must be complete.
-	if p.mode != Bare && p.copied < n-1 {
+	// Update n overwrites state n-1: a copy of it must be complete; on
+	// demand, state n-1 may go uncopied, but never while being copied.
+	if p.copying {
+		return nil
+	}
+	if p.mode != Bare && !p.onDemand && p.copied < n-1 {
 		return nil
 	}
 	p.updating = true

@@ -108,6 +108,18 @@ func (k *lstm) writeTo(w io.Writer) error {
 	return writeF32(w, k.cs)
 }
 
+// capture copies h and c (install writes them in place); they are small:
+// streams x hidden floats each.
+func (k *lstm) capture() func(io.Writer) error {
+	hs, cs := append([]float32(nil), k.hs...), append([]float32(nil), k.cs...)
+	return func(w io.Writer) error {
+		if err := writeF32(w, hs); err != nil {
+			return err
+		}
+		return writeF32(w, cs)
+	}
+}
+
 func (k *lstm) load(data []byte) error {
 	rest := readF32(k.hs, data)
 	readF32(k.cs, rest)

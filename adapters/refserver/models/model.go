@@ -67,9 +67,11 @@ type Model interface {
 	Update(batchID uint64) (uint64, error)
 	// Infer is Compute + Update as one step.
 	Infer(b *Batch) (*Result, error)
-	// ReadState calls begin with the installed state's header and writes
-	// the state's bytes to the writer it returns, all under the state lock
-	// (Update waits; Compute may run).
+	// ReadState captures the installed state under the state lock, then
+	// calls begin with its header and writes its bytes to the writer begin
+	// returns. begin runs only once the state is captured: an Update
+	// after begin was called does not change the bytes written (Updates
+	// wait only for the capture, not for the transfer; Compute may run).
 	ReadState(begin func(StateInfo) (io.Writer, error)) error
 	// WriteState replaces the installed state with data (the tensors of
 	// StateInfo in order) and sets its version; any staged state is
@@ -94,6 +96,10 @@ type stateKernel interface {
 	stateSpecs() []*hamsv1.TensorSpec
 	// writeTo writes the installed state (shared lock held).
 	writeTo(w io.Writer) error
+	// capture takes the installed state (shared lock held) for writing
+	// later without the lock: later installs must not change what the
+	// returned function writes (copy-on-write blocks, or a copy).
+	capture() func(w io.Writer) error
 	// load replaces the state from data of exactly stateBytes bytes
 	// (exclusive lock held).
 	load(data []byte) error
@@ -350,20 +356,22 @@ func (c *core) Infer(b *Batch) (*Result, error) {
 
 func (c *core) ReadState(begin func(StateInfo) (io.Writer, error)) error {
 	c.stMu.RLock()
-	defer c.stMu.RUnlock()
 	info := StateInfo{Version: c.version}
+	var write func(io.Writer) error
 	if c.sk != nil {
 		info.Tensors = c.sk.stateSpecs()
 		info.TotalBytes = specBytes(info.Tensors)
+		write = c.sk.capture()
 	}
+	c.stMu.RUnlock()
 	w, err := begin(info)
 	if err != nil {
 		return err
 	}
-	if c.sk == nil {
+	if write == nil {
 		return nil
 	}
-	return c.sk.writeTo(w)
+	return write(w)
 }
 
 func (c *core) StateInfo() StateInfo {

@@ -190,6 +190,23 @@ func (k *olearn) writeTo(w io.Writer) error {
 	return nil
 }
 
+// capture keeps the block pointers only: blocks are never written after
+// they are installed (install swaps in fresh copies, load allocates fresh
+// blocks), so the captured version stays intact while later updates run.
+func (k *olearn) capture() func(io.Writer) error {
+	experts := append([]*expert(nil), k.experts...)
+	return func(w io.Writer) error {
+		for _, part := range k.parts() {
+			for _, ex := range experts {
+				if err := writeF32(w, part(ex)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+}
+
 func (k *olearn) load(data []byte) error {
 	// Blocks may be shared with an earlier staged copy; fresh blocks keep
 	// load from writing into memory a reader might hold.
