@@ -8,6 +8,7 @@ import (
 
 	"github.com/hams-go/hams/adapters/clipper"
 	"github.com/hams-go/hams/adapters/reference"
+	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/adapters/tfserving"
 	"github.com/hams-go/hams/adapters/triton"
 	"github.com/hams-go/hams/internal/config"
@@ -54,6 +55,17 @@ func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log 
 		}
 		cfg := triton.Config{Conn: cc, Model: m.Backend.Model, Version: m.Backend.Version, Timeout: m.Backend.Timeout.D(),
 			KeyPrefix: "hams-" + sanitizeKey(m.Name) + "-" + role, Logger: log}
+		if m.Stateful && managed(m) {
+			// The backend is our reference model server: its explicit
+			// state starts where the internal-state model would (zeros
+			// for lstm, the seeded weights for olearn), not at zeros.
+			init, err := models.InitialState(m)
+			if err != nil {
+				cc.Close()
+				return nil, nil, fmt.Errorf("model %q: initial state: %w", m.Name, err)
+			}
+			cfg.InitialState = init
+		}
 		if m.Stateful {
 			be, err := triton.NewStateful(cfg)
 			if err != nil {

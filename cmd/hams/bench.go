@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -43,6 +44,9 @@ type benchRow struct {
 	ThroughputRPS float64 `json:"throughput_rps"`
 	Errors        int     `json:"errors"`
 	Hops          int     `json:"hops"`
+	// Backends are the backend types of the service's models (sorted,
+	// distinct): reference, tfserving, triton, clipper.
+	Backends []string `json:"backends,omitempty"`
 	// Mean time the sidecars spent on lineage per batch, from their
 	// hams_sidecar_lineage_seconds histograms.
 	LineageMsPerBatch *float64 `json:"lineage_ms_per_batch,omitempty"`
@@ -89,7 +93,8 @@ func (m *modeRun) row(service, mode string, batch, hops int) benchRow {
 
 func runBench(args []string) error {
 	fs := newFlagSet("bench")
-	service := fs.String("service", "all", "example service ("+strings.Join(examples.Names(), ", ")+") or all")
+	service := fs.String("service", "all", "example service ("+strings.Join(examples.Names(), ", ")+") or all; with --config, a service of that file or all of them")
+	cfgFile := fs.String("config", "", "deployment file to bench instead of the examples (each service is run with only its own models; triton, tfserving and clipper backends without an address get a started backend, see docs/adapters.md)")
 	modesFlag := fs.String("modes", "direct,bare", "comma-separated modes, interleaved in rounds: "+strings.Join(benchModes, ", "))
 	batch := fs.Int("batch", 1, "batch size of every model (bare: also the number of concurrent clients; direct: requests per call)")
 	requests := fs.Int("requests", 400, "measured requests per (service, mode)")
@@ -123,6 +128,18 @@ func runBench(args []string) error {
 		*warmup = max(2**batch, 20)
 	}
 	services := examples.Names()
+	var fileRaw []byte
+	if *cfgFile != "" {
+		b, err := os.ReadFile(*cfgFile)
+		if err != nil {
+			return usageErr("bench: --config: %v", err)
+		}
+		d, err := parseDeployment(b)
+		if err != nil {
+			return &exitError{code: 2, err: fmt.Errorf("bench: %s: %w", *cfgFile, err)}
+		}
+		fileRaw, services = b, d.ServiceNames()
+	}
 	if *service != "all" {
 		if !slices.Contains(services, *service) {
 			return usageErr("bench: --service %q: unknown (one of %s, all)", *service, strings.Join(services, ", "))
@@ -141,7 +158,7 @@ func runBench(args []string) error {
 	var rows []benchRow
 	for _, svc := range services {
 		r, err := benchService(ctx, benchOpts{
-			service: svc, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
+			service: svc, raw: fileRaw, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
 			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: tf,
 		})
 		if err != nil {
@@ -160,7 +177,10 @@ func runBench(args []string) error {
 }
 
 type benchOpts struct {
-	service                         string
+	service string
+	// raw is the deployment file of --config (nil: the example named
+	// service).
+	raw                             []byte
 	modes                           []string
 	batch, requests, warmup, rounds int
 	seed                            uint64
@@ -170,11 +190,20 @@ type benchOpts struct {
 }
 
 func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
-	raw, err := examples.Raw(o.service)
-	if err != nil {
-		return nil, err
+	raw := o.raw
+	if raw == nil {
+		var err error
+		if raw, err = examples.Raw(o.service); err != nil {
+			return nil, err
+		}
 	}
-	svcCfg := func() (*config.Deployment, error) { return config.Parse(raw) }
+	svcCfg := func() (*config.Deployment, error) {
+		d, err := parseDeployment(raw)
+		if err != nil || o.raw == nil {
+			return d, err
+		}
+		return onlyService(d, o.service)
+	}
 	base, err := svcCfg()
 	if err != nil {
 		return nil, err
@@ -185,6 +214,19 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	}
 	hops := svc.Graph().Hops()
 	fmt.Fprintf(os.Stderr, "hams bench: %s (%d models, %d hops), batch %d, modes %s\n", o.service, len(base.Models), hops, o.batch, strings.Join(o.modes, ","))
+	var backends []string
+	for _, m := range svc.Graph().Models() {
+		mc := base.Model(m)
+		if !slices.Contains(backends, mc.Backend.Type) {
+			backends = append(backends, mc.Backend.Type)
+		}
+		if managed(mc) && mc.Backend.Type == "clipper" {
+			fmt.Fprintf(os.Stderr, "hams bench: %s: the Clipper backend is `hams clipper-stub` (a Clipper REST stub running the reference model, started here), not Clipper\n", m)
+		} else if managed(mc) && mc.Backend.Type != "reference" {
+			fmt.Fprintf(os.Stderr, "hams bench: %s: the %s backend is the reference model server (its %s API), started here\n", m, mc.Backend.Type, map[string]string{"triton": "KServe v2", "tfserving": "TF Serving Predict"}[mc.Backend.Type])
+		}
+	}
+	sort.Strings(backends)
 
 	// One deployment per mode, all started before the first round.
 	type runner struct {
@@ -224,6 +266,11 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			if err != nil {
 				return nil, err
 			}
+			defer func() {
+				for _, c := range ch.closers {
+					c()
+				}
+			}()
 			gen, err := loadgen.NewGenerator(dep.Service(svc.Name), o.seed, 1, loadgen.Fashion())
 			if err != nil {
 				return nil, err
@@ -301,6 +348,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	var out []benchRow
 	for _, r := range runners {
 		row := r.acc.row(o.service, r.mode, o.batch, hops)
+		row.Backends = backends
 		if r.mode != "direct" {
 			m1 := scrapeMetrics(r.d.sidecarMetrics())
 			sum, cnt := m1.total("hams_sidecar_lineage_seconds_sum")-r.m0.total("hams_sidecar_lineage_seconds_sum"),
@@ -388,25 +436,57 @@ type directChain struct {
 	dep   *config.Deployment
 	g     *config.Graph
 	order []string
-	rt    map[string]hamsv1.ModelRuntimeClient
-	desc  map[string]*hamsv1.ModelDescription
-	batch map[string]uint64
+	rt    map[string]func(context.Context, *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error)
+	// A non-reference model is called through its adapter in this
+	// process (the backend's native API: KServe v2, TF Serving Predict,
+	// Clipper REST); closers release the connections.
+	closers []func()
+	desc    map[string]*hamsv1.ModelDescription
+	batch   map[string]uint64
 }
 
 func newDirectChain(ctx context.Context, d *deployment, service string) (*directChain, error) {
 	s := d.dep.Service(service)
-	descs, err := describeAll(ctx, d)
-	if err != nil {
-		return nil, err
-	}
-	c := &directChain{dep: d.dep, g: s.Graph(), rt: map[string]hamsv1.ModelRuntimeClient{}, desc: descs, batch: map[string]uint64{}}
+	c := &directChain{dep: d.dep, g: s.Graph(), rt: map[string]func(context.Context, *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error){},
+		desc: map[string]*hamsv1.ModelDescription{}, batch: map[string]uint64{}}
 	c.order = c.g.Models()
+	var refs []string
 	for _, m := range c.order {
-		cc, err := grpcx.Dial(d.ModelServers[m], d.dep.Limits.MaxMessageBytes)
+		mc := d.dep.Model(m)
+		if mc.Backend.Type == "reference" {
+			refs = append(refs, m)
+			cc, err := grpcx.Dial(d.ModelServers[m], d.dep.Limits.MaxMessageBytes)
+			if err != nil {
+				return nil, err
+			}
+			c.closers = append(c.closers, func() { cc.Close() })
+			rt := hamsv1.NewModelRuntimeClient(cc)
+			c.rt[m] = func(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+				return rt.Infer(ctx, req)
+			}
+			continue
+		}
+		be, closeBE, err := newBackend(d.dep, mc, d.ModelServers[m], "direct", d.log)
 		if err != nil {
 			return nil, err
 		}
-		c.rt[m] = hamsv1.NewModelRuntimeClient(cc)
+		c.closers = append(c.closers, closeBE)
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		c.desc[m], err = be.Describe(cctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("describe %s through its %s adapter: %w", m, mc.Backend.Type, err)
+		}
+		c.rt[m] = func(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+			return be.Infer(ctx, req)
+		}
+	}
+	if len(refs) > 0 {
+		descs, err := describeAll(ctx, d, refs...)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(c.desc, descs)
 	}
 	return c, nil
 }
@@ -451,7 +531,7 @@ func (c *directChain) call(ctx context.Context, inputs []*hamsv1.Tensor, rows []
 			parts = append(parts, outs[p])
 		}
 		c.batch[m]++
-		resp, err := c.rt[m].Infer(ctx, &hamsv1.BatchRequest{
+		resp, err := c.rt[m](ctx, &hamsv1.BatchRequest{
 			Model: c.dep.Model(m).Backend.Model, Inputs: selectInputs(c.desc[m], parts), Rows: rows, StreamIds: streams, BatchId: c.batch[m],
 		})
 		if err != nil {
@@ -509,13 +589,13 @@ func (c *directChain) drive(ctx context.Context, gen *loadgen.Generator, batch, 
 }
 
 func printBench(w io.Writer, rows []benchRow) {
-	fmt.Fprintf(w, "\n%-8s %-7s %6s %9s %9s %9s %9s %11s %7s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b")
+	fmt.Fprintf(w, "\n%-12s %-7s %6s %9s %9s %9s %9s %11s %7s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b")
 	for _, r := range rows {
 		lin := "-"
 		if r.LineageMsPerBatch != nil {
 			lin = fmt.Sprintf("%.4f", *r.LineageMsPerBatch)
 		}
-		fmt.Fprintf(w, "%-8s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin)
+		fmt.Fprintf(w, "%-12s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin)
 	}
 	stHeader := false
 	for _, r := range rows {
@@ -559,10 +639,10 @@ func printBench(w io.Writer, rows []benchRow) {
 			continue
 		}
 		if !header {
-			fmt.Fprintf(w, "\n%-8s %5s %11s %11s %16s\n", "service", "hops", "direct_p50", "bare_p50", "added_p50/hop_ms")
+			fmt.Fprintf(w, "\n%-12s %5s %11s %11s %13s %16s\n", "service", "hops", "direct_p50", "bare_p50", "added_p50_ms", "added_p50/hop_ms")
 			header = true
 		}
 		per := (p.bare.P50Ms - p.direct.P50Ms) / float64(p.bare.Hops+1)
-		fmt.Fprintf(w, "%-8s %5d %11.3f %11.3f %16.3f\n", s, p.bare.Hops, p.direct.P50Ms, p.bare.P50Ms, per)
+		fmt.Fprintf(w, "%-12s %5d %11.3f %11.3f %13.3f %16.3f\n", s, p.bare.Hops, p.direct.P50Ms, p.bare.P50Ms, p.bare.P50Ms-p.direct.P50Ms, per)
 	}
 }

@@ -115,7 +115,7 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 	if err != nil {
 		return nil, err
 	}
-	dep, err := config.Load(rf.config)
+	dep, err := loadDeployment(rf.config)
 	if err != nil {
 		return nil, &exitError{code: 2, err: err}
 	}

@@ -144,10 +144,14 @@ func mergeDeployments(name string, deps []*config.Deployment) (*config.Deploymen
 }
 
 // describeAll asks the model servers for every model's description.
-func describeAll(ctx context.Context, d *deployment) (map[string]*hamsv1.ModelDescription, error) {
+func describeAll(ctx context.Context, d *deployment, only ...string) (map[string]*hamsv1.ModelDescription, error) {
 	out := map[string]*hamsv1.ModelDescription{}
 	var mu sync.Mutex
-	err := parallel(sortedModels(d.dep), func(m string) error {
+	names := sortedModels(d.dep)
+	if len(only) > 0 {
+		names = only
+	}
+	err := parallel(names, func(m string) error {
 		addr := d.ModelServers[m]
 		cc, err := grpcx.Dial(addr, d.dep.Limits.MaxMessageBytes)
 		if err != nil {

@@ -185,33 +185,32 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	defer cancel()
 	d.common = []string{"--config", d.cfgPath, "--log-level", opt.LogLevel}
 
-	for i, m := range dep.Models {
-		switch {
-		case m.Backend.Address != "" && replicated(dep, &dep.Models[i]) && !opt.Direct:
+	for i := range dep.Models {
+		m := &dep.Models[i]
+		switch ext := externalAddr(m); {
+		case ext != "" && replicated(dep, m) && !opt.Direct:
 			// TODO(config): a backend.backup_address field would let an
 			// external stateful backend have its backup instance.
-			return nil, fmt.Errorf("model %q: a replicated stateful model (mode %s) needs a second backend instance for its backup, and backend.address names only one; run it with --mode bare or use a reference backend", m.Name, dep.Mode)
-		case m.Backend.Address != "":
-			d.ModelServers[m.Name] = m.Backend.Address
-		case m.Backend.Type != "reference":
-			return nil, fmt.Errorf("model %q: backend type %s needs backend.address (only reference model servers are started)", m.Name, m.Backend.Type)
+			return nil, fmt.Errorf("model %q: a replicated stateful model (mode %s) needs a second backend instance for its backup, and backend.address names only one; run it with --mode bare or leave the address out (the deployment then starts a backend per instance)", m.Name, dep.Mode)
+		case ext != "":
+			d.ModelServers[m.Name] = ext
 		}
 	}
 	if opt.Direct {
-		// Model servers only (bench's direct chain).
+		// Backends only (bench's direct chain).
 		var mu sync.Mutex
 		err = parallel(sortedModels(dep), func(m string) error {
 			if d.ModelServers[m] != "" {
 				return nil
 			}
-			args := append([]string{"modelserver", "--models", m}, d.common...)
+			args, key := backendArgs(dep.Model(m), d.common)
 			name := childName(roleModelServer, m)
-			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "")})
+			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: backendRestart(args, key)})
 			if err != nil {
 				return fmt.Errorf("start %s: %w", name, err)
 			}
 			mu.Lock()
-			d.ModelServers[m] = r.String("grpc")
+			d.ModelServers[m] = r.String(key)
 			mu.Unlock()
 			return nil
 		})

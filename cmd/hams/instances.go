@@ -98,21 +98,23 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	default:
 		return nil, fmt.Errorf("start instance: role %q is not primary, backup or standby", role)
 	}
-	in := &instance{Model: model, Role: role, N: n, Epoch: epoch, BackendAddr: m.Backend.Address}
+	in := &instance{Model: model, Role: role, N: n, Epoch: epoch, BackendAddr: externalAddr(m)}
 	in.Sidecar, in.ModelServer = instanceNames(model, role, n)
 	inPlace := !d.protected()
 	if in.BackendAddr == "" {
-		args := append([]string{"modelserver", "--models", model, "--role", role, "--manager", d.Manager,
-			"--id", "modelserver/" + model + "/" + role + suffix(n)}, d.common...)
+		args, key := backendArgs(m, d.common)
+		if m.Backend.Type != "clipper" {
+			args = append(args, "--role", role, "--manager", d.Manager, "--id", "modelserver/"+model+"/"+role+suffix(n))
+		}
 		spec := launch.Spec{Name: in.ModelServer, Args: args, NoRestart: !inPlace}
 		if inPlace {
-			spec.Restart = relisten(args, "")
+			spec.Restart = backendRestart(args, key)
 		}
 		r, err := d.sup.Start(ctx, spec)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", in.ModelServer, err)
 		}
-		in.BackendAddr = r.String("grpc")
+		in.BackendAddr = r.String(key)
 	} else {
 		in.ModelServer = ""
 	}

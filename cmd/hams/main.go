@@ -38,6 +38,8 @@ func init() {
 		"bench":       {"measure latency and throughput of services per fault-tolerance mode", runBench},
 		"chaos":       {"random kills under load, then a global-consistency check of the audit logs", runChaos},
 		"help":        {"list commands", nil},
+		// Test support (not listed): a Clipper REST stub over reference models.
+		"clipper-stub": {"", runClipperStub},
 	}
 }
 
@@ -49,6 +51,9 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
+		if commands[n].summary == "" {
+			continue // test support
+		}
 		fmt.Fprintf(w, "  %-12s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'hams <command> -h' for the flags of a command.")

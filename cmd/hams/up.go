@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-
-	"github.com/hams-go/hams/internal/config"
 )
 
 // upReady is the one line `hams up` prints (DESIGN.md command-line contract).
@@ -88,7 +86,7 @@ func runUp(args []string) error {
 	if err := checkMode(*mode); err != nil {
 		return err
 	}
-	dep, err := config.Load(*cfgPath)
+	dep, err := loadDeployment(*cfgPath)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}

@@ -109,8 +109,12 @@ type Model struct {
 type Backend struct {
 	// Type is one of BackendTypes; default "reference".
 	Type string `yaml:"type"`
-	// Address is host:port of an already running model server; empty means
-	// the deployment starts a reference model server for the model.
+	// Address is host:port of an already running model server (for
+	// clipper: of its query frontend). Empty means the deployment starts a
+	// server per instance that speaks the backend's API and runs the
+	// model's kind: the reference model server for reference, tfserving and
+	// triton (it serves ModelRuntime, TF Serving and KServe v2 on one port),
+	// a Clipper query-frontend stand-in for clipper.
 	Address string `yaml:"address"`
 	// Model is the name of the model at the backend (default: Model.Name).
 	Model string `yaml:"model"`
@@ -281,8 +285,8 @@ func (d *Deployment) Validate() error {
 		if !oneOf(m.Backend.Type, BackendTypes) {
 			errs = append(errs, invalid("%s: backend type %q is not one of %s", where, m.Backend.Type, strings.Join(BackendTypes, ", ")))
 		}
-		if m.Backend.Type != "reference" && m.Backend.Address == "" {
-			errs = append(errs, invalid("%s: backend type %s needs an address", where, m.Backend.Type))
+		if m.Backend.Type != "reference" && m.Backend.Address == "" && m.Kind == "" {
+			errs = append(errs, invalid("%s: backend type %s needs an address (a running server), or a kind for the deployment to start a server speaking that API", where, m.Backend.Type))
 		}
 		if !oneOf(m.HA, []string{"off", "stateless", "stateful"}) {
 			errs = append(errs, invalid("%s: ha %q is not one of off, stateless, stateful", where, m.HA))

@@ -88,7 +88,7 @@ func TestValidationErrors(t *testing.T) {
 		{"reserved name", strings.Replace(good, "- name: c\n", "- name: frontend\n", 1), "reserved"},
 		{"duplicate edge", strings.Replace(good, "[a, b],", "[a, b], [a, b],", 1), "listed twice"},
 		{"ha stateful on stateless", strings.Replace(good, "kind: knn", "kind: knn\n    ha: stateful", 1), "not marked stateful"},
-		{"backend without address", strings.Replace(good, "kind: knn", "kind: knn\n    backend: {type: tfserving}", 1), "needs an address"},
+		{"backend without address or kind", strings.Replace(good, "kind: knn", "backend: {type: tfserving}", 1), "needs an address"},
 		{"no services", strings.SplitN(good, "services:", 2)[0], "no services"},
 	}
 	for _, c := range cases {

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/launch"
+)
+
+// managed reports whether m's backend is started by this process (a
+// deployment file without a backend address: see config.Backend.Address).
+func managed(m *config.Model) bool { return m.Backend.Address == "" }
+
+// externalAddr is m's backend address when it is a server this process
+// does not start, else "".
+func externalAddr(m *config.Model) string { return m.Backend.Address }
+
+// loadDeployment reads and validates a deployment file.
+func loadDeployment(path string) (*config.Deployment, error) { return config.Load(path) }
+
+// parseDeployment decodes and validates a deployment.
+func parseDeployment(b []byte) (*config.Deployment, error) { return config.Parse(b) }
+
+// backendArgs is the command line of the backend this process starts for
+// m (common: --config and --log-level) and the ready-line key of its
+// address: a reference model server (reference, triton and tfserving
+// backends: it serves hams/v1 ModelRuntime, KServe v2 and TF Serving on
+// one gRPC port) or, for clipper, the Clipper query-frontend stub.
+func backendArgs(m *config.Model, common []string) (args []string, key string) {
+	if m.Backend.Type == "clipper" {
+		return append([]string{"clipper-stub", "--models", m.Name}, common...), "http"
+	}
+	return append([]string{"modelserver", "--models", m.Name}, common...), "grpc"
+}
+
+// backendRestart restarts a started backend on the address it had (key:
+// the ready-line key of that address).
+func backendRestart(args []string, key string) func(launch.Ready) []string {
+	if key == "grpc" {
+		return relisten(args, "")
+	}
+	return func(last launch.Ready) []string {
+		out := append([]string(nil), args...)
+		if a := last.String(key); a != "" {
+			out = append(out, "--listen", a)
+		}
+		if a := last.String("metrics"); a != "" {
+			out = append(out, "--metrics", a)
+		}
+		return out
+	}
+}
+
+// onlyService returns d reduced to service svc and its models (bench runs
+// each service of a file as its own deployment).
+func onlyService(d *config.Deployment, svc string) (*config.Deployment, error) {
+	s := d.Service(svc)
+	if s == nil {
+		return nil, fmt.Errorf("no service %q in deployment %q", svc, d.Name)
+	}
+	keep := map[string]bool{}
+	for _, m := range s.Graph().Models() {
+		keep[m] = true
+	}
+	out := *d
+	out.Services = []config.Service{*s}
+	out.Models = nil
+	for _, m := range d.Models {
+		if keep[m.Name] {
+			out.Models = append(out.Models, m)
+		}
+	}
+	return &out, nil
+}

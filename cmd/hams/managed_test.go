@@ -1,0 +1,121 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/hams-go/hams/adapters/refserver/models"
+	"github.com/hams-go/hams/internal/config"
+)
+
+const depManaged = `
+name: m
+hosts: [h1, h2]
+models:
+  - name: a
+    kind: classifier
+    backend: {type: triton}
+  - name: b
+    kind: classifier
+    backend: {type: tfserving, address: "tf:8500"}
+  - name: c
+    kind: classifier
+    backend: {type: clipper}
+services:
+  - name: s1
+    edges: [[frontend, a], [a, frontend]]
+  - name: s2
+    edges: [[frontend, b], [b, c], [c, frontend]]
+`
+
+func TestParseDeploymentManagedBackends(t *testing.T) {
+	d, err := parseDeployment([]byte(depManaged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := d.Model("a"), d.Model("b"), d.Model("c")
+	if !managed(a) || externalAddr(a) != "" {
+		t.Fatalf("a: %+v", a.Backend)
+	}
+	if managed(b) || externalAddr(b) != "tf:8500" {
+		t.Fatalf("b: %+v", b.Backend)
+	}
+	if !managed(c) {
+		t.Fatalf("c: %+v", c.Backend)
+	}
+	if args, key := backendArgs(c, nil); args[0] != "clipper-stub" || key != "http" {
+		t.Fatalf("clipper backend args %v %s", args, key)
+	}
+	if args, key := backendArgs(a, nil); args[0] != "modelserver" || key != "grpc" {
+		t.Fatalf("triton backend args %v %s", args, key)
+	}
+	// The effective deployment the children load round-trips.
+	path := t.TempDir() + "/dep.yaml"
+	if err := writeDeployment(d, path); err != nil {
+		t.Fatal(err)
+	}
+	back, err := loadDeployment(path)
+	if err != nil || !managed(back.Model("a")) {
+		t.Fatalf("reload: %v", err)
+	}
+	// A managed backend runs the model's kind: no kind, no deployment.
+	_, err = parseDeployment([]byte(strings.Replace(depManaged, "  - name: a\n    kind: classifier\n", "  - name: a\n", 1)))
+	if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), `model "a"`) {
+		t.Fatalf("managed backend without kind: %v", err)
+	}
+	// Other errors still come from config.Parse.
+	if _, err := parseDeployment([]byte("name: x\nmodels: []\n")); !errors.Is(err, config.ErrInvalid) {
+		t.Fatalf("no models: %v", err)
+	}
+	if _, err := parseDeployment([]byte("name: [")); err == nil {
+		t.Fatal("bad YAML accepted")
+	}
+}
+
+func TestOnlyService(t *testing.T) {
+	d, err := parseDeployment([]byte(depManaged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := onlyService(d, "s2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s2.Services) != 1 || len(s2.Models) != 2 || s2.Model("a") != nil {
+		t.Fatalf("s2: %v, %d models", s2.ServiceNames(), len(s2.Models))
+	}
+	if err := s2.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := onlyService(d, "nope"); err == nil {
+		t.Fatal("unknown service accepted")
+	}
+}
+
+func TestExampleFilesWithManagedBackends(t *testing.T) {
+	for _, f := range []string{"../../examples/triton-lstm.yaml", "../../examples/adapters.yaml"} {
+		d, err := loadDeployment(f)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for i := range d.Models {
+			m := &d.Models[i]
+			if !managed(m) {
+				t.Fatalf("%s: %s has an external backend", f, m.Name)
+			}
+			if _, err := models.New(m); err != nil {
+				t.Fatalf("%s: %s: %v", f, m.Name, err)
+			}
+		}
+	}
+	if _, err := loadDeployment("no-such-file.yaml"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+	d, _ := loadDeployment("../../examples/triton-lstm.yaml")
+	m := d.Model("tl-seq")
+	if st, err := m.ParamString("state", ""); err != nil || !m.Stateful || m.Backend.Type != "triton" || st != "explicit" {
+		t.Fatalf("tl-seq: %+v", m)
+	}
+}
