@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -126,7 +128,7 @@ func (b *backupState) run(ctx context.Context) error {
 	var alog *audit.Log
 	if s.cfg.AuditDir != "" {
 		var err error
-		if alog, err = audit.Open(s.cfg.AuditDir, s.cfg.Model+"-backup", audit.DurableFile); err != nil {
+		if alog, err = audit.Open(s.cfg.AuditDir, s.auditSubdir(), audit.DurableFile); err != nil {
 			return err
 		}
 		defer alog.Close()
@@ -154,6 +156,33 @@ func (b *backupState) run(ctx context.Context) error {
 	default:
 	}
 	return err
+}
+
+// auditSubdir is the directory under AuditDir of this instance's
+// durable.jsonl: <model>-backup-<instance id>. Instances never share a
+// file, so a record torn by a killed process is never followed by another
+// process's records.
+func (s *Sidecar) auditSubdir() string {
+	id := s.cfg.ID
+	if id == "" {
+		id = strconv.Itoa(os.Getpid())
+	}
+	return s.cfg.Model + "-backup-" + fileSafe(id)
+}
+
+// fileSafe replaces every byte outside [A-Za-z0-9._-] by '_' (a
+// component id such as sidecar/m/backup becomes one path element).
+func fileSafe(id string) string {
+	b := []byte(id)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if s := string(b); s != "." && s != ".." {
+		return s
+	}
+	return "_"
 }
 
 func (b *backupState) applier(ctx context.Context, alog *audit.Log) error {

@@ -52,7 +52,11 @@
 // snapshot being written), switches the role state, logs the transition
 // at Info and starts the next stage; orders are serialised and checked
 // against the instance's epoch (older epochs are refused):
-//   - Promote of a backup: pending snapshots are dropped; the pipeline
+//   - Promote of a backup: first, before anything of the new epoch runs
+//     or is resent, DurabilityNotice{model, new epoch, max applied seq} is
+//     published through Coord (a frontend drops replies it holds on the
+//     lost primary's outputs beyond that seq); if it cannot be published
+//     the order fails and nothing changes. Then pending snapshots are dropped; the pipeline
 //     starts after the last applied batch, seqs after its max applied seq,
 //     at the new epoch, with new out-edges (new sender incarnations); the
 //     receiver's duplicate filter is seeded with the requests the applied
@@ -64,12 +68,16 @@
 //     backup); a primary re-ships its last state when its backup moves.
 //   - Rollback: the primary keeps the last state its backup applied (acks
 //     with applied, its own durability notices) and every later one until
-//     it is applied; it reinstalls that state, drops later outputs from the
+//     it is applied; it announces the new epoch at that state's seq (as
+//     Promote does), reinstalls that state, drops later outputs from the
 //     output log and the lineage index, and reseeds the duplicate filter.
 //   - Resend: the out-edge to to_model starts a new incarnation that
 //     carries the saved outputs (the output log of a stateful primary, the
 //     items an edge.Sender retains until completion otherwise) whose seq of
 //     this model is above the position, then the unacknowledged ones.
+//     Any running stateless sidecar serves it (a sink resends to a new
+//     leader frontend: to_model "frontend"); a replicated one only as
+//     the primary.
 //   - GetMaxSeq, GetLineageSummary: from the lineage index (summary.go):
 //     per graph edge the contiguous prefix of the predecessor's seqs seen,
 //     for received items and for the requests the state covers.

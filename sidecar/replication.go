@@ -221,6 +221,13 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		bk.mu.Lock()
 		last, seq, batch, pending := bk.last, bk.doneSeq, bk.doneBatch, len(bk.snaps)
 		bk.mu.Unlock()
+		// The new epoch's durability starts at what this backup applied:
+		// published before anything of the new epoch runs, so a frontend
+		// drops the replies it holds on the lost primary's speculative
+		// state beyond seq before a later notice could release them.
+		if err := s.announceEpoch("Promote", epoch, seq, batch); err != nil {
+			return err
+		}
 		s.baseBatch, s.baseSeq = batch, seq
 		s.lineage = NewLineage(s.cfg.Model, seq)
 		s.epochV.Store(epoch)
@@ -314,6 +321,11 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 		if toBatch != 0 && toBatch != target.batch {
 			return status.Errorf(codes.FailedPrecondition, "Rollback: kept state is after batch %d, not %d", target.batch, toBatch)
 		}
+		// As on promotion: outputs after target.seq are lost speculative
+		// state; the new epoch's durability starts at target.seq.
+		if err := s.announceEpoch("Rollback", epoch, target.seq, target.batch); err != nil {
+			return err
+		}
 		ctx, cancel := context.WithTimeout(s.runCtx, stateWriteTimeout)
 		defer cancel()
 		if err := s.sbe.WriteState(ctx, target.state, target.header.GetStateVersion()); err != nil {
@@ -337,12 +349,40 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 	return version, err
 }
 
+// announceEpoch publishes DurabilityNotice{model, epoch, seq, batch}
+// through Coord and returns once it is published (retrying within
+// stateWriteTimeout). A recovered primary calls it before it resends or
+// executes anything of epoch, with seq the last request its state covers:
+// whoever holds outputs of this model beyond seq from an older epoch
+// (a frontend's reply gate) learns they are lost before any notice of
+// epoch could cover them.
+func (s *Sidecar) announceEpoch(rpc string, epoch, seq, batch uint64) error {
+	n := &hamsv1.DurabilityNotice{Model: s.cfg.Model, Epoch: epoch, DurableSeq: seq, BatchId: batch}
+	ctx, cancel := context.WithTimeout(s.runCtx, stateWriteTimeout)
+	defer cancel()
+	backoff := stateOpBackoff
+	for attempt := 1; ; attempt++ {
+		err := s.cfg.Coord.Announce(ctx, n)
+		if err == nil {
+			s.log.Info("new epoch announced", "rpc", rpc, "epoch", epoch, "durable_seq", seq, "batch", batch)
+			return nil
+		}
+		if attempt >= stateOpAttempts || !sleepCtx(ctx, backoff) {
+			return status.Errorf(codes.Unavailable, "%s: announce durability of %q to %d at epoch %d: %v", rpc, s.cfg.Model, seq, epoch, err)
+		}
+		s.log.Warn("new-epoch announcement failed, retrying", "rpc", rpc, "epoch", epoch, "attempt", attempt, "err", err)
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
 // resend sends the saved outputs on the edge to req.ToModel after a
 // position again (to a replacement at req.ToAddress).
 func (s *Sidecar) resend(req *hamsv1.ResendRequest) (int, error) {
 	s.roleMu.Lock()
 	defer s.roleMu.Unlock()
-	if s.Role() != RolePrimary || s.receiver == nil {
+	// A stateless (or unreplicated) sidecar serves whenever it runs: a
+	// sink's retained items go to a new leader frontend from any of them.
+	if s.receiver == nil || (s.replicated && s.Role() != RolePrimary) {
 		return 0, status.Errorf(codes.FailedPrecondition, "Resend: sidecar of %q is a %s", s.cfg.Model, s.Role())
 	}
 	senders := s.sendersNow()

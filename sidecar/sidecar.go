@@ -62,9 +62,13 @@ type Config struct {
 	// BackupResolver finds the backup of this model; required for the
 	// primary of a replicated stateful model.
 	BackupResolver BackupResolver
-	// AuditDir, when set, receives AuditDir/<model>-backup/durable.jsonl
-	// from a backup.
+	// AuditDir, when set, receives AuditDir/<model>-backup-<instance>/durable.jsonl
+	// from a backup, <instance> being ID (made file-name safe) or, without
+	// one, the process id: every instance writes a file of its own.
 	AuditDir string
+	// ID names this instance (the component id registered with the
+	// manager); optional. Each instance of a model needs its own.
+	ID string
 	// Epoch of this instance, stamped on snapshots and durability notices.
 	Epoch uint64
 	// OutputLogBytes bounds the outputs a replicated primary keeps until

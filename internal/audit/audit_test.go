@@ -65,3 +65,120 @@ func TestReadAllNamesTheBadLine(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// Whatever is on disk after any Write is a run of whole records: a
+// record larger than the buffer never reaches the file in two writes.
+func TestFileHoldsOnlyWholeRecords(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, "p", DurableFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "p", DurableFile)
+	sizes := []int{10, 40 << 10, 10, 100 << 10, 30 << 10, 30 << 10, 200 << 10, 5}
+	for i, n := range sizes {
+		if err := l.Write(Durable{Model: "m", Seq: uint64(i + 1), InputDigest: strings.Repeat("x", n)}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) > 0 && b[len(b)-1] != '\n' {
+			t.Fatalf("after record %d the file ends mid-record (%d bytes)", i+1, len(b))
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := ReadAll[Durable](dir, DurableFile)
+	if err != nil || len(recs) != len(sizes) {
+		t.Fatalf("read %d records, %v", len(recs), err)
+	}
+	for i, r := range recs {
+		if r.Seq != uint64(i+1) || len(r.InputDigest) != sizes[i] {
+			t.Fatalf("record %d: seq %d, %d bytes", i, r.Seq, len(r.InputDigest))
+		}
+	}
+}
+
+// A record torn by a writer killed mid-write is cut off when the file is
+// opened again, so the next record is not glued to it; a reader skips a
+// torn final line.
+func TestTornTail(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p", DurableFile)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	whole := `{"model":"m","seq":1,"input_digest":"","output_digest":"","state_digest":""}` + "\n"
+	torn := `{"model":"m","seq":2,"inp`
+	if err := os.WriteFile(p, []byte(whole+torn), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := ReadAll[Durable](dir, DurableFile)
+	if err != nil || len(recs) != 1 || recs[0].Seq != 1 {
+		t.Fatalf("reading a torn final line: %v %v", recs, err)
+	}
+	l, err := Open(dir, "p", DurableFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Write(Durable{Model: "m", Seq: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	if lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n"); len(lines) != 2 || lines[0]+"\n" != whole {
+		t.Fatalf("file after reopening: %q", b)
+	}
+	recs, err = ReadAll[Durable](dir, DurableFile)
+	if err != nil || len(recs) != 2 || recs[1].Seq != 3 {
+		t.Fatalf("after reopening: %v %v", recs, err)
+	}
+	// A file holding only a torn record (longer than one scan block) is
+	// emptied.
+	if err := os.WriteFile(p, []byte(`{"model":"`+strings.Repeat("m", 10000)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err = Open(dir, "p", DurableFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if st, err := os.Stat(p); err != nil || st.Size() != 0 {
+		t.Fatalf("torn-only file not emptied: %v %v", st.Size(), err)
+	}
+	// A torn line that is not the last one is an error.
+	if err := os.WriteFile(p, []byte(torn+"\n"+whole), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadAll[Durable](dir, DurableFile); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("torn middle line: %v", err)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "file")
+	os.WriteFile(f, nil, 0o644)
+	if _, err := Open(f, "sub", DurableFile); err == nil {
+		t.Fatal("Open under a regular file succeeded")
+	}
+	os.Mkdir(filepath.Join(dir, "d"), 0o755)
+	if _, err := Open(dir, "", "d"); err == nil {
+		t.Fatal("Open of a directory succeeded")
+	}
+	var nilLog *Log
+	if nilLog.Write(Durable{}) != nil || nilLog.Flush() != nil || nilLog.Close() != nil {
+		t.Fatal("nil Log is not a no-op")
+	}
+	l, err := Open(dir, "", DurableFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Write(func() {}); err == nil {
+		t.Fatal("unencodable record accepted")
+	}
+	l.Close()
+}

@@ -125,9 +125,11 @@ type Sender struct {
 }
 
 type itemMeta struct {
-	pos     uint64
-	resent  bool // a copy made by Resend: not retained again when acked
-	retSize int64
+	pos    uint64
+	resent bool // a copy made by Resend: not retained again when acked
+	// completed: Complete named the request before the ack; not retained.
+	completed bool
+	retSize   int64
 }
 
 type retained struct {
@@ -496,7 +498,7 @@ func (s *Sender) ack(gen, m uint64) {
 	}
 	n := int(m - s.acked)
 	for i := 0; i < n; i++ {
-		if md := s.meta[i]; !md.resent {
+		if md := s.meta[i]; !md.resent && !md.completed {
 			s.retain(s.buf[i], md.pos, md.retSize)
 		}
 	}
@@ -567,10 +569,24 @@ func (s *Sender) dropLive(r retained) {
 func (s *Sender) deadCount() int { return s.deadN }
 
 // Complete forgets the retained items of the requests reqIDs (they left
-// the graph: no receiver will need them again).
+// the graph: no receiver will need them again). Items of theirs not
+// acknowledged yet (the completion overtook the ack) are marked, so they
+// are dropped instead of retained when the ack comes; they are still
+// delivered (and resent after a broken stream) until then.
 func (s *Sender) Complete(reqIDs ...uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.buf) > 0 && len(reqIDs) > 0 {
+		done := make(map[uint64]struct{}, len(reqIDs))
+		for _, id := range reqIDs {
+			done[id] = struct{}{}
+		}
+		for i, it := range s.buf {
+			if _, ok := done[it.GetReqId()]; ok {
+				s.meta[i].completed = true
+			}
+		}
+	}
 	for _, id := range reqIDs {
 		n, ok := s.retLive[id]
 		if !ok {
