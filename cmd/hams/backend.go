@@ -40,7 +40,7 @@ func coordinated(dep *config.Deployment) bool {
 // on one host do not collide. The returned close releases the connection.
 func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log *slog.Logger) (sidecar.Backend, func(), error) {
 	maxMsg := dep.Limits.MaxMessageBytes
-	dial := func() (*grpc.ClientConn, error) { return grpcx.Dial(addr, maxMsg, fastReconnect) }
+	dial := func() (*grpc.ClientConn, error) { return grpcx.Dial(addr, maxMsg) }
 	switch m.Backend.Type {
 	case "", "reference":
 		cc, err := dial()

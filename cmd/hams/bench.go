@@ -279,7 +279,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 				return ch.drive(ctx, gen, o.batch, n, o.timeout)
 			}
 		default:
-			cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes, fastReconnect)
+			cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes)
 			if err != nil {
 				return nil, err
 			}

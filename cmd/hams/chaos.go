@@ -150,7 +150,7 @@ func runChaos(args []string) error {
 			return err
 		}
 	}
-	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes, fastReconnect)
+	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes)
 	if err != nil {
 		return err
 	}

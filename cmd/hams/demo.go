@@ -271,7 +271,7 @@ func runDemo(args []string) error {
 			return err
 		}
 	}
-	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes, fastReconnect)
+	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes)
 	if err != nil {
 		return err
 	}

@@ -65,10 +65,13 @@ func instanceNames(model, role string, n int) (sc, ms string) {
 }
 
 // coordArgs are the --nats and --audit flags of a sidecar of model (or of
-// the frontend when model is ""); audit is the directory to use.
+// the frontend when model is ""); audit is the directory to use. In a
+// coordinated deployment every sidecar gets --nats: replicated ones
+// announce and watch durability, all of them watch completion notices to
+// trim what their senders keep for resends.
 func (d *deployment) coordArgs(model, audit string) []string {
 	var out []string
-	if d.NATS != "" && coordinated(d.dep) && (model == "" || replicated(d.dep, d.dep.Model(model))) {
+	if d.NATS != "" && coordinated(d.dep) {
 		out = append(out, "--nats", d.NATS)
 	}
 	if audit != "" {

@@ -6,8 +6,6 @@ import (
 	"os"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
 	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
@@ -155,7 +153,7 @@ func runSidecar(args []string) error {
 	roleF := rf.fs.String("role", sidecar.RolePrimary, "instance role: primary (the serving instance; ACTIVE for a stateless model), backup (a replicated stateful model's backup: serves Replication, applies snapshots) or standby (a stateless model's hot standby: registered STANDBY, promoted by the manager)")
 	idF := rf.fs.String("id", "", "component id registered with the manager (default sidecar/<model>/<role>); every instance of a model needs its own")
 	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine (the manager's ready line has it); required for a replicated stateful model")
-	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (a backup writes <dir>/<model>-backup/durable.jsonl)")
+	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (a backup writes <dir>/<model>-backup-<instance id>/durable.jsonl)")
 	epoch := rf.fs.Uint64("epoch", 0, "epoch of this instance, stamped on snapshots and durability notices")
 	outLog := rf.fs.Int64("output-log-bytes", 0, "bound of a replicated primary's output log (0: the sidecar's default)")
 	if err := rf.parse(args); err != nil {
@@ -242,10 +240,14 @@ func runSidecar(args []string) error {
 		Registry:       r.reg,
 		Role:           *roleF,
 		AuditDir:       *audit,
+		ID:             *idF,
 		Epoch:          *epoch,
 		OutputLogBytes: *outLog,
 	}
-	if repl {
+	// Every sidecar given --nats watches completion notices (so what its
+	// senders keep for resends is trimmed); replicated ones also announce
+	// and watch durability.
+	if *natsURL != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		co, nc, err := openCoord(ctx, *natsURL, r.dep.Name, "sidecar "+*model+" "+*roleF, r.log)
 		cancel()
@@ -255,6 +257,8 @@ func runSidecar(args []string) error {
 		}
 		defer nc.Close()
 		cfg.Coord = co
+	}
+	if repl {
 		cfg.BackupResolver = mc
 	}
 	sc, err := sidecar.New(cfg)
@@ -273,13 +277,6 @@ func runSidecar(args []string) error {
 		return g.Wait()
 	}, nil, nil)
 }
-
-// fastReconnect replaces grpc-go's reconnect backoff (1s base, up to 120s)
-// so a sidecar finds its restarted model server within tens of ms.
-var fastReconnect = grpc.WithConnectParams(grpc.ConnectParams{
-	Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
-	MinConnectTimeout: time.Second,
-})
 
 func roleName(r hamsv1.Role) string {
 	switch r {
