@@ -298,6 +298,12 @@ func New(cfg Config) (*Frontend, error) {
 				From: config.Frontend, To: e, Resolver: cfg.Resolver,
 				MaxMessageBytes: f.maxBytes, Logger: cfg.Logger,
 				Epoch: f.epoch,
+				// The frontend's position on an entry edge is the req_id
+				// (sidecar.PredSeq): unlike edge_seq, which a Resend
+				// renumbers from 1, it stays the same for a request and
+				// grows with every new one, so a resend position learnt
+				// from the successors' lineage never skips a request.
+				Position: func(it *hamsv1.Item) uint64 { return it.GetReqId() },
 			})
 			if err != nil {
 				return nil, fmt.Errorf("frontend: edge to entry model %q: %w", e, err)

@@ -64,8 +64,8 @@ func (s *replicationServer) GetLineageSummary(_ context.Context, req *hamsv1.Lin
 }
 
 // Resend resends, on the entry edge to to_model, the items this frontend
-// keeps (acknowledged, not yet completed) whose position (the frontend's
-// edge_seq on that edge) is above after_edge_seq, then the unacknowledged
+// keeps (acknowledged, not yet completed) whose position (the request's
+// req_id: the frontend's pred_seq in lineage) is above after_edge_seq, then the unacknowledged
 // ones, to to_address at epoch.
 func (s *replicationServer) Resend(_ context.Context, req *hamsv1.ResendRequest) (*hamsv1.ResendResponse, error) {
 	snd := s.f.senders[req.GetToModel()]
@@ -82,7 +82,7 @@ func (s *replicationServer) Resend(_ context.Context, req *hamsv1.ResendRequest)
 }
 
 // unansweredItems returns the items sent to entry model `to` of every
-// injected request not answered yet, in edge_seq order (never nil).
+// injected request not answered yet, in req_id order (never nil).
 func (f *Frontend) unansweredItems(to string) []*hamsv1.Item {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -98,7 +98,7 @@ func (f *Frontend) unansweredItems(to string) []*hamsv1.Item {
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].GetEdgeSeq() < out[j].GetEdgeSeq() })
+	sort.Slice(out, func(i, j int) bool { return out[i].GetReqId() < out[j].GetReqId() })
 	return out
 }
 

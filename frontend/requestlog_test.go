@@ -343,6 +343,16 @@ func TestFrontendReplicationHooks(t *testing.T) {
 	if err != nil || r.Resent != 1 {
 		t.Fatalf("resend after 0: %v %v", r, err)
 	}
+	// That resend renumbered the edge from edge_seq 1; a request sent
+	// after it gets a small edge_seq but the next position (its req_id), so
+	// a later resend after the successors' position 4 still carries it.
+	pending2 := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "echo", StreamId: "drop:a", Inputs: echoInputs(1, 1)})
+	eventually(t, "5th request sent", func() bool { return len(e.fe.unansweredItems("a")) == 2 })
+	r, err = repl.Resend(ctx, &hamsv1.ResendRequest{ToModel: "a", AfterEdgeSeq: 4, ToAddress: e.res.addrs["a"], Epoch: 1})
+	if err != nil || r.Resent != 1 {
+		t.Fatalf("resend after 4, past a renumbering: %v %v", r, err)
+	}
+	notDone(t, "the second dropped request", pending2)
 	if _, err := repl.Resend(ctx, &hamsv1.ResendRequest{ToModel: "x-unknown"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("resend to a model that is no entry: %v", err)
 	}

@@ -127,7 +127,6 @@ func TestDemoReport(t *testing.T) {
 // predecessor resends, and a new standby is started; every reply passes
 // the checker (no seq reused) and the audit logs are consistent.
 func TestDemoKillStatelessSidecar(t *testing.T) {
-	requireRecovery(t, "stateless")
 	dep, err := config.Load("../examples/ap.yaml")
 	if err != nil {
 		t.Fatal(err)

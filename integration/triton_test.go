@@ -251,7 +251,6 @@ func TestTritonLSTMSharedMemoryState(t *testing.T) {
 	// the replicated state; replies continue the same streams.
 	sigkilled := false
 	t.Run("failover", func(t *testing.T) {
-		requireRecovery(t, "triton")
 		sigkilled = true
 		pid := childPID(t, runDir, "sidecar_tl-seq")
 		var killed atomic.Bool

@@ -421,7 +421,14 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 		b.push(acts)
 		b.maxRecvSeq = max(b.maxRecvSeq, maxSeq)
 	}
+	// Applied in the acknowledgement means written: alg's Applied only
+	// says the Apply was decided (the applier may not have written that
+	// state yet, and fails with its model server). A primary that took a
+	// decided apply for a written one would leave the batch's requests out
+	// of a new backup's base (shipper.rebaseSnapshot) and move its
+	// rollback target past the state its backup holds.
 	applied, _ = b.alg.Applied()
+	applied = min(applied, b.doneBatch)
 	b.mu.Unlock()
 	if dup {
 		b.s.log.Debug("duplicate snapshot dropped", "batch", meta.BatchID)

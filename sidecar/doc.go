@@ -65,7 +65,19 @@
 //     after start_seq (field, or metadata hams-start-seq).
 //   - Demote: a primary becomes a backup that takes the next snapshot of
 //     the new epoch as its full base state (also SyncBackup of a new
-//     backup); a primary re-ships its last state when its backup moves.
+//     backup); a primary re-ships, when its backup moves (also while
+//     idle), every acknowledged snapshot no backup applied (the first is
+//     the base): applying them makes their requests durable, so the new
+//     backup needs their records and outputs. A backup acknowledges a
+//     snapshot as applied only once its state is written.
+//   - Backend lost: in a protected mode a backend call that finds the
+//     model server unreachable (Unavailable) fails nothing: the batch is
+//     retried, and after BackendLostAfter the sidecar stops (its host
+//     failed; the replacement runs the requests after the resend).
+//   - A stateless join remembers its last completed joins, so a part
+//     that supersedes one (an upstream stateful re-execution after
+//     failover, or a resend through it) re-forms the request with the
+//     other branches' parts, which do not come again.
 //   - Rollback: the primary keeps the last state its backup applied (acks
 //     with applied, its own durability notices) and every later one until
 //     it is applied; it announces the new epoch at that state's seq (as

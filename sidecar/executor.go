@@ -16,21 +16,23 @@ import (
 // executor runs batches one at a time. It first learns the backend's
 // inputs (Describe, retried until it answers), then reports idle after
 // every batch.
-func (s *Sidecar) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) {
+func (s *Sidecar) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
 	if !s.describe(ctx) {
-		return
+		return nil
 	}
 	for {
 		select {
 		case idle <- struct{}{}:
 		case <-ctx.Done():
-			return
+			return nil
 		}
 		select {
 		case b := <-work:
-			s.execute(ctx, b)
+			if err := s.execute(ctx, b); err != nil {
+				return err
+			}
 		case <-ctx.Done():
-			return
+			return nil
 		}
 	}
 }
@@ -146,8 +148,9 @@ func findTensor(parts []*hamsv1.Item, name string) *hamsv1.Tensor {
 }
 
 // execute runs one batch: deadline and input checks per request, then the
-// backend on the valid ones.
-func (s *Sidecar) execute(ctx context.Context, batch []*Joined) {
+// backend on the valid ones. It fails only when the backend is lost
+// (errBackendLost): the sidecar then stops.
+func (s *Sidecar) execute(ctx context.Context, batch []*Joined) error {
 	now := time.Now().UnixNano()
 	reqs := make([]request, 0, len(batch))
 	for _, j := range batch {
@@ -163,27 +166,39 @@ func (s *Sidecar) execute(ctx context.Context, batch []*Joined) {
 		reqs = append(reqs, request{j: j, inputs: ins, rows: rows})
 	}
 	if len(reqs) > 0 {
-		s.run(ctx, reqs)
+		return s.run(ctx, reqs)
 	}
+	return nil
 }
 
 // run calls the backend on reqs; a batch rejected as InvalidArgument is
-// re-run request by request so only the bad request fails.
-func (s *Sidecar) run(ctx context.Context, reqs []request) {
-	outs, err := s.infer(ctx, reqs)
+// re-run request by request so only the bad request fails; one that found
+// the backend unreachable is held and retried (retryBackend).
+func (s *Sidecar) run(ctx context.Context, reqs []request) error {
+	var outs [][]*hamsv1.Tensor
+	err := s.retryBackend(ctx, "infer", func() (err error) {
+		outs, err = s.infer(ctx, reqs)
+		return err
+	})
 	if err != nil && ctx.Err() != nil {
 		// The role stage is stopping (shutdown, demotion, promotion):
 		// the requests are not failed; they come again by resend.
-		return
+		return nil
+	}
+	if errors.Is(err, errBackendLost) {
+		// Not failed either: the replacement re-executes them.
+		return err
 	}
 	if err != nil {
 		code := status.Code(err)
 		if code == codes.InvalidArgument && len(reqs) > 1 {
 			s.log.Debug("batch rejected as invalid, re-running requests one by one", "size", len(reqs), "err", err)
 			for i := range reqs {
-				s.run(ctx, reqs[i:i+1])
+				if err := s.run(ctx, reqs[i:i+1]); err != nil {
+					return err
+				}
 			}
-			return
+			return nil
 		}
 		if ctx.Err() != nil && code != codes.InvalidArgument {
 			code = codes.Unavailable
@@ -195,9 +210,10 @@ func (s *Sidecar) run(ctx context.Context, reqs []request) {
 		for _, r := range reqs {
 			s.fail(r.j, code, msg)
 		}
-		return
+		return nil
 	}
 	s.finish(reqs, outs)
+	return nil
 }
 
 // infer builds the batch request and splits the response per request.

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hams-go/hams/internal/config"
@@ -47,6 +48,44 @@ type Joiner struct {
 	goneQ   []uint64
 	// nextExpiry is a lower bound of the earliest deadline in waiting.
 	nextExpiry int64
+	// joined remembers the parts of the last maxJoined completed joins
+	// (joinedQ oldest first; 0: off), so a superseding part re-forms the
+	// join (RememberJoined).
+	joined    map[uint64][]*hamsv1.Item
+	joinedQ   []uint64
+	maxJoined int
+}
+
+// RememberJoined makes the Joiner keep the parts of its last n completed
+// joins. A part that arrives later for one of them from a predecessor
+// supersedes that predecessor's part: the request is formed again at once
+// with the other parts remembered. Such a part has passed the receiver's
+// duplicate filter, so it is a stateful model's re-execution upstream
+// after a failover (whose first output was lost or rolled back), or an
+// explicit resend through this model to a replacement downstream; either
+// way the other branches' parts will not come again (their copies are
+// duplicates), and without them the request could never be formed. Only
+// for models that may run a request twice (stateless ones).
+func (j *Joiner) RememberJoined(n int) {
+	j.maxJoined = n
+	if n > 0 && j.joined == nil {
+		j.joined = map[uint64][]*hamsv1.Item{}
+	}
+}
+
+// remember records a completed join's parts (bounded, oldest dropped).
+func (j *Joiner) remember(id uint64, parts []*hamsv1.Item) {
+	if j.maxJoined <= 0 {
+		return
+	}
+	if _, ok := j.joined[id]; !ok {
+		j.joinedQ = append(j.joinedQ, id)
+	}
+	j.joined[id] = parts
+	for len(j.joinedQ) > j.maxJoined {
+		delete(j.joined, j.joinedQ[0])
+		j.joinedQ = j.joinedQ[1:]
+	}
 }
 
 // NewJoiner creates a Joiner for a model with predecessors preds (in
@@ -87,6 +126,12 @@ func (j *Joiner) Add(it *hamsv1.Item) (done *Joined, evicted []*Joined, err erro
 	id := it.GetReqId()
 	w := j.waiting[id]
 	if w == nil {
+		if prev, ok := j.joined[id]; ok {
+			parts := slices.Clone(prev)
+			parts[k] = it
+			j.joined[id] = parts
+			return &Joined{ReqID: id, Parts: parts, Complete: true, Deadline: it.GetDeadlineUnixNano()}, nil, nil
+		}
 		if _, g := j.gone[id]; g {
 			return nil, nil, fmt.Errorf("%w: req %d from %s", ErrLatePart, id, it.GetFromModel())
 		}
@@ -113,6 +158,7 @@ func (j *Joiner) Add(it *hamsv1.Item) (done *Joined, evicted []*Joined, err erro
 	}
 	delete(j.waiting, id)
 	w.Complete = true
+	j.remember(id, w.Parts)
 	j.compact()
 	return w, evicted, nil
 }

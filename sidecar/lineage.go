@@ -34,11 +34,12 @@ func NewLineage(model string, lastSeq uint64) *Lineage {
 func (l *Lineage) Seq() uint64 { return l.seq }
 
 // PredSeq is the seq a predecessor gave the request of item it: the
-// frontend's edge_seq for a source edge, else the seq of the last lineage
+// req_id for a source edge (the frontend's position: edge_seq would not
+// do, a resend renumbers it from 1), else the seq of the last lineage
 // entry written by the sending model (0 if none).
 func PredSeq(it *hamsv1.Item) uint64 {
 	if it.GetFromModel() == config.Frontend {
-		return it.GetEdgeSeq()
+		return it.GetReqId()
 	}
 	lin := it.GetLineage()
 	for i := len(lin) - 1; i >= 0; i-- {

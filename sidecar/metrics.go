@@ -41,6 +41,7 @@ type metrics struct {
 	// Recovery.
 	transitions *prometheus.CounterVec
 	resent      prometheus.Counter
+	backendDown prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, model string) *metrics {
@@ -112,8 +113,10 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_role_transitions_total", Help: "Recovery orders carried out (promote, demote, rollback).", ConstLabels: cl}, []string{"kind"})
 	m.resent = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hams_sidecar_resent_items_total", Help: "Saved outputs queued again by Resend.", ConstLabels: cl})
+	m.backendDown = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_backend_unreachable_total", Help: "Backend calls that found the model server unreachable (the batch is held and retried, not failed).", ConstLabels: cl})
 	if reg != nil {
-		reg.MustRegister(m.transitions, m.resent, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
+		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.outlogBytes, m.outlogItems,
 			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq,
 			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.applyWait, m.announce)

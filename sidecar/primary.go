@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -242,12 +243,18 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 			ev.err = err
 			return ev
 		}
-		start := time.Now()
-		resp, err := s.sbe.Compute(ctx, req)
-		ev.dur = time.Since(start)
-		s.metrics.backend.Observe(ev.dur.Seconds())
-		s.metrics.batches.Inc()
-		s.metrics.batchSize.Observe(float64(len(reqs)))
+		// Compute leaves the state untouched, so a compute that found
+		// the backend unreachable is retried (retryBackend).
+		var resp *hamsv1.BatchResponse
+		err = s.retryBackend(ctx, "compute", func() (err error) {
+			start := time.Now()
+			resp, err = s.sbe.Compute(ctx, req)
+			ev.dur = time.Since(start)
+			s.metrics.backend.Observe(ev.dur.Seconds())
+			s.metrics.batches.Inc()
+			s.metrics.batchSize.Observe(float64(len(reqs)))
+			return err
+		})
 		if err == nil {
 			ev.resp = resp
 			ev.outs, err = splitOutputs(resp, len(reqs))
@@ -263,8 +270,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 	case evComputed:
 		p.busy = false
 		if ev.err != nil {
-			p.computeFailed(ctx, ev)
-			return nil
+			return p.computeFailed(ctx, ev)
 		}
 		if id := p.pipe.StartCompute(); id != ev.batch {
 			return fmt.Errorf("pipeline started batch %d, compute ran %d", id, ev.batch)
@@ -376,11 +382,16 @@ func (p *primary) snapshotOf(ev opDone) *snapshot {
 
 // computeFailed fails the batch's requests, or re-queues them one by one
 // when the backend rejected the batch as invalid, so only the bad request
-// fails. No state was staged, so the batch id is reused.
-func (p *primary) computeFailed(ctx context.Context, ev opDone) {
+// fails. No state was staged, so the batch id is reused. A lost backend
+// (errBackendLost) fails nothing: the sidecar stops and the backup, once
+// promoted, executes the requests after the predecessors' resend.
+func (p *primary) computeFailed(ctx context.Context, ev opDone) error {
 	s := p.s
 	if ctx.Err() != nil {
-		return // stopping: the requests come again by resend
+		return nil // stopping: the requests come again by resend
+	}
+	if errors.Is(ev.err, errBackendLost) {
+		return ev.err
 	}
 	code := status.Code(ev.err)
 	if code == codes.InvalidArgument && len(ev.reqs) > 1 {
@@ -390,7 +401,7 @@ func (p *primary) computeFailed(ctx context.Context, ev opDone) {
 			singles[i] = ev.reqs[i : i+1]
 		}
 		p.queue = append(singles, p.queue...)
-		return
+		return nil
 	}
 	if ctx.Err() != nil && code != codes.InvalidArgument {
 		code = codes.Unavailable
@@ -402,6 +413,7 @@ func (p *primary) computeFailed(ctx context.Context, ev opDone) {
 	for _, r := range ev.reqs {
 		s.fail(r.j, code, msg)
 	}
+	return nil
 }
 
 // record assigns seqs and lineage to a computed batch (in batch order) and

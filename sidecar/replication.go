@@ -173,6 +173,9 @@ func (s *Sidecar) resetRequestPath() {
 	}
 	g := s.graph
 	s.joiner, _ = NewJoiner(g.Pred(s.cfg.Model), s.model.FanIn, maxWaitingJoin)
+	if !s.model.Stateful {
+		s.joiner.RememberJoined(maxWaitingJoin)
+	}
 	s.batcher = NewBatcher[*Joined](s.model.Batch.Size, s.model.Batch.MaxWait.D())
 	for {
 		select {

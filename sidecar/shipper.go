@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,6 +20,9 @@ const (
 	shipTimeout    = 60 * time.Second
 	shipMinBackoff = 5 * time.Millisecond
 	shipMaxBackoff = time.Second
+	// shipIdleCheck: how often an idle shipper looks for a moved backup
+	// when the resolver does not signal topology changes.
+	shipIdleCheck = 100 * time.Millisecond
 )
 
 // shipper sends a primary's snapshots to its backup over
@@ -263,12 +267,28 @@ func (sh *shipper) run(ctx context.Context) error {
 	for {
 		sn := sh.head()
 		if sn == nil {
+			// Idle: a new backup still needs its base. The primary may
+			// queue nothing more until one applies (the unapplied bound
+			// is reached when the old backup acknowledged snapshots it
+			// never wrote), so the move is looked for here too.
+			if addr, _, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model); ok && sh.rebase(addr) {
+				continue
+			}
+			var changed <-chan struct{}
+			if s.cfg.Resolver != nil {
+				changed = s.cfg.Resolver.Changed()
+			}
+			t := time.NewTimer(shipIdleCheck)
 			select {
 			case <-sh.wake:
-				continue
+			case <-changed:
+			case <-t.C:
 			case <-ctx.Done():
+				t.Stop()
 				return nil
 			}
+			t.Stop()
+			continue
 		}
 		if hook := s.cfg.ShipHook; hook != nil {
 			hook(ctx, sn.batch)
@@ -317,7 +337,7 @@ func (sh *shipper) run(ctx context.Context) error {
 			}
 			s.metrics.shipRetries.Inc()
 			s.log.Info("snapshot shipment failed, resending", "batch", sn.batch, "backup", addr, "err", err, "backoff", backoff)
-			if !sleepCtx(ctx, backoff) {
+			if !sh.backoff(ctx, backoff) {
 				return nil
 			}
 			backoff = min(2*backoff, shipMaxBackoff)
@@ -342,6 +362,24 @@ func (sh *shipper) run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// backoff waits d before the next attempt, or less when the topology
+// changes (a new backup is worth trying at once); false when ctx ended.
+func (sh *shipper) backoff(ctx context.Context, d time.Duration) bool {
+	var changed <-chan struct{}
+	if sh.s.cfg.Resolver != nil {
+		changed = sh.s.cfg.Resolver.Changed()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-changed:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // send ships one snapshot: header, state data in chunks of at most
@@ -403,8 +441,27 @@ func (sh *shipper) rebase(addr string) bool {
 	if len(sh.queue) > 0 && sh.queue[0] == sh.kept {
 		return false
 	}
-	sh.s.log.Info("backup moved; shipping the last state as its base", "backup", addr, "batch", sh.kept.batch)
-	sh.queue = append([]*snapshot{sh.kept}, sh.queue...)
+	base := sh.rebaseSnapshots()
+	sh.s.log.Info("backup moved; shipping the last state as its base", "backup", addr, "batch", base[0].batch,
+		"snapshots", len(base))
+	sh.queue = append(base, sh.queue...)
 	sh.sentTo = ""
 	return true
+}
+
+// rebaseSnapshots is what a new backup gets first (caller holds mu): every
+// acknowledged snapshot no backup is known to have applied, in order (the
+// first one is its base, the others follow under their ids), or kept
+// when all are applied. Applying kept makes all of them durable, so the
+// new backup must have their records (audit, lineage index) and outputs
+// (a resend after its promotion); kept alone would leave the earlier
+// unapplied batches' requests durable with no record of it. They are not
+// merged: each record keeps the digest of its own batch's state, the one
+// the old backup wrote if it applied that batch before it failed.
+func (sh *shipper) rebaseSnapshots() []*snapshot {
+	n := len(sh.unapplied)
+	if n == 0 || sh.unapplied[n-1] != sh.kept {
+		return []*snapshot{sh.kept}
+	}
+	return slices.Clone(sh.unapplied)
 }

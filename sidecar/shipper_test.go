@@ -286,3 +286,40 @@ func TestAuditSubdirPerInstance(t *testing.T) {
 		}
 	}
 }
+
+// A new backup first gets every acknowledged snapshot no backup applied,
+// in order and unmerged (the old backup may have died after acknowledging
+// them, and applying the last makes them all durable), then the rest.
+func TestRebaseCarriesUnappliedSnapshots(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	sh := testShipper()
+	a := snap(1, 1, []uint64{1, 2}, []uint32{1, 1}, 1, t0)
+	b := snap(3, 1, []uint64{3}, []uint32{1}, 2, t0)
+	c := snap(4, 1, []uint64{4, 5}, []uint32{1, 2}, 3, t0)
+	d := snap(6, 1, []uint64{6}, []uint32{1}, 4, t0)
+	for i, sn := range []*snapshot{a, b, c, d} {
+		sn.batch, sn.taken = uint64(i+1), true
+		sn.header.BatchId = sn.batch
+	}
+	// a applied by the old backup; b and c acknowledged, not applied; d
+	// being sent when the old backup failed.
+	sh.applied, sh.unapplied, sh.kept, sh.sentTo, sh.queue = a, []*snapshot{b, c}, c, "old:1", []*snapshot{d}
+	if sh.rebase("old:1") {
+		t.Fatal("rebase to the same backup")
+	}
+	if !sh.rebase("new:2") {
+		t.Fatal("no rebase for a new backup")
+	}
+	if len(sh.queue) != 3 || sh.queue[0] != b || sh.queue[1] != c || sh.queue[2] != d {
+		t.Fatalf("queue after rebase: %d snapshots", len(sh.queue))
+	}
+	if sh.rebase("new:2") {
+		t.Fatal("rebased twice before the base was acknowledged")
+	}
+	// Everything applied: the base is kept itself.
+	sh2 := testShipper()
+	sh2.applied, sh2.kept, sh2.sentTo = c, c, "old:1"
+	if !sh2.rebase("new:2") || len(sh2.queue) != 1 || sh2.queue[0] != c {
+		t.Fatal("applied kept state not rebased as is")
+	}
+}

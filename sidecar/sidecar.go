@@ -80,6 +80,11 @@ type Config struct {
 	// notices name); it may block until ctx ends. Fault injection (a
 	// delayed state delivery) and tests.
 	ShipHook func(ctx context.Context, batch uint64)
+	// BackendLostAfter: in a protected mode, how long the backend may stay
+	// unreachable (gRPC Unavailable) while a batch is held and retried
+	// before the sidecar stops so the manager fails the instance over
+	// (default DefaultBackendLostAfter).
+	BackendLostAfter time.Duration
 }
 
 // AnyInput is the declared input name that accepts every tensor of a request.
@@ -138,6 +143,8 @@ type Sidecar struct {
 	stopped bool
 	runCtx  context.Context
 	fatal   func(error)
+	// backendLostAfter: Config.BackendLostAfter or its default.
+	backendLostAfter time.Duration
 
 	// State manager (replicated stateful models only).
 	role       string // guarded by mu once Run started
@@ -172,6 +179,9 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if cfg.OutputLogBytes < 0 {
 		bad("negative output log bound %d", cfg.OutputLogBytes)
+	}
+	if cfg.BackendLostAfter < 0 {
+		bad("negative backend loss timeout %v", cfg.BackendLostAfter)
 	}
 	if cfg.GRPCListener == nil {
 		bad("no gRPC listener")
@@ -214,6 +224,10 @@ func New(cfg Config) (*Sidecar, error) {
 		inbox:   make(chan *hamsv1.Item, inboxSize),
 		done:    make(chan struct{}),
 		role:    role, mode: mode, replicated: replicated, sbe: sbe,
+		backendLostAfter: cfg.BackendLostAfter,
+	}
+	if s.backendLostAfter == 0 {
+		s.backendLostAfter = DefaultBackendLostAfter
 	}
 	if replicated {
 		stateful := func(name string) bool {
@@ -245,6 +259,11 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if s.joiner, err = NewJoiner(g.Pred(cfg.Model), m.FanIn, maxWaitingJoin); err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrConfig, cfg.Model, err)
+	}
+	if !m.Stateful {
+		// A stateless join re-forms a request when a superseding part
+		// arrives after an upstream stateful failover (Joiner.RememberJoined).
+		s.joiner.RememberJoined(maxWaitingJoin)
 	}
 	opts := []edge.ReceiverOption{edge.WithDedup(0, s.isStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit)}
 	if !m.Stateful {
@@ -476,7 +495,7 @@ func (s *Sidecar) startStage() {
 		if s.model.Stateful && s.mode == nspb.Bare && s.cfg.Deployment.Mode == "replay" {
 			s.log.Warn("mode replay is not implemented by the sidecar; stateful model runs without replication")
 		}
-		goRun("executor", func(ctx context.Context) error { s.executor(ctx, work, idle); return nil })
+		goRun("executor", func(ctx context.Context) error { return s.executor(ctx, work, idle) })
 	}
 	goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
 }

@@ -20,7 +20,7 @@ func TestPredSeq(t *testing.T) {
 		it   *hamsv1.Item
 		want uint64
 	}{
-		{"frontend edge uses edge_seq", &hamsv1.Item{FromModel: config.Frontend, EdgeSeq: 7}, 7},
+		{"frontend edge uses req_id, not the renumbered edge_seq", &hamsv1.Item{FromModel: config.Frontend, EdgeSeq: 7, ReqId: 12}, 12},
 		{"last entry of sender", &hamsv1.Item{FromModel: "b", EdgeSeq: 99, Lineage: []*hamsv1.LineageEntry{
 			le("frontend", 1, "a", 3), le("a", 3, "b", 5), le("x", 1, "b", 6), le("b", 6, "c", 2)}}, 6},
 		{"sender absent", &hamsv1.Item{FromModel: "z", Lineage: []*hamsv1.LineageEntry{le("frontend", 1, "a", 3)}}, 0},
@@ -67,7 +67,7 @@ func TestLineageJoinMergesWithoutDuplicates(t *testing.T) {
 	// (decoded separately, so equal but not identical pointers).
 	fromB := &hamsv1.Item{FromModel: "b", Lineage: []*hamsv1.LineageEntry{le("frontend", 9, "a", 5), le("a", 5, "b", 4)}}
 	fromC := &hamsv1.Item{FromModel: "c", Lineage: []*hamsv1.LineageEntry{le("frontend", 9, "a", 5), le("a", 5, "c", 8)}}
-	fromF := &hamsv1.Item{FromModel: config.Frontend, EdgeSeq: 12}
+	fromF := &hamsv1.Item{FromModel: config.Frontend, EdgeSeq: 3, ReqId: 12}
 	l := NewLineage("d", 10)
 	seqs, lins := l.RecordBatch([][]*hamsv1.Item{{fromB, fromC, fromF}}, [][]*hamsv1.Tensor{nil})
 	if seqs[0] != 11 {
@@ -241,5 +241,48 @@ func TestBatcher(t *testing.T) {
 	z.Add(2, t0)
 	if got := z.Ready(t0); len(got) != 1 {
 		t.Fatalf("size<1 means 1: %v", got)
+	}
+}
+
+// A superseding part for a completed join (an upstream stateful model's
+// re-execution after failover) re-forms the request with the other parts
+// remembered, which will not come again; without RememberJoined it starts
+// a new join that waits for them.
+func TestJoinerRejoinsSupersedingPart(t *testing.T) {
+	j, err := NewJoiner([]string{"s", "x", "y"}, config.FanInJoin, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.RememberJoined(2)
+	for _, p := range []string{"s", "x", "y"} {
+		j.Add(item(p, 1))
+	}
+	again := item("s", 1)
+	again.Lineage = []*hamsv1.LineageEntry{le("frontend", 1, "s", 9)}
+	d, _, err := j.Add(again)
+	if err != nil || d == nil || !d.Complete || d.Parts[0] != again || d.Parts[1].FromModel != "x" || d.Parts[2].FromModel != "y" {
+		t.Fatalf("re-formed join: %+v %v", d, err)
+	}
+	if j.Waiting() != 0 {
+		t.Fatalf("waiting %d after a re-join", j.Waiting())
+	}
+	// Bounded: the oldest completed joins are forgotten.
+	for id := uint64(2); id <= 3; id++ {
+		for _, p := range []string{"s", "x", "y"} {
+			j.Add(item(p, id))
+		}
+	}
+	if d, _, _ := j.Add(item("s", 1)); d != nil || j.Waiting() != 1 {
+		t.Fatalf("forgotten req 1 re-formed: %v (waiting %d)", d, j.Waiting())
+	}
+	if d, _, _ := j.Add(item("x", 3)); d == nil || !d.Complete {
+		t.Fatal("remembered req 3 not re-formed")
+	}
+	// Off by default.
+	j2, _ := NewJoiner([]string{"s", "x"}, config.FanInJoin, 10)
+	j2.Add(item("s", 1))
+	j2.Add(item("x", 1))
+	if d, _, _ := j2.Add(item("s", 1)); d != nil || j2.Waiting() != 1 {
+		t.Fatal("re-formed without RememberJoined")
 	}
 }

@@ -781,36 +781,11 @@ func (m *Machine) finish() []Action {
 	// upstream model S whose outputs reach X through stateless models only,
 	// after the position X (its new instance) applied for S. Merged per
 	// (S, first hop) with the minimum position.
-	type key struct{ from, to string }
-	after := map[key]uint64{}
-	var keys []key
-	add := func(from, to string, pos uint64) {
-		k := key{from, to}
-		if v, ok := after[k]; !ok || pos < v {
-			if !ok {
-				keys = append(keys, k)
-			}
-			after[k] = pos
-		}
-	}
+	pos := map[string]map[string]uint64{}
 	for _, model := range recovered {
-		tk := r.tasks[model]
-		var walk func(to string, seen map[string]bool)
-		walk = func(to string, seen map[string]bool) {
-			for _, p := range m.g.Pred(to) {
-				if seen[p] {
-					continue
-				}
-				seen[p] = true
-				if p == config.Frontend || m.g.Stateful(p) {
-					add(p, to, tk.pos[p])
-					continue
-				}
-				walk(p, seen)
-			}
-		}
-		walk(model, map[string]bool{})
+		pos[model] = r.tasks[model].pos
 	}
+	after, keys := resendPlan(m.g, recovered, pos)
 	for _, k := range keys {
 		toInst := serving[k.to]
 		toEpoch := epochs[k.to]
@@ -884,6 +859,51 @@ func (m *Machine) finish() []Action {
 		}
 	}
 	return append(out, m.advance()...)
+}
+
+// resendKey is one resend: from a stateful model (or the frontend) to the
+// first hop towards a recovered model.
+type resendKey struct{ from, to string }
+
+// resendPlan computes the resends after a round: per recovered model X,
+// from each stateful (or frontend) model S whose outputs reach X through
+// stateless models only, to the first hop on each such path, after the
+// position X applied for S (pos[X][S]); merged per (S, first hop) with the
+// minimum position. keys lists them in a stable order. Every path counts:
+// a stateless join before X needs the parts of all its branches again,
+// even when two branches start at the same S (the frontend, typically).
+func resendPlan(g *Graph, recovered []string, pos map[string]map[string]uint64) (map[resendKey]uint64, []resendKey) {
+	after := map[resendKey]uint64{}
+	var keys []resendKey
+	add := func(from, to string, p uint64) {
+		k := resendKey{from, to}
+		if v, ok := after[k]; !ok || p < v {
+			if !ok {
+				keys = append(keys, k)
+			}
+			after[k] = p
+		}
+	}
+	for _, model := range recovered {
+		// walked: stateless models already walked from X (a diamond of
+		// stateless models yields the same resends twice otherwise).
+		walked := map[string]bool{}
+		var walk func(to string)
+		walk = func(to string) {
+			for _, p := range g.Pred(to) {
+				if p == config.Frontend || g.Stateful(p) {
+					add(p, to, pos[model][p])
+					continue
+				}
+				if !walked[p] {
+					walked[p] = true
+					walk(p)
+				}
+			}
+		}
+		walk(model)
+	}
+	return after, keys
 }
 
 func (m *Machine) startBackup(model string) []Action {

@@ -1,0 +1,66 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/sidecar/nspb"
+)
+
+// A model server and its sidecar are one failure unit (a "host"). When the
+// backend becomes unreachable in a protected mode, the batch in hand is not
+// failed: failing it would answer the client with an error although the
+// replacement instance (the promoted backup, or the standby) re-executes
+// the request after the predecessors' resend. The sidecar retries the batch
+// every backendRetry; when the backend stays unreachable for
+// Config.BackendLostAfter it stops (fail-stop), so the manager fails the
+// instance over. In bare mode nothing takes over: the requests fail with
+// Unavailable at once.
+const (
+	backendRetry            = 20 * time.Millisecond
+	DefaultBackendLostAfter = time.Second
+)
+
+// errBackendLost wraps the last backend error when the backend stayed
+// unreachable for BackendLostAfter; the sidecar stops on it.
+var errBackendLost = errors.New("sidecar: backend unreachable")
+
+// backendDown reports whether err from the backend means the model server
+// is unreachable and a replacement will re-execute the requests.
+func (s *Sidecar) backendDown(err error) bool {
+	return s.mode != nspb.Bare && status.Code(err) == codes.Unavailable
+}
+
+// retryBackend runs call until it succeeds, fails for another reason than
+// an unreachable backend (see backendDown), ctx ends, or the backend has
+// been unreachable for BackendLostAfter (the error then wraps
+// errBackendLost).
+func (s *Sidecar) retryBackend(ctx context.Context, what string, call func() error) error {
+	var since time.Time
+	for attempt := 1; ; attempt++ {
+		err := call()
+		if err == nil || ctx.Err() != nil || !s.backendDown(err) {
+			return err
+		}
+		if since.IsZero() {
+			since = time.Now()
+			s.log.Warn("backend unreachable, holding the batch", "op", what, "err", err)
+		}
+		s.metrics.backendDown.Inc()
+		if time.Since(since) >= s.backendLostAfter {
+			return fmt.Errorf("%w: %s for %v (%d attempts): %w", errBackendLost, what, time.Since(since).Round(time.Millisecond), attempt, err)
+		}
+		t := time.NewTimer(backendRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,210 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/grpcx"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// A stateless model in a protected mode (a standby takes over when its
+// host fails).
+const protectedChainGraph = `
+name: t
+mode: nspb
+models:
+  - {name: a, kind: fake, batch: {size: 4}}
+services:
+  - name: s
+    edges: [[frontend, a], [a, frontend]]
+`
+
+// flakyBackend fails with Unavailable (a killed model server: connection
+// reset) while down is set, counting the failed calls.
+type flakyBackend struct {
+	fakeBackend
+	down   atomic.Bool
+	failed atomic.Int64
+}
+
+func (f *flakyBackend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if f.down.Load() {
+		f.failed.Add(1)
+		return nil, errors.Join(errors.New("reference a compute"), statusErr(codes.Unavailable, "connection reset by peer"))
+	}
+	return f.fakeBackend.Infer(ctx, req)
+}
+
+// runOne runs one sidecar for model "a" of yaml with a sink and a
+// frontend sender; Run's result arrives on the returned channel.
+func runOne(t *testing.T, yaml string, be Backend, lostAfter time.Duration) (*collector, *edge.Sender, <-chan error, func()) {
+	t.Helper()
+	dep, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	res := edge.NewStaticResolver(nil)
+	sink := &collector{items: map[uint64][]*hamsv1.Item{}}
+	flis := listen(t)
+	res.Set(config.Frontend, flis.Addr().String(), 0)
+	srv := grpc.NewServer()
+	hamsv1.RegisterDataplaneServer(srv, edge.NewReceiver(config.Frontend, sink.deliver, nil))
+	go func() { _ = srv.Serve(flis) }()
+	lis := listen(t)
+	res.Set("a", lis.Addr().String(), 0)
+	sc, err := New(Config{Deployment: dep, Model: "a", Backend: be, Resolver: res, GRPCListener: lis, BackendLostAfter: lostAfter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- sc.Run(ctx) }()
+	snd, err := edge.NewSender(edge.SenderConfig{From: config.Frontend, To: "a", Resolver: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sndDone := make(chan struct{})
+	go func() { defer close(sndDone); _ = snd.Run(ctx) }()
+	return sink, snd, runErr, func() { cancel(); <-sndDone; srv.Stop() }
+}
+
+// A model server that is unreachable for a while (restarting, or killed
+// and about to take its sidecar along) does not turn the requests in hand
+// into client errors in a protected mode: the batch is held and retried.
+func TestBackendUnavailableHoldsBatchInProtectedMode(t *testing.T) {
+	fb := &flakyBackend{fakeBackend: fakeBackend{inputs: []string{"x"}}}
+	fb.down.Store(true)
+	sink, snd, runErr, stop := runOne(t, protectedChainGraph, fb, time.Minute)
+	defer stop()
+	for id := uint64(1); id <= 6; id++ {
+		snd.Send(&hamsv1.Item{ReqId: id, Tensors: []*hamsv1.Tensor{row(1, 2)}})
+	}
+	waitFor(t, "retries of the held batch", func() bool { return fb.failed.Load() >= 3 })
+	if n := sink.count(); n != 0 {
+		t.Fatalf("%d items reached the sink while the backend was down", n)
+	}
+	fb.down.Store(false)
+	waitFor(t, "replies after the backend came back", func() bool { return sink.count() >= 6 })
+	sink.mu.Lock()
+	for id := uint64(1); id <= 6; id++ {
+		if it := sink.items[id][0]; it.GetError() != "" || len(it.GetTensors()) != 1 {
+			t.Fatalf("req %d: %v", id, it)
+		}
+	}
+	sink.mu.Unlock()
+	select {
+	case err := <-runErr:
+		t.Fatalf("sidecar stopped: %v", err)
+	default:
+	}
+}
+
+// A backend that stays unreachable is a failed host: the sidecar stops
+// (fail-stop, so the manager fails it over) without failing the requests.
+func TestBackendLostStopsSidecar(t *testing.T) {
+	fb := &flakyBackend{fakeBackend: fakeBackend{inputs: []string{"x"}}}
+	fb.down.Store(true)
+	sink, snd, runErr, stop := runOne(t, protectedChainGraph, fb, 100*time.Millisecond)
+	defer stop()
+	snd.Send(&hamsv1.Item{ReqId: 1, Tensors: []*hamsv1.Tensor{row(1, 2)}})
+	select {
+	case err := <-runErr:
+		if !errors.Is(err, errBackendLost) {
+			t.Fatalf("Run: %v, want errBackendLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("sidecar did not stop with its backend lost")
+	}
+	if n := sink.count(); n != 0 {
+		t.Fatalf("%d items reached the sink (the request must not fail)", n)
+	}
+}
+
+func TestNegativeBackendLostAfterRejected(t *testing.T) {
+	dep, err := config.Parse([]byte(protectedChainGraph))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(Config{Deployment: dep, Model: "a", Backend: &fakeBackend{}, Resolver: edge.NewStaticResolver(nil),
+		GRPCListener: listen(t), BackendLostAfter: -time.Second})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("New: %v, want ErrConfig", err)
+	}
+}
+
+func statusErr(c codes.Code, msg string) error { return status.Error(c, msg) }
+
+// heldWriter is a counter backend whose WriteState blocks until release
+// is closed (a backup's model server that is slow or about to die).
+type heldWriter struct {
+	*counterBackend
+	release chan struct{}
+}
+
+func (h *heldWriter) WriteState(ctx context.Context, ts []*hamsv1.Tensor, version uint64) error {
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return h.counterBackend.WriteState(ctx, ts, version)
+}
+
+// A backup acknowledges a snapshot as applied only once its state is
+// written: a decided but unwritten apply is lost with the backup's model
+// server, and a primary that counted it applied would leave its requests
+// out of the next backup's base.
+func TestBackupAckAppliedMeansWritten(t *testing.T) {
+	hw := &heldWriter{counterBackend: newCounter(2), release: make(chan struct{})}
+	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), nil, map[string]Backend{"a": hw}, replOpts{})
+	defer h.stop()
+	cc, err := grpcx.Dial(h.backups["a"].cfg.GRPCListener.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	rc := hamsv1.NewReplicationClient(cc)
+	state := row(3, 2)
+	ship := func(batch uint64) *hamsv1.ShipSnapshotResponse {
+		t.Helper()
+		st, err := rc.ShipSnapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr := &hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: batch, StateBytes: 8,
+			StateTensors: []*hamsv1.TensorSpec{{Name: "x", Datatype: "FP32", Shape: []int64{1, 2}}},
+			Requests:     []*hamsv1.RequestRecord{{ReqId: batch, Seq: batch}}}
+		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: hdr}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: state.Data}, StateDigest: hamsDigest(state.Data)}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := st.CloseAndRecv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	// No PFM: the apply of batch 1 is decided at once, its write held.
+	if r := ship(1); r.GetApplied() {
+		t.Fatal("batch 1 acknowledged as applied before its state was written")
+	}
+	close(hw.release)
+	waitFor(t, "batch 1 written", func() bool { return maxSeqOf(h.backups["a"]) == 1 })
+	// A duplicate of a written batch is acknowledged as applied.
+	if r := ship(1); !r.GetApplied() {
+		t.Fatal("written batch 1 not acknowledged as applied")
+	}
+}
