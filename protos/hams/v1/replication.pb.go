@@ -661,11 +661,14 @@ func (x *LineageSummary) GetConsumedBeyond() bool {
 }
 
 type ResendRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ToModel       string                 `protobuf:"bytes,1,opt,name=to_model,json=toModel,proto3" json:"to_model,omitempty"`
-	ToAddress     string                 `protobuf:"bytes,2,opt,name=to_address,json=toAddress,proto3" json:"to_address,omitempty"`
-	AfterEdgeSeq  uint64                 `protobuf:"varint,3,opt,name=after_edge_seq,json=afterEdgeSeq,proto3" json:"after_edge_seq,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ToModel   string                 `protobuf:"bytes,1,opt,name=to_model,json=toModel,proto3" json:"to_model,omitempty"`
+	ToAddress string                 `protobuf:"bytes,2,opt,name=to_address,json=toAddress,proto3" json:"to_address,omitempty"`
+	// Resend what comes after this position in the sender's sequence: the
+	// sender model's seq (the pred_seq successors record in lineage); for
+	// the frontend as sender, the req_id.
+	AfterEdgeSeq  uint64 `protobuf:"varint,3,opt,name=after_edge_seq,json=afterEdgeSeq,proto3" json:"after_edge_seq,omitempty"`
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

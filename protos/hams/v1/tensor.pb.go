@@ -98,7 +98,8 @@ func (x *Tensor) GetData() []byte {
 
 // LineageEntry is one tuple of the paper's Algorithm 1:
 // <pred_model, pred_seq, model, seq>. pred_model is "frontend" for the
-// source edge. seq is the request's sequence number at model (the i-th
+// source edge, and then pred_seq is the request's req_id (the frontend's
+// position, stable across resends and frontend failover). seq is the request's sequence number at model (the i-th
 // request that model executed); a model's output carries the same seq as
 // the request that produced it.
 type LineageEntry struct {
