@@ -388,6 +388,10 @@ func TestRollbackRestoresKeptState(t *testing.T) {
 	r.send(1, 20)
 	waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
 	waitFor(t, "backup applied batch 2", func() bool { _, b := back.sc.bk.MaxSeq(); return b == 2 })
+	// The primary learns of the apply asynchronously (the ack's applied
+	// flag or the durability notice): its rollback target must be batch 2
+	// before the backup dies.
+	waitFor(t, "primary knows batch 2 applied", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.batch == 2 })
 	keptSeq, _ := back.sc.bk.MaxSeq()
 	kept := bbe.Digest()
 	bbe.mu.Lock()
