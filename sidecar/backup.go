@@ -373,7 +373,7 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if got := hex.EncodeToString(sum[:]); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}
-	state, err := splitState(h.GetStateTensors(), data)
+	state, err := tensor.SplitBySpecs(h.GetStateTensors(), data)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
 	}
@@ -436,30 +436,4 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 		b.s.log.Debug("snapshot buffered", "batch", meta.BatchID, "max_seq", maxSeq, "deps", meta.Deps)
 	}
 	return stream.SendAndClose(&hamsv1.ShipSnapshotResponse{BatchId: meta.BatchID, Applied: meta.BatchID <= applied})
-}
-
-// splitState cuts contiguous state bytes into one tensor per spec.
-func splitState(specs []*hamsv1.TensorSpec, data []byte) ([]*hamsv1.Tensor, error) {
-	out := make([]*hamsv1.Tensor, len(specs))
-	off := 0
-	for i, sp := range specs {
-		es := tensor.ElemSize(sp.GetDatatype())
-		if es <= 0 {
-			return nil, fmt.Errorf("state tensor %q: datatype %q has no fixed element size", sp.GetName(), sp.GetDatatype())
-		}
-		n, err := tensor.NumElements(sp.GetShape())
-		if err != nil {
-			return nil, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
-		}
-		size := int(n) * es
-		if size < 0 || off+size > len(data) {
-			return nil, fmt.Errorf("state tensor %q needs %d bytes at offset %d, state has %d", sp.GetName(), size, off, len(data))
-		}
-		out[i] = &hamsv1.Tensor{Name: sp.GetName(), Datatype: sp.GetDatatype(), Shape: sp.GetShape(), Data: data[off : off+size : off+size]}
-		off += size
-	}
-	if off != len(data) {
-		return nil, fmt.Errorf("state specs cover %d bytes, state has %d", off, len(data))
-	}
-	return out, nil
 }

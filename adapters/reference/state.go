@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 
 	"google.golang.org/grpc/codes"
@@ -109,7 +108,7 @@ func (b *Backend) readState(ctx context.Context, pinned func()) ([]*hamsv1.Tenso
 			break
 		}
 	}
-	ts, err := SplitState(first.GetTensors(), data)
+	ts, err := tensor.SplitBySpecs(first.GetTensors(), data)
 	if err != nil {
 		return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: %v", b.model, err)
 	}
@@ -180,31 +179,4 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 		return status.Errorf(codes.DataLoss, "reference %s write state: server hashed %s, sent %s", b.model, resp.GetSha256(), sum)
 	}
 	return nil
-}
-
-// SplitState cuts contiguous state bytes into one tensor per spec (specs
-// must have fixed shapes; BYTES tensors are not state).
-func SplitState(specs []*hamsv1.TensorSpec, data []byte) ([]*hamsv1.Tensor, error) {
-	out := make([]*hamsv1.Tensor, len(specs))
-	off := 0
-	for i, sp := range specs {
-		es := tensor.ElemSize(sp.GetDatatype())
-		if es <= 0 {
-			return nil, fmt.Errorf("state tensor %q: datatype %q has no fixed element size", sp.GetName(), sp.GetDatatype())
-		}
-		n, err := tensor.NumElements(sp.GetShape())
-		if err != nil {
-			return nil, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
-		}
-		size := int(n) * es
-		if size < 0 || off+size > len(data) {
-			return nil, fmt.Errorf("state tensor %q needs %d bytes at offset %d, state has %d", sp.GetName(), size, off, len(data))
-		}
-		out[i] = &hamsv1.Tensor{Name: sp.GetName(), Datatype: sp.GetDatatype(), Shape: sp.GetShape(), Data: data[off : off+size : off+size]}
-		off += size
-	}
-	if off != len(data) {
-		return nil, fmt.Errorf("state specs cover %d bytes, state has %d", off, len(data))
-	}
-	return out, nil
 }

@@ -151,24 +151,4 @@ func TestStatefulCalls(t *testing.T) {
 	}
 }
 
-func TestSplitState(t *testing.T) {
-	specs := []*hamsv1.TensorSpec{{Name: "a", Datatype: "FP32", Shape: []int64{2}}}
-	if _, err := SplitState(specs, make([]byte, 8)); err != nil {
-		t.Fatal(err)
-	}
-	for name, c := range map[string]struct {
-		specs []*hamsv1.TensorSpec
-		n     int
-	}{
-		"short":    {specs, 4},
-		"long":     {specs, 12},
-		"bytes":    {[]*hamsv1.TensorSpec{{Name: "s", Datatype: "BYTES", Shape: []int64{1}}}, 4},
-		"negative": {[]*hamsv1.TensorSpec{{Name: "s", Datatype: "FP32", Shape: []int64{-1}}}, 4},
-	} {
-		if _, err := SplitState(c.specs, make([]byte, c.n)); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-	}
-}
-
 var _ sidecar.StatefulBackend = (*Backend)(nil)

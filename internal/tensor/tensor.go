@@ -250,3 +250,31 @@ func Digest(ts ...*hamsv1.Tensor) string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
+
+// SplitBySpecs cuts contiguous bytes (a model state) into one tensor per
+// spec; the parts alias data. Specs must have fixed shapes (BYTES tensors
+// are not state).
+func SplitBySpecs(specs []*hamsv1.TensorSpec, data []byte) ([]*hamsv1.Tensor, error) {
+	out := make([]*hamsv1.Tensor, len(specs))
+	off := 0
+	for i, sp := range specs {
+		es := ElemSize(sp.GetDatatype())
+		if es <= 0 {
+			return nil, fmt.Errorf("state tensor %q: datatype %q has no fixed element size", sp.GetName(), sp.GetDatatype())
+		}
+		n, err := NumElements(sp.GetShape())
+		if err != nil {
+			return nil, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
+		}
+		size := int(n) * es
+		if size < 0 || off+size > len(data) {
+			return nil, fmt.Errorf("state tensor %q needs %d bytes at offset %d, state has %d", sp.GetName(), size, off, len(data))
+		}
+		out[i] = &hamsv1.Tensor{Name: sp.GetName(), Datatype: sp.GetDatatype(), Shape: sp.GetShape(), Data: data[off : off+size : off+size]}
+		off += size
+	}
+	if off != len(data) {
+		return nil, fmt.Errorf("state specs cover %d bytes, state has %d", off, len(data))
+	}
+	return out, nil
+}

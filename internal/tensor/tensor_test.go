@@ -79,3 +79,23 @@ func TestConcatSplit(t *testing.T) {
 		t.Fatal("concat of mismatched dtypes accepted")
 	}
 }
+
+func TestSplitBySpecs(t *testing.T) {
+	specs := []*hamsv1.TensorSpec{{Name: "a", Datatype: "FP32", Shape: []int64{2}}}
+	if _, err := SplitBySpecs(specs, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		specs []*hamsv1.TensorSpec
+		n     int
+	}{
+		"short":    {specs, 4},
+		"long":     {specs, 12},
+		"bytes":    {[]*hamsv1.TensorSpec{{Name: "s", Datatype: "BYTES", Shape: []int64{1}}}, 4},
+		"negative": {[]*hamsv1.TensorSpec{{Name: "s", Datatype: "FP32", Shape: []int64{-1}}}, 4},
+	} {
+		if _, err := SplitBySpecs(c.specs, make([]byte, c.n)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
