@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-
 	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
 	"github.com/hams-go/hams/manager"
