@@ -3,11 +3,11 @@ package frontend
 import (
 	"context"
 	"fmt"
+	"github.com/hams-go/hams/internal/natstest"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/hams-go/hams/internal/coord"
@@ -15,23 +15,7 @@ import (
 )
 
 // embeddedNATS starts a JetStream-enabled nats-server on loopback.
-func embeddedNATS(t *testing.T) *nats.Conn {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close(); s.Shutdown(); s.WaitForShutdown() })
-	return nc
-}
+func embeddedNATS(t *testing.T) *nats.Conn { return natstest.Connect(t) }
 
 // TestGatingWithJetStreamCoord runs the gate against the real coordination
 // engine: a notice announced before the frontend started is seen (last per

@@ -3,12 +3,12 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"github.com/hams-go/hams/internal/natstest"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -158,23 +158,7 @@ func (b *backupMap) ResolveBackup(model string) (string, uint64, bool) {
 	return a, 1, ok
 }
 
-func natsConn(t testing.TB) *nats.Conn {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close(); s.Shutdown(); s.WaitForShutdown() })
-	return nc
-}
+func natsConn(t testing.TB) *nats.Conn { return natstest.Connect(t) }
 
 // durableSeen records durability notices in arrival order.
 type durableSeen struct {

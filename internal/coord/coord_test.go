@@ -2,33 +2,17 @@ package coord
 
 import (
 	"context"
+	"github.com/hams-go/hams/internal/natstest"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-func embedded(t testing.TB) *nats.Conn {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close(); s.Shutdown(); s.WaitForShutdown() })
-	return nc
-}
+func embedded(t testing.TB) *nats.Conn { return natstest.Connect(t) }
 
 type seen struct {
 	mu sync.Mutex

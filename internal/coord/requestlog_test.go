@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hams-go/hams/internal/natstest"
 	"sync"
 	"testing"
 	"time"
@@ -19,25 +20,10 @@ import (
 
 // embeddedWith starts a JetStream server with opts adjusted by adjust.
 func embeddedWith(t testing.TB, adjust func(*server.Options)) *nats.Conn {
-	t.Helper()
-	o := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
-	if adjust != nil {
-		adjust(o)
+	if adjust == nil {
+		return natstest.Connect(t)
 	}
-	s, err := server.NewServer(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close(); s.Shutdown(); s.WaitForShutdown() })
-	return nc
+	return natstest.Connect(t, adjust)
 }
 
 func openT(t testing.TB, nc *nats.Conn) *Coord {
