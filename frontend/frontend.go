@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hams-go/hams/internal/lineage"
 	"log/slog"
 	"net"
 	"net/http"
@@ -174,7 +175,7 @@ type Frontend struct {
 
 	// flowMu guards flow, the lineage index of received sink items.
 	flowMu sync.Mutex
-	flow   *flowIndex
+	flow   *lineage.Flow
 }
 
 // call is one execution of a client request, shared by every client call
@@ -256,7 +257,7 @@ func New(cfg Config) (*Frontend, error) {
 		complFull: make(chan struct{}, 1),
 		orphans:   newOrphans(),
 		recKick:   make(chan struct{}, 1),
-		flow:      newFlowIndex(),
+		flow:      lineage.NewFlow(),
 		leader:    cfg.Log == nil,
 	}
 	if f.cfg.Address == "" {
@@ -540,8 +541,8 @@ func (f *Frontend) expiryLoop(ctx context.Context) {
 func (f *Frontend) deliver(from string, items []*hamsv1.Item) {
 	f.flowMu.Lock()
 	for _, it := range items {
-		f.flow.add(it.GetLineage())
-		f.flow.addSink(from, it.GetLineage())
+		f.flow.Add(it.GetLineage())
+		addSink(f.flow, from, it.GetLineage())
 	}
 	f.flowMu.Unlock()
 	f.mu.Lock()

@@ -51,16 +51,12 @@ func (s *replicationServer) GetLineageSummary(_ context.Context, req *hamsv1.Lin
 		out := &hamsv1.LineageSummary{Model: config.Frontend, MaxInByPred: map[string]uint64{}}
 		for _, n := range f.svcOrder {
 			for _, sink := range f.services[n].sinks {
-				var c uint64
-				if t := f.flow.pairs[pairKey{sink, config.Frontend}]; t != nil {
-					c = t.contig
-				}
-				out.MaxInByPred[sink] = c
+				out.MaxInByPred[sink] = f.flow.Contig(sink, config.Frontend)
 			}
 		}
 		return out, nil
 	}
-	return &hamsv1.LineageSummary{Model: config.Frontend, MaxOutSeq: f.flow.maxSeq[fm], MaxInByPred: f.flow.prefixes(g, fm)}, nil
+	return &hamsv1.LineageSummary{Model: config.Frontend, MaxOutSeq: f.flow.MaxSeq(fm), MaxInByPred: f.flow.Prefixes(g, fm)}, nil
 }
 
 // Resend resends, on the entry edge to to_model, the items this frontend
