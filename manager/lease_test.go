@@ -95,7 +95,13 @@ func TestActiveManagerFailover(t *testing.T) {
 func TestLeaseReleasedOnStop(t *testing.T) {
 	url := startNATS(t)
 	r1 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL = url, 5*time.Second }, nil)
+	// The first manager must hold the lease before the second starts, or
+	// the test would stop a standby and wait for a lease that never moves.
+	waitFor(t, "first manager active", 4*time.Second, func() bool { return metricValue(t, r1.reg, "hams_manager_active") == 1 })
 	r2 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL = url, 5*time.Second }, nil)
+	if metricValue(t, r2.reg, "hams_manager_active") == 1 {
+		t.Fatal("second manager active while the first holds the lease")
+	}
 	if err := r1.stop(); err != nil {
 		t.Fatal(err)
 	}
