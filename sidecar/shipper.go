@@ -57,7 +57,12 @@ type shipper struct {
 	kept      *snapshot
 	applied   *snapshot
 	unapplied []*snapshot
-	nextID    uint64
+	// appliedMax is the highest batch the backup is known to have
+	// applied. A durability notice can arrive before the shipper has
+	// recorded the ack of the same snapshot (the notice races the ack's
+	// return); the snapshot then counts as applied when it is recorded.
+	appliedMax uint64
+	nextID     uint64
 	// sentTo is the backup address that acknowledged kept; a new address
 	// (a new or demoted backup) first gets kept again, as its base.
 	sentTo string
@@ -215,6 +220,7 @@ func (sh *shipper) Applied() *snapshot {
 
 // setApplied records that the backup applied batch n (caller holds mu).
 func (sh *shipper) setApplied(n uint64) {
+	sh.appliedMax = max(sh.appliedMax, n)
 	i := 0
 	for i < len(sh.unapplied) && sh.unapplied[i].batch <= n {
 		sh.applied = sh.unapplied[i]
@@ -222,6 +228,25 @@ func (sh *shipper) setApplied(n uint64) {
 	}
 	clear(sh.unapplied[:i])
 	sh.unapplied = sh.unapplied[i:]
+}
+
+// recordAck records the backup's acknowledgement of sn (applied: the
+// ack says it wrote it).
+func (sh *shipper) recordAck(sn *snapshot, addr string, applied bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.sentTo = addr
+	if (sh.applied == nil || sn.batch > sh.applied.batch) &&
+		(len(sh.unapplied) == 0 || sn.batch > sh.unapplied[len(sh.unapplied)-1].batch) {
+		sh.unapplied = append(sh.unapplied, sn)
+	}
+	switch {
+	case applied:
+		sh.setApplied(sn.batch)
+	case sn.batch <= sh.appliedMax:
+		// Its durability notice came first.
+		sh.setApplied(sh.appliedMax)
+	}
 }
 
 // reset makes base the only state known (promotion, rollback): nothing is
@@ -235,9 +260,9 @@ func (sh *shipper) reset(base *snapshot, ship bool) {
 	clear(sh.unapplied)
 	sh.unapplied = nil
 	sh.applied, sh.kept, sh.sentTo = base, base, ""
-	sh.nextID = 0
+	sh.nextID, sh.appliedMax = 0, 0
 	if base != nil {
-		sh.nextID = base.batch + 1
+		sh.nextID, sh.appliedMax = base.batch+1, base.batch
 	}
 	if ship && base != nil {
 		sh.queue = append(sh.queue, base)
@@ -319,16 +344,7 @@ func (sh *shipper) run(ctx context.Context) error {
 			applied, err = sh.send(ctx, cc, sn)
 			s.metrics.shipSend.Observe(time.Since(t0).Seconds())
 			if err == nil {
-				sh.mu.Lock()
-				sh.sentTo = addr
-				if (sh.applied == nil || sn.batch > sh.applied.batch) &&
-					(len(sh.unapplied) == 0 || sn.batch > sh.unapplied[len(sh.unapplied)-1].batch) {
-					sh.unapplied = append(sh.unapplied, sn)
-				}
-				if applied {
-					sh.setApplied(sn.batch)
-				}
-				sh.mu.Unlock()
+				sh.recordAck(sn, addr, applied)
 			}
 		}
 		if err != nil {

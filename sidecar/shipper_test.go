@@ -323,3 +323,43 @@ func TestRebaseCarriesUnappliedSnapshots(t *testing.T) {
 		t.Fatal("applied kept state not rebased as is")
 	}
 }
+
+// The backup's durability notice can overtake the return of the ack of the
+// same snapshot: the applied batch must still become the rollback target
+// when the ack is recorded (otherwise a rollback would reinstall a state
+// older than one already announced durable).
+func TestNoticeBeforeAckStillMovesRollbackTarget(t *testing.T) {
+	sh := testShipper()
+	t0 := time.Unix(100, 0)
+	base := snap(1, 1, []uint64{1}, []uint32{1}, 1, t0)
+	base.batch = 1
+	sh.reset(base, false)
+	s2 := snap(2, 1, []uint64{2}, []uint32{1}, 2, t0)
+	s2.batch = 2
+	s3 := snap(3, 1, []uint64{3}, []uint32{1}, 3, t0)
+	s3.batch = 3
+	sh.mu.Lock()
+	sh.setApplied(2) // the notice of batch 2 arrives first
+	sh.mu.Unlock()
+	if a := sh.Applied(); a != base {
+		t.Fatalf("applied moved before any ack: %v", a.batch)
+	}
+	sh.recordAck(s2, "b:1", false) // the ack without applied set, recorded late
+	if a := sh.Applied(); a != s2 {
+		t.Fatalf("rollback target is batch %d after the notice and ack of batch 2", a.batch)
+	}
+	sh.recordAck(s3, "b:1", false)
+	if a := sh.Applied(); a != s2 || sh.Unapplied() != 1 {
+		t.Fatalf("batch 3 counted applied without a notice: target %d, unapplied %d", a.batch, sh.Unapplied())
+	}
+	sh.reset(s3, false)
+	sh.mu.Lock()
+	sh.setApplied(2) // an old notice after a reset does not reach later batches
+	sh.mu.Unlock()
+	s4 := snap(4, 1, []uint64{4}, []uint32{1}, 4, t0)
+	s4.batch = 4
+	sh.recordAck(s4, "b:1", false)
+	if a := sh.Applied(); a != s3 {
+		t.Fatalf("target %d after reset to 3 and ack of 4", a.batch)
+	}
+}
