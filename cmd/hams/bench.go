@@ -100,6 +100,7 @@ func runBench(args []string) error {
 	requests := fs.Int("requests", 400, "measured requests per (service, mode)")
 	warmup := fs.Int("warmup", -1, "unmeasured requests per (service, mode) before the rounds (default: max(2*batch, 20))")
 	rounds := fs.Int("rounds", 4, "rounds per mode (modes alternate round by round)")
+	load := fs.String("load", "closed", "load shape: closed (--batch closed-loop clients: saturates the deployment, latency is batch/throughput) or waves (--batch requests sent together, the next wave after the last reply: the latency of one batch crossing the graph, as the HAMS paper measures)")
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
 	seed := fs.Uint64("seed", 1, "input seed")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-request deadline")
@@ -126,6 +127,9 @@ func runBench(args []string) error {
 	}
 	if *warmup < 0 {
 		*warmup = max(2**batch, 20)
+	}
+	if *load != "closed" && *load != "waves" {
+		return usageErr("bench: --load %q: closed or waves", *load)
 	}
 	services := examples.Names()
 	var fileRaw []byte
@@ -159,7 +163,7 @@ func runBench(args []string) error {
 	for _, svc := range services {
 		r, err := benchService(ctx, benchOpts{
 			service: svc, raw: fileRaw, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
-			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: tf,
+			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: tf, waves: *load == "waves",
 		})
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", svc, err)
@@ -186,6 +190,7 @@ type benchOpts struct {
 	seed                            uint64
 	timeout, suspicion              time.Duration
 	dir                             string
+	waves                           bool
 	tf                              taskFlags
 }
 
@@ -297,7 +302,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 				rec := loadgen.NewRecorder()
 				start := time.Now()
 				_, err := loadgen.Run(ctx, loadgen.RunConfig{
-					Client: client, Concurrency: o.batch, Requests: n, Timeout: o.timeout, Recorder: rec,
+					Client: client, Concurrency: o.batch, Requests: n, Timeout: o.timeout, Recorder: rec, Waves: o.waves,
 					NewRequest: func(c int, i uint64) *hamsv1.PredictRequest {
 						return &hamsv1.PredictRequest{Service: svc.Name, StreamId: fmt.Sprintf("bench-%d", c), Inputs: gens[c].Inputs()}
 					},

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -212,6 +213,13 @@ func (r *role) serve(run func(ctx context.Context) error, ready <-chan struct{},
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", grpcx.MetricsHandler(r.reg))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+		if os.Getenv("HAMS_PPROF") == "1" {
+			// Profiling on the metrics listener (loopback by default),
+			// opted into per process tree: children inherit the variable.
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		g.Go("metrics", func(ctx context.Context) error { return grpcx.ServeHTTP(ctx, mux, r.mlis) })
 	}
 	if ready != nil {

@@ -28,6 +28,12 @@ type RunConfig struct {
 	NewRequest func(client int, n uint64) *hamsv1.PredictRequest
 	// Concurrency is the number of closed-loop clients (default 1).
 	Concurrency int
+	// Waves: the clients send in lockstep, one request each per wave, and
+	// a wave starts only when every request of the previous one ended.
+	// Each wave is then one batch of Concurrency requests crossing the
+	// graph alone, so latency is the latency of a batch (the HAMS paper's
+	// measure) rather than Concurrency over saturated throughput.
+	Waves bool
 	// Duration and Requests bound the run; the first reached ends it (zero
 	// means no bound; at least one must be set unless ctx ends the run).
 	Duration time.Duration
@@ -69,6 +75,27 @@ func Run(ctx context.Context, cfg RunConfig) (Stats, error) {
 	}
 	var budget atomic.Int64
 	budget.Store(int64(cfg.Requests))
+	if cfg.Waves {
+		for n := uint64(0); ctx.Err() == nil; n++ {
+			var wg sync.WaitGroup
+			for i := range cfg.Concurrency {
+				if cfg.Requests > 0 && budget.Add(-1) < 0 {
+					break
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					one(ctx, &cfg, rec, i, n)
+				}()
+			}
+			wg.Wait()
+			if cfg.Requests > 0 && budget.Load() <= 0 {
+				break
+			}
+		}
+		rec.Stop()
+		return rec.Stats(), nil
+	}
 	var wg sync.WaitGroup
 	for i := range cfg.Concurrency {
 		wg.Add(1)
@@ -78,31 +105,36 @@ func Run(ctx context.Context, cfg RunConfig) (Stats, error) {
 				if cfg.Requests > 0 && budget.Add(-1) < 0 {
 					return
 				}
-				req := cfg.NewRequest(i, n)
-				rec.Sent(1)
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Timeout)
-				start := time.Now()
-				resp, err := cfg.Client.Predict(rctx, req)
-				lat := time.Since(start)
-				cancel()
-				if err != nil {
-					rec.Err(1)
-				} else {
-					rec.OK(lat, 1)
-				}
-				if cfg.OnResult != nil {
-					cfg.OnResult(Result{Client: i, Request: req, Reply: resp, Err: err, Sent: start, Latency: lat})
-				}
-				if err != nil && cfg.ErrorBackoff > 0 {
-					select {
-					case <-ctx.Done():
-					case <-time.After(cfg.ErrorBackoff):
-					}
-				}
+				one(ctx, &cfg, rec, i, n)
 			}
 		}()
 	}
 	wg.Wait()
 	rec.Stop()
 	return rec.Stats(), nil
+}
+
+// one sends client i's request n and records its result.
+func one(ctx context.Context, cfg *RunConfig, rec *Recorder, i int, n uint64) {
+	req := cfg.NewRequest(i, n)
+	rec.Sent(1)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Timeout)
+	start := time.Now()
+	resp, err := cfg.Client.Predict(rctx, req)
+	lat := time.Since(start)
+	cancel()
+	if err != nil {
+		rec.Err(1)
+	} else {
+		rec.OK(lat, 1)
+	}
+	if cfg.OnResult != nil {
+		cfg.OnResult(Result{Client: i, Request: req, Reply: resp, Err: err, Sent: start, Latency: lat})
+	}
+	if err != nil && cfg.ErrorBackoff > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(cfg.ErrorBackoff):
+		}
+	}
 }
