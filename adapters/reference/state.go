@@ -180,3 +180,58 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 	}
 	return nil
 }
+
+// WriteStateRanges patches ranges (StateRange offsets into the
+// concatenated state of the tensors specs) into the installed state of
+// version base and sets version (a partial ModelRuntime.WriteState; models
+// whose Describe has state_delta). FailedPrecondition when the installed
+// version is not base.
+func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	st, err := b.rt.WriteState(ctx)
+	if err != nil {
+		return b.mapErr("write state ranges", err)
+	}
+	h := sha256.New()
+	for _, r := range ranges {
+		h.Write(r.GetData())
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	total, err := tensor.SpecsBytes(specs)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "reference %s write state ranges: %v", b.model, err)
+	}
+	hdr := &hamsv1.StateChunk{Model: b.model, StateVersion: version, TotalBytes: total, Partial: true, BaseVersion: base, Tensors: specs}
+	if len(ranges) == 0 {
+		hdr.Last, hdr.Sha256 = true, sum
+	}
+	if err := st.Send(hdr); err != nil {
+		_, err = st.CloseAndRecv()
+		return b.mapErr("write state ranges", err)
+	}
+	for i, r := range ranges {
+		d, off := r.GetData(), r.GetOffset()
+		for first := true; first || len(d) > 0; first = false {
+			k := min(len(d), StateChunkBytes)
+			ch := &hamsv1.StateChunk{Offset: off, Data: d[:k]}
+			off += uint64(k)
+			d = d[k:]
+			if i == len(ranges)-1 && len(d) == 0 {
+				ch.Last, ch.Sha256 = true, sum
+			}
+			if err := st.Send(ch); err != nil {
+				_, err = st.CloseAndRecv()
+				return b.mapErr("write state ranges", err)
+			}
+		}
+	}
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		return b.mapErr("write state ranges", err)
+	}
+	if resp.GetSha256() != sum {
+		return status.Errorf(codes.DataLoss, "reference %s write state ranges: server hashed %s, sent %s", b.model, resp.GetSha256(), sum)
+	}
+	return nil
+}

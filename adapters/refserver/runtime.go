@@ -50,7 +50,7 @@ func (a *runtimeAPI) Describe(ctx context.Context, req *hamsv1.DescribeRequest) 
 }
 
 func batchOf(req *hamsv1.BatchRequest) *models.Batch {
-	return &models.Batch{Inputs: req.Inputs, Rows: append([]uint32(nil), req.Rows...), StreamIDs: req.StreamIds, BatchID: req.BatchId}
+	return &models.Batch{Inputs: req.Inputs, Rows: append([]uint32(nil), req.Rows...), StreamIDs: req.StreamIds, BatchID: req.BatchId, StageDelta: req.StageDelta}
 }
 
 func (a *runtimeAPI) step(req *hamsv1.BatchRequest, method string, fn func(models.Model, *models.Batch) (*models.Result, error)) (*hamsv1.BatchResponse, error) {
@@ -65,7 +65,13 @@ func (a *runtimeAPI) step(req *hamsv1.BatchRequest, method string, fn func(model
 		if err != nil {
 			return err
 		}
-		resp = &hamsv1.BatchResponse{Outputs: r.Outputs, Rows: b.Rows, BatchId: req.BatchId, NextStateVersion: r.NextStateVersion}
+		resp = &hamsv1.BatchResponse{Outputs: r.Outputs, Rows: b.Rows, BatchId: req.BatchId, NextStateVersion: r.NextStateVersion, HasStateDelta: r.HasDelta}
+		if r.HasDelta {
+			resp.StateDelta = make([]*hamsv1.StateRange, len(r.Delta))
+			for i, d := range r.Delta {
+				resp.StateDelta[i] = &hamsv1.StateRange{Offset: d.Off, Data: d.Data}
+			}
+		}
 		return nil
 	})
 	return resp, err
@@ -198,6 +204,9 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 			return status.Errorf(codes.InvalidArgument, "write state of %q: tensor %d is %v, want %v", h.name, i, t, info.Tensors[i])
 		}
 	}
+	if first.Partial {
+		return a.writeStateRanges(stream, h, first)
+	}
 	data := make([]byte, 0, info.TotalBytes)
 	ch := first
 	for {
@@ -235,8 +244,55 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 	if err != nil {
 		return err
 	}
-	a.s.log.Info("state written", "model", h.name, "version", v, "bytes", len(data))
+	a.s.log.Debug("state written", "model", h.name, "version", v, "bytes", len(data))
 	return stream.SendAndClose(&hamsv1.WriteStateResponse{StateVersion: v, Sha256: sum})
+}
+
+// writeStateRanges serves a partial WriteState: data chunks at any offsets
+// (applied in stream order) on top of base_version, the SHA-256 of their
+// data on the last chunk.
+func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServer, h *hosted, first *hamsv1.StateChunk) error {
+	var (
+		ranges []models.Range
+		sum    = sha256.New()
+		bytes  uint64
+	)
+	ch := first
+	for {
+		if len(ch.Data) > 0 {
+			if bytes += uint64(len(ch.Data)); bytes > 2*first.TotalBytes+maxChunk {
+				return status.Errorf(codes.InvalidArgument, "partial write state of %q: more data than the state could take", h.name)
+			}
+			sum.Write(ch.Data)
+			ranges = append(ranges, models.Range{Off: ch.Offset, Data: ch.Data})
+		}
+		if ch.Last {
+			break
+		}
+		var err error
+		ch, err = stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return status.Errorf(codes.InvalidArgument, "partial write state of %q: stream ended without a last chunk", h.name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	got := hex.EncodeToString(sum.Sum(nil))
+	if ch.Sha256 != got {
+		return status.Errorf(codes.InvalidArgument, "partial write state of %q: sha256 %q does not match the data (%s)", h.name, ch.Sha256, got)
+	}
+	var v uint64
+	err := a.s.run(h, "WriteState", func() error {
+		var err error
+		v, err = h.m.WriteStateRanges(first.BaseVersion, first.StateVersion, ranges)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	a.s.log.Debug("state ranges written", "model", h.name, "version", v, "ranges", len(ranges), "bytes", bytes)
+	return stream.SendAndClose(&hamsv1.WriteStateResponse{StateVersion: v, Sha256: got})
 }
 
 func (a *runtimeAPI) StateHandles(ctx context.Context, req *hamsv1.StateHandlesRequest) (*hamsv1.StateHandlesResponse, error) {

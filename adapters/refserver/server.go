@@ -190,8 +190,10 @@ func toStatus(err error) error {
 	switch {
 	case errors.Is(err, models.ErrInvalidInput), errors.Is(err, models.ErrInvalidState):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, models.ErrNotStaged):
+	case errors.Is(err, models.ErrNotStaged), errors.Is(err, models.ErrStaleBase):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, models.ErrNoDelta):
+		return status.Error(codes.Unimplemented, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
 }

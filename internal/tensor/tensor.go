@@ -251,6 +251,24 @@ func Digest(ts ...*hamsv1.Tensor) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// SpecsBytes is the size of a state laid out as specs (fixed shapes and
+// element sizes), the bytes SplitBySpecs expects.
+func SpecsBytes(specs []*hamsv1.TensorSpec) (uint64, error) {
+	var total uint64
+	for _, sp := range specs {
+		es := ElemSize(sp.GetDatatype())
+		if es <= 0 {
+			return 0, fmt.Errorf("state tensor %q: datatype %q has no fixed element size", sp.GetName(), sp.GetDatatype())
+		}
+		n, err := NumElements(sp.GetShape())
+		if err != nil {
+			return 0, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
+		}
+		total += uint64(n) * uint64(es)
+	}
+	return total, nil
+}
+
 // SplitBySpecs cuts contiguous bytes (a model state) into one tensor per
 // spec; the parts alias data. Specs must have fixed shapes (BYTES tensors
 // are not state).

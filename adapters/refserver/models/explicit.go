@@ -178,6 +178,11 @@ func (e *explicitModel) WriteState(_ uint64, data []byte) (uint64, error) {
 	return 0, nil
 }
 
+// WriteStateRanges: the caller owns an explicit model's state.
+func (e *explicitModel) WriteStateRanges(_, _ uint64, _ []Range) (uint64, error) {
+	return 0, fmt.Errorf("%w: model %q serves its state explicitly (inputs *%s)", ErrNoDelta, e.c.name, StateIn)
+}
+
 func (e *explicitModel) StateInfo() StateInfo { return StateInfo{} }
 
 // perStreamKernel is implemented by kernels that key state by stream id.

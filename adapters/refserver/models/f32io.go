@@ -55,3 +55,14 @@ func readF32(dst []float32, data []byte) []byte {
 	}
 	return data[4*len(dst):]
 }
+
+// encodeF32 writes v little-endian into b (len(b) >= 4*len(v)).
+func encodeF32(b []byte, v []float32) {
+	if littleEndian && len(v) > 0 {
+		copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v)))
+		return
+	}
+	for i, f := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+	}
+}

@@ -25,6 +25,12 @@ var (
 	ErrInvalidState = errors.New("models: invalid state")
 	// ErrInvalidConfig: unknown kind or bad params.
 	ErrInvalidConfig = errors.New("models: invalid config")
+	// ErrStaleBase: a partial state write whose base version is not the
+	// installed one (FailedPrecondition).
+	ErrStaleBase = errors.New("models: partial state write on another base version")
+	// ErrNoDelta: the model cannot stage or write state ranges
+	// (Unimplemented).
+	ErrNoDelta = errors.New("models: state ranges not supported")
 )
 
 // AnyInput as the only declared input name means every input tensor is
@@ -38,6 +44,9 @@ type Batch struct {
 	Rows      []uint32
 	StreamIDs []string
 	BatchID   uint64
+	// StageDelta (Compute of a model whose Describe has StateDelta): also
+	// return the staged state as the ranges Update will write.
+	StageDelta bool
 }
 
 // Result of Compute / Infer.
@@ -46,6 +55,11 @@ type Result struct {
 	// NextStateVersion is the version the staged state becomes on Update
 	// (the installed version for stateless models).
 	NextStateVersion uint64
+	// Delta (Compute with StageDelta): the bytes Update will write, as
+	// increasing, non-overlapping ranges of the concatenated state;
+	// HasDelta tells an empty delta (nothing staged) from none.
+	Delta    []Range
+	HasDelta bool
 }
 
 // StateInfo is the header of a state: its version and its tensors (all
@@ -77,6 +91,10 @@ type Model interface {
 	// StateInfo in order) and sets its version; any staged state is
 	// dropped.
 	WriteState(version uint64, data []byte) (uint64, error)
+	// WriteStateRanges patches ranges into the installed state if its
+	// version is base (ErrStaleBase otherwise) and sets version; any
+	// staged state is dropped. Models without StateDelta refuse it.
+	WriteStateRanges(base, version uint64, ranges []Range) (uint64, error)
 	// StateInfo is the installed state's header (no data).
 	StateInfo() StateInfo
 }
@@ -170,6 +188,7 @@ func (c *core) Describe() *hamsv1.ModelDescription {
 		d.StateVersion = c.version
 		c.stMu.RUnlock()
 		d.StateBytes = specBytes(c.sk.stateSpecs())
+		_, d.StateDelta = c.sk.(deltaKernel)
 	}
 	return d
 }
@@ -299,7 +318,17 @@ func (c *core) computeLocked(b *Batch) (*Result, error) {
 		return nil, err
 	}
 	c.staged, c.stagedID, c.hasStaged = staged, b.BatchID, true
-	return &Result{Outputs: outs, NextStateVersion: v + 1}, nil
+	r := &Result{Outputs: outs, NextStateVersion: v + 1}
+	if b.StageDelta {
+		dk, ok := c.sk.(deltaKernel)
+		if !ok {
+			return nil, fmt.Errorf("%w: model %q (%s)", ErrNoDelta, c.name, c.kind)
+		}
+		// staged is the kernel's own, not yet installed: reading it needs
+		// no state lock.
+		r.Delta, r.HasDelta = dk.delta(staged), true
+	}
+	return r, nil
 }
 
 func (c *core) Update(batchID uint64) (uint64, error) {
@@ -401,6 +430,32 @@ func (c *core) WriteState(version uint64, data []byte) (uint64, error) {
 	c.stMu.Lock()
 	defer c.stMu.Unlock()
 	if err := c.sk.load(data); err != nil {
+		return 0, fmt.Errorf("%w: model %q: %v", ErrInvalidState, c.name, err)
+	}
+	c.version = version
+	c.staged, c.hasStaged = nil, false
+	return version, nil
+}
+
+func (c *core) WriteStateRanges(base, version uint64, ranges []Range) (uint64, error) {
+	dk, ok := c.sk.(deltaKernel)
+	if c.sk == nil || !ok {
+		return 0, fmt.Errorf("%w: model %q (%s)", ErrNoDelta, c.name, c.kind)
+	}
+	total := specBytes(c.sk.stateSpecs())
+	for _, r := range ranges {
+		if r.Off%4 != 0 || len(r.Data)%4 != 0 || r.Off > total || uint64(len(r.Data)) > total-r.Off {
+			return 0, fmt.Errorf("%w: model %q: range of %d bytes at %d (state %d bytes, FP32 aligned)", ErrInvalidState, c.name, len(r.Data), r.Off, total)
+		}
+	}
+	c.stepMu.Lock()
+	defer c.stepMu.Unlock()
+	c.stMu.Lock()
+	defer c.stMu.Unlock()
+	if c.version != base {
+		return 0, fmt.Errorf("%w: model %q: base version %d, installed %d", ErrStaleBase, c.name, base, c.version)
+	}
+	if err := dk.patch(ranges); err != nil {
 		return 0, fmt.Errorf("%w: model %q: %v", ErrInvalidState, c.name, err)
 	}
 	c.version = version

@@ -118,8 +118,15 @@ type SnapshotHeader struct {
 	StateBytes   uint64                 `protobuf:"varint,7,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
 	// Outputs of the batch, kept by the backup so a promoted backup can
 	// resend them.
-	Outputs       []*Tensor `protobuf:"bytes,8,rep,name=outputs,proto3" json:"outputs,omitempty"`
-	OutputRows    []uint32  `protobuf:"varint,9,rep,packed,name=output_rows,json=outputRows,proto3" json:"output_rows,omitempty"`
+	Outputs    []*Tensor `protobuf:"bytes,8,rep,name=outputs,proto3" json:"outputs,omitempty"`
+	OutputRows []uint32  `protobuf:"varint,9,rep,packed,name=output_rows,json=outputRows,proto3" json:"output_rows,omitempty"`
+	// A delta snapshot carries only the ranges of the state that changed
+	// since snapshot batch_id-1 (data chunks with their offsets, delta_bytes
+	// in all; state_bytes stays the full size); the backup applies them to
+	// the state of batch_id-1. Snapshot ids are dense, so a backup that has
+	// applied batch_id-1 (or holds it pending) has that base.
+	Delta         bool   `protobuf:"varint,10,opt,name=delta,proto3" json:"delta,omitempty"`
+	DeltaBytes    uint64 `protobuf:"varint,11,opt,name=delta_bytes,json=deltaBytes,proto3" json:"delta_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -217,6 +224,20 @@ func (x *SnapshotHeader) GetOutputRows() []uint32 {
 	return nil
 }
 
+func (x *SnapshotHeader) GetDelta() bool {
+	if x != nil {
+		return x.Delta
+	}
+	return false
+}
+
+func (x *SnapshotHeader) GetDeltaBytes() uint64 {
+	if x != nil {
+		return x.DeltaBytes
+	}
+	return 0
+}
+
 type SnapshotChunk struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Part:
@@ -224,8 +245,11 @@ type SnapshotChunk struct {
 	//	*SnapshotChunk_Header
 	//	*SnapshotChunk_Data
 	Part isSnapshotChunk_Part `protobuf_oneof:"part"`
-	// Set on the last chunk: SHA-256 (hex) of all state bytes.
-	StateDigest   string `protobuf:"bytes,3,opt,name=state_digest,json=stateDigest,proto3" json:"state_digest,omitempty"`
+	// Set on the last chunk: SHA-256 (hex) of all state bytes (of a delta
+	// snapshot: of its data bytes in stream order).
+	StateDigest string `protobuf:"bytes,3,opt,name=state_digest,json=stateDigest,proto3" json:"state_digest,omitempty"`
+	// Data chunks of a delta snapshot: byte offset in the full state.
+	Offset        uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +314,13 @@ func (x *SnapshotChunk) GetStateDigest() string {
 		return x.StateDigest
 	}
 	return ""
+}
+
+func (x *SnapshotChunk) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
 }
 
 type isSnapshotChunk_Part interface {
@@ -1092,7 +1123,7 @@ const file_hams_v1_replication_proto_rawDesc = "" +
 	"\tstream_id\x18\x03 \x01(\tR\bstreamId\x12/\n" +
 	"\alineage\x18\x04 \x03(\v2\x15.hams.v1.LineageEntryR\alineage\x12!\n" +
 	"\finput_digest\x18\x05 \x01(\tR\vinputDigest\x12#\n" +
-	"\routput_digest\x18\x06 \x01(\tR\foutputDigest\"\xd7\x02\n" +
+	"\routput_digest\x18\x06 \x01(\tR\foutputDigest\"\x8e\x03\n" +
 	"\x0eSnapshotHeader\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -1104,11 +1135,16 @@ const file_hams_v1_replication_proto_rawDesc = "" +
 	"stateBytes\x12)\n" +
 	"\aoutputs\x18\b \x03(\v2\x0f.hams.v1.TensorR\aoutputs\x12\x1f\n" +
 	"\voutput_rows\x18\t \x03(\rR\n" +
-	"outputRows\"\x83\x01\n" +
+	"outputRows\x12\x14\n" +
+	"\x05delta\x18\n" +
+	" \x01(\bR\x05delta\x12\x1f\n" +
+	"\vdelta_bytes\x18\v \x01(\x04R\n" +
+	"deltaBytes\"\x9b\x01\n" +
 	"\rSnapshotChunk\x121\n" +
 	"\x06header\x18\x01 \x01(\v2\x17.hams.v1.SnapshotHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
-	"\fstate_digest\x18\x03 \x01(\tR\vstateDigestB\x06\n" +
+	"\fstate_digest\x18\x03 \x01(\tR\vstateDigest\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x04R\x06offsetB\x06\n" +
 	"\x04part\"K\n" +
 	"\x14ShipSnapshotResponse\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12\x18\n" +

@@ -179,7 +179,11 @@ type ModelDescription struct {
 	Outputs    []*TensorSpec `protobuf:"bytes,5,rep,name=outputs,proto3" json:"outputs,omitempty"`
 	StateBytes uint64        `protobuf:"varint,6,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
 	// The state version installed now (number of updates applied).
-	StateVersion  uint64 `protobuf:"varint,7,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
+	StateVersion uint64 `protobuf:"varint,7,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
+	// Compute answers BatchRequest.stage_delta with the staged state as
+	// byte ranges (BatchResponse.state_delta), and WriteState accepts
+	// partial writes (StateChunk.partial).
+	StateDelta    bool `protobuf:"varint,8,opt,name=state_delta,json=stateDelta,proto3" json:"state_delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +267,13 @@ func (x *ModelDescription) GetStateVersion() uint64 {
 	return 0
 }
 
+func (x *ModelDescription) GetStateDelta() bool {
+	if x != nil {
+		return x.StateDelta
+	}
+	return false
+}
+
 // BatchRequest carries a batch of requests concatenated along dimension 0:
 // item i owns rows[i] rows of every input tensor.
 type BatchRequest struct {
@@ -273,7 +284,10 @@ type BatchRequest struct {
 	// One per item; per-stream stateful models key their state by it.
 	StreamIds []string `protobuf:"bytes,4,rep,name=stream_ids,json=streamIds,proto3" json:"stream_ids,omitempty"`
 	// Sidecar-assigned batch number (dense per model); Update names it.
-	BatchId       uint64 `protobuf:"varint,5,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	BatchId uint64 `protobuf:"varint,5,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// Compute only (models with ModelDescription.state_delta): return the
+	// staged next state as the byte ranges Update will overwrite.
+	StageDelta    bool `protobuf:"varint,6,opt,name=stage_delta,json=stageDelta,proto3" json:"stage_delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +357,13 @@ func (x *BatchRequest) GetBatchId() uint64 {
 	return 0
 }
 
+func (x *BatchRequest) GetStageDelta() bool {
+	if x != nil {
+		return x.StageDelta
+	}
+	return false
+}
+
 type BatchResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Outputs []*Tensor              `protobuf:"bytes,1,rep,name=outputs,proto3" json:"outputs,omitempty"`
@@ -351,8 +372,15 @@ type BatchResponse struct {
 	BatchId uint64   `protobuf:"varint,3,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
 	// Stateful Compute: the state version the staged state will become.
 	NextStateVersion uint64 `protobuf:"varint,4,opt,name=next_state_version,json=nextStateVersion,proto3" json:"next_state_version,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Compute with stage_delta: every byte Update of this batch will write,
+	// as ranges of the concatenated state (the layout of ReadState), in
+	// increasing, non-overlapping order. Applying them to the state
+	// installed when Compute ran yields exactly the state Update installs.
+	// has_state_delta tells an empty delta (nothing staged) from none.
+	StateDelta    []*StateRange `protobuf:"bytes,5,rep,name=state_delta,json=stateDelta,proto3" json:"state_delta,omitempty"`
+	HasStateDelta bool          `protobuf:"varint,6,opt,name=has_state_delta,json=hasStateDelta,proto3" json:"has_state_delta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchResponse) Reset() {
@@ -413,6 +441,73 @@ func (x *BatchResponse) GetNextStateVersion() uint64 {
 	return 0
 }
 
+func (x *BatchResponse) GetStateDelta() []*StateRange {
+	if x != nil {
+		return x.StateDelta
+	}
+	return nil
+}
+
+func (x *BatchResponse) GetHasStateDelta() bool {
+	if x != nil {
+		return x.HasStateDelta
+	}
+	return false
+}
+
+// StateRange is data at a byte offset of the concatenated state.
+type StateRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StateRange) Reset() {
+	*x = StateRange{}
+	mi := &file_hams_v1_runtime_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StateRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StateRange) ProtoMessage() {}
+
+func (x *StateRange) ProtoReflect() protoreflect.Message {
+	mi := &file_hams_v1_runtime_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StateRange.ProtoReflect.Descriptor instead.
+func (*StateRange) Descriptor() ([]byte, []int) {
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *StateRange) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *StateRange) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type UpdateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -423,7 +518,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[6]
+	mi := &file_hams_v1_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +530,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[6]
+	mi := &file_hams_v1_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +543,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{6}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UpdateRequest) GetModel() string {
@@ -474,7 +569,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[7]
+	mi := &file_hams_v1_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +581,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[7]
+	mi := &file_hams_v1_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +594,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{7}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UpdateResponse) GetStateVersion() uint64 {
@@ -519,7 +614,7 @@ type ReadStateRequest struct {
 
 func (x *ReadStateRequest) Reset() {
 	*x = ReadStateRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[8]
+	mi := &file_hams_v1_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +626,7 @@ func (x *ReadStateRequest) String() string {
 func (*ReadStateRequest) ProtoMessage() {}
 
 func (x *ReadStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[8]
+	mi := &file_hams_v1_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +639,7 @@ func (x *ReadStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStateRequest.ProtoReflect.Descriptor instead.
 func (*ReadStateRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{8}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReadStateRequest) GetModel() string {
@@ -564,6 +659,12 @@ func (x *ReadStateRequest) GetChunkBytes() uint32 {
 // StateChunk streams a state: the first chunk carries the header fields
 // (model, version, tensor specs, total bytes); data chunks follow in
 // tensor order; the last chunk carries the SHA-256 of all data bytes.
+//
+// A partial WriteState (header with partial set; models with
+// ModelDescription.state_delta) patches the installed state instead: it
+// applies only if the installed version is base_version; data chunks carry
+// any offsets (applied in stream order), total_bytes is still the full
+// state size, and the SHA-256 is of the data bytes in stream order.
 type StateChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -574,13 +675,15 @@ type StateChunk struct {
 	Data          []byte                 `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
 	Last          bool                   `protobuf:"varint,7,opt,name=last,proto3" json:"last,omitempty"`
 	Sha256        string                 `protobuf:"bytes,8,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Partial       bool                   `protobuf:"varint,9,opt,name=partial,proto3" json:"partial,omitempty"`
+	BaseVersion   uint64                 `protobuf:"varint,10,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StateChunk) Reset() {
 	*x = StateChunk{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[9]
+	mi := &file_hams_v1_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +695,7 @@ func (x *StateChunk) String() string {
 func (*StateChunk) ProtoMessage() {}
 
 func (x *StateChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[9]
+	mi := &file_hams_v1_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +708,7 @@ func (x *StateChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChunk.ProtoReflect.Descriptor instead.
 func (*StateChunk) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{9}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StateChunk) GetModel() string {
@@ -664,6 +767,20 @@ func (x *StateChunk) GetSha256() string {
 	return ""
 }
 
+func (x *StateChunk) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
+}
+
+func (x *StateChunk) GetBaseVersion() uint64 {
+	if x != nil {
+		return x.BaseVersion
+	}
+	return 0
+}
+
 type WriteStateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	StateVersion  uint64                 `protobuf:"varint,1,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
@@ -674,7 +791,7 @@ type WriteStateResponse struct {
 
 func (x *WriteStateResponse) Reset() {
 	*x = WriteStateResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[10]
+	mi := &file_hams_v1_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +803,7 @@ func (x *WriteStateResponse) String() string {
 func (*WriteStateResponse) ProtoMessage() {}
 
 func (x *WriteStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[10]
+	mi := &file_hams_v1_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +816,7 @@ func (x *WriteStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStateResponse.ProtoReflect.Descriptor instead.
 func (*WriteStateResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{10}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WriteStateResponse) GetStateVersion() uint64 {
@@ -725,7 +842,7 @@ type StateHandlesRequest struct {
 
 func (x *StateHandlesRequest) Reset() {
 	*x = StateHandlesRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[11]
+	mi := &file_hams_v1_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +854,7 @@ func (x *StateHandlesRequest) String() string {
 func (*StateHandlesRequest) ProtoMessage() {}
 
 func (x *StateHandlesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[11]
+	mi := &file_hams_v1_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +867,7 @@ func (x *StateHandlesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateHandlesRequest.ProtoReflect.Descriptor instead.
 func (*StateHandlesRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{11}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StateHandlesRequest) GetModel() string {
@@ -776,7 +893,7 @@ type StateRegion struct {
 
 func (x *StateRegion) Reset() {
 	*x = StateRegion{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[12]
+	mi := &file_hams_v1_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +905,7 @@ func (x *StateRegion) String() string {
 func (*StateRegion) ProtoMessage() {}
 
 func (x *StateRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[12]
+	mi := &file_hams_v1_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +918,7 @@ func (x *StateRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateRegion.ProtoReflect.Descriptor instead.
 func (*StateRegion) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{12}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StateRegion) GetTensor() string {
@@ -862,7 +979,7 @@ type StateHandlesResponse struct {
 
 func (x *StateHandlesResponse) Reset() {
 	*x = StateHandlesResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[13]
+	mi := &file_hams_v1_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +991,7 @@ func (x *StateHandlesResponse) String() string {
 func (*StateHandlesResponse) ProtoMessage() {}
 
 func (x *StateHandlesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[13]
+	mi := &file_hams_v1_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1004,7 @@ func (x *StateHandlesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateHandlesResponse.ProtoReflect.Descriptor instead.
 func (*StateHandlesResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{13}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StateHandlesResponse) GetRegions() []*StateRegion {
@@ -909,7 +1026,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\"'\n" +
 	"\x0fDescribeRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"\xf8\x01\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\x99\x02\n" +
 	"\x10ModelDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1a\n" +
@@ -918,19 +1035,30 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\aoutputs\x18\x05 \x03(\v2\x13.hams.v1.TensorSpecR\aoutputs\x12\x1f\n" +
 	"\vstate_bytes\x18\x06 \x01(\x04R\n" +
 	"stateBytes\x12#\n" +
-	"\rstate_version\x18\a \x01(\x04R\fstateVersion\"\x9b\x01\n" +
+	"\rstate_version\x18\a \x01(\x04R\fstateVersion\x12\x1f\n" +
+	"\vstate_delta\x18\b \x01(\bR\n" +
+	"stateDelta\"\xbc\x01\n" +
 	"\fBatchRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12'\n" +
 	"\x06inputs\x18\x02 \x03(\v2\x0f.hams.v1.TensorR\x06inputs\x12\x12\n" +
 	"\x04rows\x18\x03 \x03(\rR\x04rows\x12\x1d\n" +
 	"\n" +
 	"stream_ids\x18\x04 \x03(\tR\tstreamIds\x12\x19\n" +
-	"\bbatch_id\x18\x05 \x01(\x04R\abatchId\"\x97\x01\n" +
+	"\bbatch_id\x18\x05 \x01(\x04R\abatchId\x12\x1f\n" +
+	"\vstage_delta\x18\x06 \x01(\bR\n" +
+	"stageDelta\"\xf5\x01\n" +
 	"\rBatchResponse\x12)\n" +
 	"\aoutputs\x18\x01 \x03(\v2\x0f.hams.v1.TensorR\aoutputs\x12\x12\n" +
 	"\x04rows\x18\x02 \x03(\rR\x04rows\x12\x19\n" +
 	"\bbatch_id\x18\x03 \x01(\x04R\abatchId\x12,\n" +
-	"\x12next_state_version\x18\x04 \x01(\x04R\x10nextStateVersion\"@\n" +
+	"\x12next_state_version\x18\x04 \x01(\x04R\x10nextStateVersion\x124\n" +
+	"\vstate_delta\x18\x05 \x03(\v2\x13.hams.v1.StateRangeR\n" +
+	"stateDelta\x12&\n" +
+	"\x0fhas_state_delta\x18\x06 \x01(\bR\rhasStateDelta\"8\n" +
+	"\n" +
+	"StateRange\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"@\n" +
 	"\rUpdateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x19\n" +
 	"\bbatch_id\x18\x02 \x01(\x04R\abatchId\"5\n" +
@@ -939,7 +1067,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x10ReadStateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
 	"\vchunk_bytes\x18\x02 \x01(\rR\n" +
-	"chunkBytes\"\xef\x01\n" +
+	"chunkBytes\"\xac\x02\n" +
 	"\n" +
 	"StateChunk\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12#\n" +
@@ -950,7 +1078,10 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x06offset\x18\x05 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04data\x18\x06 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\a \x01(\bR\x04last\x12\x16\n" +
-	"\x06sha256\x18\b \x01(\tR\x06sha256\"Q\n" +
+	"\x06sha256\x18\b \x01(\tR\x06sha256\x12\x18\n" +
+	"\apartial\x18\t \x01(\bR\apartial\x12!\n" +
+	"\fbase_version\x18\n" +
+	" \x01(\x04R\vbaseVersion\"Q\n" +
 	"\x12WriteStateResponse\x12#\n" +
 	"\rstate_version\x18\x01 \x01(\x04R\fstateVersion\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"+\n" +
@@ -990,7 +1121,7 @@ func file_hams_v1_runtime_proto_rawDescGZIP() []byte {
 	return file_hams_v1_runtime_proto_rawDescData
 }
 
-var file_hams_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_hams_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_hams_v1_runtime_proto_goTypes = []any{
 	(*HealthRequest)(nil),        // 0: hams.v1.HealthRequest
 	(*HealthResponse)(nil),       // 1: hams.v1.HealthResponse
@@ -998,45 +1129,47 @@ var file_hams_v1_runtime_proto_goTypes = []any{
 	(*ModelDescription)(nil),     // 3: hams.v1.ModelDescription
 	(*BatchRequest)(nil),         // 4: hams.v1.BatchRequest
 	(*BatchResponse)(nil),        // 5: hams.v1.BatchResponse
-	(*UpdateRequest)(nil),        // 6: hams.v1.UpdateRequest
-	(*UpdateResponse)(nil),       // 7: hams.v1.UpdateResponse
-	(*ReadStateRequest)(nil),     // 8: hams.v1.ReadStateRequest
-	(*StateChunk)(nil),           // 9: hams.v1.StateChunk
-	(*WriteStateResponse)(nil),   // 10: hams.v1.WriteStateResponse
-	(*StateHandlesRequest)(nil),  // 11: hams.v1.StateHandlesRequest
-	(*StateRegion)(nil),          // 12: hams.v1.StateRegion
-	(*StateHandlesResponse)(nil), // 13: hams.v1.StateHandlesResponse
-	(*TensorSpec)(nil),           // 14: hams.v1.TensorSpec
-	(*Tensor)(nil),               // 15: hams.v1.Tensor
+	(*StateRange)(nil),           // 6: hams.v1.StateRange
+	(*UpdateRequest)(nil),        // 7: hams.v1.UpdateRequest
+	(*UpdateResponse)(nil),       // 8: hams.v1.UpdateResponse
+	(*ReadStateRequest)(nil),     // 9: hams.v1.ReadStateRequest
+	(*StateChunk)(nil),           // 10: hams.v1.StateChunk
+	(*WriteStateResponse)(nil),   // 11: hams.v1.WriteStateResponse
+	(*StateHandlesRequest)(nil),  // 12: hams.v1.StateHandlesRequest
+	(*StateRegion)(nil),          // 13: hams.v1.StateRegion
+	(*StateHandlesResponse)(nil), // 14: hams.v1.StateHandlesResponse
+	(*TensorSpec)(nil),           // 15: hams.v1.TensorSpec
+	(*Tensor)(nil),               // 16: hams.v1.Tensor
 }
 var file_hams_v1_runtime_proto_depIdxs = []int32{
-	14, // 0: hams.v1.ModelDescription.inputs:type_name -> hams.v1.TensorSpec
-	14, // 1: hams.v1.ModelDescription.outputs:type_name -> hams.v1.TensorSpec
-	15, // 2: hams.v1.BatchRequest.inputs:type_name -> hams.v1.Tensor
-	15, // 3: hams.v1.BatchResponse.outputs:type_name -> hams.v1.Tensor
-	14, // 4: hams.v1.StateChunk.tensors:type_name -> hams.v1.TensorSpec
-	12, // 5: hams.v1.StateHandlesResponse.regions:type_name -> hams.v1.StateRegion
-	0,  // 6: hams.v1.ModelRuntime.Health:input_type -> hams.v1.HealthRequest
-	2,  // 7: hams.v1.ModelRuntime.Describe:input_type -> hams.v1.DescribeRequest
-	4,  // 8: hams.v1.ModelRuntime.Infer:input_type -> hams.v1.BatchRequest
-	4,  // 9: hams.v1.ModelRuntime.Compute:input_type -> hams.v1.BatchRequest
-	6,  // 10: hams.v1.ModelRuntime.Update:input_type -> hams.v1.UpdateRequest
-	8,  // 11: hams.v1.ModelRuntime.ReadState:input_type -> hams.v1.ReadStateRequest
-	9,  // 12: hams.v1.ModelRuntime.WriteState:input_type -> hams.v1.StateChunk
-	11, // 13: hams.v1.ModelRuntime.StateHandles:input_type -> hams.v1.StateHandlesRequest
-	1,  // 14: hams.v1.ModelRuntime.Health:output_type -> hams.v1.HealthResponse
-	3,  // 15: hams.v1.ModelRuntime.Describe:output_type -> hams.v1.ModelDescription
-	5,  // 16: hams.v1.ModelRuntime.Infer:output_type -> hams.v1.BatchResponse
-	5,  // 17: hams.v1.ModelRuntime.Compute:output_type -> hams.v1.BatchResponse
-	7,  // 18: hams.v1.ModelRuntime.Update:output_type -> hams.v1.UpdateResponse
-	9,  // 19: hams.v1.ModelRuntime.ReadState:output_type -> hams.v1.StateChunk
-	10, // 20: hams.v1.ModelRuntime.WriteState:output_type -> hams.v1.WriteStateResponse
-	13, // 21: hams.v1.ModelRuntime.StateHandles:output_type -> hams.v1.StateHandlesResponse
-	14, // [14:22] is the sub-list for method output_type
-	6,  // [6:14] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	15, // 0: hams.v1.ModelDescription.inputs:type_name -> hams.v1.TensorSpec
+	15, // 1: hams.v1.ModelDescription.outputs:type_name -> hams.v1.TensorSpec
+	16, // 2: hams.v1.BatchRequest.inputs:type_name -> hams.v1.Tensor
+	16, // 3: hams.v1.BatchResponse.outputs:type_name -> hams.v1.Tensor
+	6,  // 4: hams.v1.BatchResponse.state_delta:type_name -> hams.v1.StateRange
+	15, // 5: hams.v1.StateChunk.tensors:type_name -> hams.v1.TensorSpec
+	13, // 6: hams.v1.StateHandlesResponse.regions:type_name -> hams.v1.StateRegion
+	0,  // 7: hams.v1.ModelRuntime.Health:input_type -> hams.v1.HealthRequest
+	2,  // 8: hams.v1.ModelRuntime.Describe:input_type -> hams.v1.DescribeRequest
+	4,  // 9: hams.v1.ModelRuntime.Infer:input_type -> hams.v1.BatchRequest
+	4,  // 10: hams.v1.ModelRuntime.Compute:input_type -> hams.v1.BatchRequest
+	7,  // 11: hams.v1.ModelRuntime.Update:input_type -> hams.v1.UpdateRequest
+	9,  // 12: hams.v1.ModelRuntime.ReadState:input_type -> hams.v1.ReadStateRequest
+	10, // 13: hams.v1.ModelRuntime.WriteState:input_type -> hams.v1.StateChunk
+	12, // 14: hams.v1.ModelRuntime.StateHandles:input_type -> hams.v1.StateHandlesRequest
+	1,  // 15: hams.v1.ModelRuntime.Health:output_type -> hams.v1.HealthResponse
+	3,  // 16: hams.v1.ModelRuntime.Describe:output_type -> hams.v1.ModelDescription
+	5,  // 17: hams.v1.ModelRuntime.Infer:output_type -> hams.v1.BatchResponse
+	5,  // 18: hams.v1.ModelRuntime.Compute:output_type -> hams.v1.BatchResponse
+	8,  // 19: hams.v1.ModelRuntime.Update:output_type -> hams.v1.UpdateResponse
+	10, // 20: hams.v1.ModelRuntime.ReadState:output_type -> hams.v1.StateChunk
+	11, // 21: hams.v1.ModelRuntime.WriteState:output_type -> hams.v1.WriteStateResponse
+	14, // 22: hams.v1.ModelRuntime.StateHandles:output_type -> hams.v1.StateHandlesResponse
+	15, // [15:23] is the sub-list for method output_type
+	7,  // [7:15] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_hams_v1_runtime_proto_init() }
@@ -1051,7 +1184,7 @@ func file_hams_v1_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hams_v1_runtime_proto_rawDesc), len(file_hams_v1_runtime_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,147 @@
+package models
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Range is data at a byte offset of a model's concatenated state (the
+// layout of ReadState: the state tensors in order, FP32 little-endian).
+type Range struct {
+	Off  uint64
+	Data []byte
+}
+
+// deltaKernel is a stateKernel that describes a staged state as the byte
+// ranges its install writes, and patches ranges into the installed state.
+// With it the compute of batch n hands the caller the exact difference
+// between state n-1 and state n, so a replica can follow without the
+// whole state being read and copied after every batch.
+type deltaKernel interface {
+	// delta returns the ranges install(staged) will write, in increasing,
+	// non-overlapping order (state lock held shared; staged not installed).
+	delta(staged any) []Range
+	// patch writes ranges into the installed state (state lock held
+	// exclusively); every range lies inside the state, and its offset
+	// and length are multiples of 4. It never writes into memory that a
+	// capture may still be reading.
+	patch(ranges []Range) error
+}
+
+// f32Bytes is the little-endian encoding of v.
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	encodeF32(b, v)
+	return b
+}
+
+// floatSpans maps a state range onto the float slices of the state laid
+// end to end (sizes in floats): fn gets the part index, the element
+// offset in it and the range's bytes that fall there.
+func floatSpans(sizes []int, r Range, fn func(part, elem int, data []byte)) {
+	i := int(r.Off / 4)
+	data := r.Data
+	for p, n := range sizes {
+		if len(data) == 0 {
+			return
+		}
+		if i >= n {
+			i -= n
+			continue
+		}
+		k := min(len(data)/4, n-i)
+		fn(p, i, data[:4*k])
+		data = data[4*k:]
+		i = 0
+	}
+}
+
+// lstm: the rows of h and c of every slot the batch touched.
+func (k *lstm) delta(staged any) []Range {
+	st := staged.(lstmStaged)
+	slots := make([]int, 0, len(st))
+	for sl := range st {
+		slots = append(slots, sl)
+	}
+	sort.Ints(slots)
+	out := make([]Range, 0, 2*len(slots))
+	row := uint64(4 * k.h)
+	for part := 0; part < 2; part++ {
+		base := uint64(part) * uint64(k.s) * row
+		for _, sl := range slots {
+			out = append(out, Range{Off: base + uint64(sl)*row, Data: f32Bytes(st[sl][part])})
+		}
+	}
+	return out
+}
+
+// patch writes in place: capture copies h and c.
+func (k *lstm) patch(ranges []Range) error {
+	parts := [][]float32{k.hs, k.cs}
+	sizes := []int{len(k.hs), len(k.cs)}
+	for _, r := range ranges {
+		floatSpans(sizes, r, func(p, i int, data []byte) { readF32(parts[p][i:i+len(data)/4], data) })
+	}
+	return nil
+}
+
+// olearn: the four parts of every block the batch's labelled rows touched.
+func (k *olearn) delta(staged any) []Range {
+	st := staged.(map[int]*expert)
+	blocks := make([]int, 0, len(st))
+	for e := range st {
+		blocks = append(blocks, e)
+	}
+	sort.Ints(blocks)
+	out := make([]Range, 0, 4*len(blocks))
+	var base uint64
+	for _, part := range k.parts() {
+		per := uint64(4 * len(part(k.experts[0])))
+		for _, e := range blocks {
+			out = append(out, Range{Off: base + uint64(e)*per, Data: f32Bytes(part(st[e]))})
+		}
+		base += uint64(k.e) * per
+	}
+	return out
+}
+
+// patch copies every block it writes first (captures hold block
+// pointers; installed blocks are never written in place).
+func (k *olearn) patch(ranges []Range) error {
+	parts := k.parts()
+	per := make([]int, len(parts))
+	sizes := make([]int, len(parts))
+	for p, part := range parts {
+		per[p] = len(part(k.experts[0]))
+		sizes[p] = per[p] * k.e
+	}
+	fresh := map[int]bool{}
+	for _, r := range ranges {
+		var err error
+		floatSpans(sizes, r, func(p, i int, data []byte) {
+			for len(data) > 0 {
+				e, j := i/per[p], i%per[p]
+				if e >= k.e {
+					err = fmt.Errorf("range at %d past the state", r.Off)
+					return
+				}
+				if !fresh[e] {
+					k.experts[e] = k.experts[e].clone()
+					fresh[e] = true
+				}
+				n := min(len(data)/4, per[p]-j)
+				readF32(parts[p](k.experts[e])[j:j+n], data[:4*n])
+				data, i = data[4*n:], i+n
+			}
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (x *expert) clone() *expert {
+	return &expert{w1: append([]float32(nil), x.w1...), b1: append([]float32(nil), x.b1...),
+		w2: append([]float32(nil), x.w2...), b2: append([]float32(nil), x.b2...)}
+}

@@ -1,0 +1,113 @@
+package models
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/hams-go/hams/internal/tensor"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+func stateBytes(t testing.TB, m Model) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := m.ReadState(func(StateInfo) (io.Writer, error) { return &buf, nil }); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func applyRanges(state []byte, rs []Range) []byte {
+	out := append([]byte(nil), state...)
+	for _, r := range rs {
+		copy(out[r.Off:], r.Data)
+	}
+	return out
+}
+
+// The staged delta of a compute is exactly the difference its update
+// makes: state n-1 patched with delta n is state n, byte for byte, and a
+// replica at state n-1 that writes the ranges reaches state n too.
+func TestComputeDeltaIsTheUpdate(t *testing.T) {
+	for _, kind := range []string{"lstm", "olearn"} {
+		p := map[string]any{"in_dim": 8, "state_mb": 1, "hidden": 8, "streams": 16}
+		prim, repl := mk(t, kind, p), mk(t, kind, p)
+		if !prim.Describe().GetStateDelta() {
+			t.Fatalf("%s: Describe does not advertise state deltas", kind)
+		}
+		x := randT("x", 6, 8, 5)
+		lab := tensor.FromInt64("labels", []int64{6}, []int64{1, -1, 3, 2, 0, 4})
+		for i := uint64(1); i <= 4; i++ {
+			before := stateBytes(t, prim)
+			res, err := prim.Compute(&Batch{Inputs: []*hamsv1.Tensor{x, lab}, Rows: []uint32{2, 1, 3}, StreamIDs: []string{"p", "q", "p"}, BatchID: i, StageDelta: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.HasDelta || len(res.Delta) == 0 {
+				t.Fatalf("%s batch %d: no delta", kind, i)
+			}
+			for j := 1; j < len(res.Delta); j++ {
+				if prev := res.Delta[j-1]; prev.Off+uint64(len(prev.Data)) > res.Delta[j].Off {
+					t.Fatalf("%s: ranges overlap or are out of order: %d+%d > %d", kind, prev.Off, len(prev.Data), res.Delta[j].Off)
+				}
+			}
+			if _, err := prim.Update(i); err != nil {
+				t.Fatal(err)
+			}
+			after := stateBytes(t, prim)
+			if bytes.Equal(before, after) {
+				t.Fatalf("%s batch %d: update changed nothing", kind, i)
+			}
+			if !bytes.Equal(applyRanges(before, res.Delta), after) {
+				t.Fatalf("%s batch %d: state n-1 + delta n != state n", kind, i)
+			}
+			if v, err := repl.WriteStateRanges(i-1, i, res.Delta); err != nil || v != i {
+				t.Fatalf("%s: write ranges: %v %v", kind, v, err)
+			}
+			if !bytes.Equal(stateBytes(t, repl), after) {
+				t.Fatalf("%s batch %d: replica differs after writing the delta", kind, i)
+			}
+		}
+		if _, err := repl.WriteStateRanges(2, 9, nil); !errors.Is(err, ErrStaleBase) {
+			t.Fatalf("%s: stale base accepted: %v", kind, err)
+		}
+		if _, err := repl.WriteStateRanges(4, 5, []Range{{Off: 2, Data: make([]byte, 4)}}); !errors.Is(err, ErrInvalidState) {
+			t.Fatalf("%s: unaligned range accepted: %v", kind, err)
+		}
+		total := uint64(len(stateBytes(t, repl)))
+		if _, err := repl.WriteStateRanges(4, 5, []Range{{Off: total - 4, Data: make([]byte, 8)}}); !errors.Is(err, ErrInvalidState) {
+			t.Fatalf("%s: range past the end accepted: %v", kind, err)
+		}
+	}
+	if _, err := mk(t, "prep", nil).WriteStateRanges(0, 1, nil); !errors.Is(err, ErrNoDelta) {
+		t.Fatalf("stateless model took ranges: %v", err)
+	}
+}
+
+// A partial write never changes what an earlier capture writes (olearn
+// copies a block before writing it; lstm's capture copies h and c).
+func TestWriteStateRangesKeepsCaptures(t *testing.T) {
+	for _, kind := range []string{"lstm", "olearn"} {
+		m := mk(t, kind, map[string]any{"in_dim": 8, "state_mb": 1, "hidden": 8, "streams": 16})
+		before := stateBytes(t, m)
+		var got bytes.Buffer
+		err := m.ReadState(func(StateInfo) (io.Writer, error) {
+			// Captured: patch every byte of the first 64 before writing.
+			if _, err := m.WriteStateRanges(0, 1, []Range{{Off: 0, Data: bytes.Repeat([]byte{7}, 64)}}); err != nil {
+				t.Fatal(err)
+			}
+			return &got, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), before) {
+			t.Fatalf("%s: a partial write changed a captured state", kind)
+		}
+		if after := stateBytes(t, m); !bytes.Equal(after[:64], bytes.Repeat([]byte{7}, 64)) || !bytes.Equal(after[64:], before[64:]) {
+			t.Fatalf("%s: the partial write did not land where it should", kind)
+		}
+	}
+}
