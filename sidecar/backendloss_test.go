@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
@@ -161,11 +162,11 @@ func (h *heldWriter) WriteState(ctx context.Context, ts []*hamsv1.Tensor, versio
 	return h.counterBackend.WriteState(ctx, ts, version)
 }
 
-// A backup acknowledges a snapshot as applied only once its state is
-// written: a decided but unwritten apply is lost with the backup's model
-// server, and a primary that counted it applied would leave its requests
-// out of the next backup's base.
-func TestBackupAckAppliedMeansWritten(t *testing.T) {
+// A backup acknowledges a snapshot as applied only once it installed the
+// state and recorded its requests (audit, lineage index): the ack that
+// answers the shipment comes before that. The model server write is not
+// waited for (write-behind; the promotion flushes it).
+func TestBackupAckAppliedMeansRecorded(t *testing.T) {
 	hw := &heldWriter{counterBackend: newCounter(2), release: make(chan struct{})}
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), nil, map[string]Backend{"a": hw}, replOpts{})
 	defer h.stop()
@@ -197,14 +198,113 @@ func TestBackupAckAppliedMeansWritten(t *testing.T) {
 		}
 		return resp
 	}
-	// No PFM: the apply of batch 1 is decided at once, its write held.
+	// No PFM: the apply of batch 1 is decided at once; the answer to the
+	// shipment does not wait for it.
 	if r := ship(1); r.GetApplied() {
-		t.Fatal("batch 1 acknowledged as applied before its state was written")
+		t.Fatal("batch 1 acknowledged as applied on receipt")
+	}
+	waitFor(t, "batch 1 applied", func() bool { return maxSeqOf(h.backups["a"]) == 1 })
+	recs, err := audit.ReadAll[audit.Durable](h.audit, audit.DurableFile)
+	if err != nil || len(recs) != 1 || recs[0].Seq != 1 {
+		t.Fatalf("audit records of an applied batch: %v %v", recs, err)
+	}
+	// A duplicate of an applied batch is acknowledged as applied, while
+	// the model server write is still held.
+	if r := ship(1); !r.GetApplied() {
+		t.Fatal("applied batch 1 not acknowledged as applied")
+	}
+	hw.mu.Lock()
+	writes := hw.writes
+	hw.mu.Unlock()
+	if writes != 0 {
+		t.Fatalf("the held write completed (%d writes)", writes)
 	}
 	close(hw.release)
-	waitFor(t, "batch 1 written", func() bool { return maxSeqOf(h.backups["a"]) == 1 })
-	// A duplicate of a written batch is acknowledged as applied.
-	if r := ship(1); !r.GetApplied() {
-		t.Fatal("written batch 1 not acknowledged as applied")
+	waitFor(t, "the model server written", func() bool { return hw.Digest() == hamsDigest(state.Data) })
+}
+
+// heldRangeWriter is a delta counter whose writes (whole and partial)
+// block until release is closed, and report each call on entered.
+type heldRangeWriter struct {
+	*counterBackend
+	release chan struct{}
+	entered chan struct{}
+}
+
+func (h *heldRangeWriter) hold(ctx context.Context) error {
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-h.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *heldRangeWriter) WriteState(ctx context.Context, ts []*hamsv1.Tensor, version uint64) error {
+	if err := h.hold(ctx); err != nil {
+		return err
+	}
+	return h.counterBackend.WriteState(ctx, ts, version)
+}
+
+func (h *heldRangeWriter) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
+	if err := h.hold(ctx); err != nil {
+		return err
+	}
+	return h.counterBackend.WriteStateRanges(ctx, specs, base, version, ranges)
+}
+
+// A backup applies (and acknowledges, and announces) without waiting for
+// its model server: the write follows behind. A promotion writes what the
+// model server lacks before the new primary runs, so it computes on the
+// durable state.
+func TestBackupWritesBehindAndPromotionFlushes(t *testing.T) {
+	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+	hw := &heldRangeWriter{counterBackend: newDeltaCounter(8), release: make(chan struct{}), entered: make(chan struct{}, 1)}
+	back := r.start("a", hw, RoleBackup, 1, false, nil)
+	pbe := newDeltaCounter(8)
+	prim := r.start("a", pbe, RolePrimary, 1, true, nil)
+	r.send(1, 12)
+	waitFor(t, "12 replies", func() bool { return r.sink.count() == 12 })
+	waitFor(t, "the backup applied every request", func() bool { return maxSeqOf(back.sc) == 12 })
+	waitFor(t, "the primary knows", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.seq == 12 })
+	if d := bkStateDigest(back.sc); d != pbe.Digest() {
+		t.Fatalf("backup applied %s, primary is at %s", d, pbe.Digest())
+	}
+	hw.mu.Lock()
+	writes := hw.writes
+	hw.mu.Unlock()
+	if writes != 0 {
+		t.Fatalf("%d writes reached the held model server", writes)
+	}
+	prim.kill()
+	<-hw.entered // the writer's held write
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.client(back.addr).Promote(context.Background(), &hamsv1.PromoteRequest{Model: "a", Epoch: 2})
+		done <- err
+	}()
+	select {
+	case <-hw.entered: // the promotion's flush, with the writer stopped
+	case err := <-done:
+		t.Fatalf("Promote returned (%v) without writing the state to the model server", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the promotion neither wrote the state nor returned")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Promote returned (%v) before the model server had the state", err)
+	default:
+	}
+	close(hw.release)
+	if err := <-done; err != nil {
+		t.Fatalf("Promote: %v", err)
+	}
+	if got := hw.Digest(); got != pbe.Digest() {
+		t.Fatalf("promoted model server holds %s, the durable state is %s", got, pbe.Digest())
 	}
 }

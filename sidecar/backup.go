@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -24,10 +25,17 @@ import (
 // maxSnapshotBytes bounds the state a backup accepts in one snapshot.
 const maxSnapshotBytes = 1 << 34
 
-// received is a snapshot buffered by the backup until it is applied.
+// errNeedBase is in the FailedPrecondition a backup answers to a delta
+// snapshot it has no base state for; the primary then ships a full one.
+const errNeedBase = "needs a full base state first"
+
+// received is a snapshot buffered by the backup until it is applied:
+// the full state (data, never written after receipt) or, for a delta
+// snapshot, the ranges to patch into the previous one's state.
 type received struct {
 	header *hamsv1.SnapshotHeader
-	state  []*hamsv1.Tensor
+	data   []byte
+	delta  []*hamsv1.StateRange
 	digest string
 	at     time.Time
 }
@@ -35,13 +43,29 @@ type received struct {
 // backupState is a backup sidecar's state manager: it buffers snapshots
 // from the primary, feeds nspb.Backup (Algorithm 2) with them and with its
 // PFMs' durability notices, and performs the resulting actions in order:
-// Apply = WriteState + keep the outputs + audit records, Announce =
-// Coord.Announce.
+// Apply = install the state in the sidecar's copy (cur) + keep the outputs
+// + audit records, Announce = Coord.Announce. A writer writes the applied
+// state to the backup's model server behind the applies (write-behind:
+// only the newest state matters, so writes coalesce; with a model server
+// that takes partial writes, only the ranges that changed).
+//
+// Durability is the state held on the backup's host: the sidecar's copy
+// and its model server fail together (one host; the supervisor kills the
+// survivor of a pair), so a state is as durable in the copy as in the
+// model server, and the write to the model server stays off the path
+// replies wait on. A promotion first writes whatever the model server
+// lacks (flush), so the new primary computes on the durable state.
 //
 // Invariants (under mu): snaps holds exactly the snapshots alg has pending
 // (received, not yet applied); acts holds the actions alg returned that
 // the applier has not performed yet, in the order returned. doneBatch and
-// doneSeq advance only after the applier has written a state.
+// doneSeq advance only after the applier installed a state in cur and
+// wrote its audit records. cur is the state after doneBatch (specs
+// curSpecs, version curVersion); shared marks cur as read by the writer
+// (a pending or running full write), so a delta patches a copy instead.
+// The model server holds version written plus the pending write (wFull,
+// then wRanges, up to wVersion) and the one the writer is running
+// (inFull, inRanges, up to inVersion).
 type backupState struct {
 	s *Sidecar
 
@@ -61,17 +85,30 @@ type backupState struct {
 	epoch     uint64
 	synced    bool
 	syncEpoch uint64
-	// last is the last snapshot written (a promotion starts from it).
+	// last is the last snapshot applied (a promotion starts from it).
 	last *received
 	// durable holds the last PFM notices seen (replayed into a new alg).
 	pfmDurable map[string]uint64
+
+	cur        []byte
+	curSpecs   []*hamsv1.TensorSpec
+	curVersion uint64
+	shared     bool
+	// Write-behind to the model server.
+	written           uint64
+	wFull, inFull     []byte
+	wRanges, inRanges []*hamsv1.StateRange
+	wVersion          uint64
+	inVersion         uint64
+	wDirty, inBusy    bool
+	writeWake         chan struct{}
 }
 
 func newBackupState(s *Sidecar) *backupState {
 	return &backupState{
 		s: s, alg: nspb.NewBackup(s.cfg.Model, s.pfm, s.nfm, 0, 0),
 		snaps: map[uint64]*received{}, applying: map[uint64]*received{}, wake: make(chan struct{}, 1),
-		epoch: s.epochV.Load(), pfmDurable: map[string]uint64{},
+		epoch: s.epochV.Load(), pfmDurable: map[string]uint64{}, writeWake: make(chan struct{}, 1),
 	}
 }
 
@@ -136,7 +173,15 @@ func (b *backupState) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := b.writer(ctx); err != nil && ctx.Err() == nil {
+			errc <- err
+			cancel()
+		}
+	}()
 	if len(s.pfm) > 0 {
 		wg.Add(1)
 		go func() {
@@ -150,10 +195,8 @@ func (b *backupState) run(ctx context.Context) error {
 	err := b.applier(ctx, alog)
 	cancel()
 	wg.Wait()
-	select {
-	case werr := <-errc:
-		err = errors.Join(err, werr)
-	default:
+	for len(errc) > 0 {
+		err = errors.Join(err, <-errc)
 	}
 	return err
 }
@@ -208,10 +251,10 @@ func (b *backupState) applier(ctx context.Context, alog *audit.Log) error {
 	}
 }
 
-// perform applies a run of actions. Each snapshot holds the full state
-// after its batch, so of consecutive Applies only the last state is
-// written; audit records, kept outputs and the announcement (the highest
-// durable seq) follow the write.
+// perform applies a run of actions: each snapshot's state is installed
+// in cur in batch order, its requests recorded (lineage index, kept
+// outputs, audit with the digest of the state after it), then the
+// writer is woken and the highest durable seq announced.
 func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *audit.Log) error {
 	s := b.s
 	var applies []*received
@@ -235,37 +278,30 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	if len(applies) == 0 {
 		return nil
 	}
-	top := applies[len(applies)-1]
 	now := time.Now()
-	for _, r := range applies {
-		s.metrics.applyWait.Observe(now.Sub(r.at).Seconds())
-	}
-	var err error
-	for attempt := 0; attempt < stateOpAttempts; attempt++ {
-		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
-			return ctx.Err()
-		}
-		start := time.Now()
-		if dw, ok := s.sbe.(DigestStateWriter); ok {
-			err = dw.WriteStateDigest(ctx, top.state, top.header.GetStateVersion(), top.digest)
-		} else {
-			err = s.sbe.WriteState(ctx, top.state, top.header.GetStateVersion())
-		}
-		s.metrics.applySeconds.Observe(time.Since(start).Seconds())
-		if err == nil {
-			break
-		}
-		s.log.Warn("write state failed", "batch", top.header.GetBatchId(), "attempt", attempt+1, "err", err)
-	}
-	if err != nil {
-		return fmt.Errorf("write state of batch %d: %w", top.header.GetBatchId(), err)
-	}
 	var maxSeq uint64
 	for _, r := range applies {
+		s.metrics.applyWait.Observe(now.Sub(r.at).Seconds())
 		h := r.header
+		start := time.Now()
+		if err := b.install(r); err != nil {
+			return fmt.Errorf("apply batch %d: %w", h.GetBatchId(), err)
+		}
+		s.metrics.applySeconds.Observe(time.Since(start).Seconds())
+		var stateDigest string
+		if alog != nil {
+			// The contract's state_digest: of the whole state after
+			// this snapshot's batches (cur is only written by this
+			// goroutine).
+			stateDigest = r.digest
+			if r.delta != nil {
+				sum := sha256.Sum256(b.cur)
+				stateDigest = hex.EncodeToString(sum[:])
+			}
+		}
 		s.idx.executed(recordsOf(s.cfg.Model, h.GetRequests(), s.isStateful))
 		outs, oerr := splitOutputs(&hamsv1.BatchResponse{Outputs: h.GetOutputs(), Rows: h.GetOutputRows()}, len(h.GetRequests()))
-		if oerr != nil {
+		if oerr != nil && len(h.GetRequests()) > 0 {
 			s.log.Warn("snapshot outputs do not split per request; not kept", "batch", h.GetBatchId(), "err", oerr)
 		}
 		for i, rq := range h.GetRequests() {
@@ -276,7 +312,7 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 				}})
 			}
 			if werr := alog.Write(audit.Durable{Model: s.cfg.Model, Seq: rq.GetSeq(), InputDigest: rq.GetInputDigest(),
-				OutputDigest: rq.GetOutputDigest(), StateDigest: r.digest}); werr != nil {
+				OutputDigest: rq.GetOutputDigest(), StateDigest: stateDigest}); werr != nil {
 				return werr
 			}
 		}
@@ -285,12 +321,17 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	if err := alog.Flush(); err != nil {
 		return fmt.Errorf("flush audit log: %w", err)
 	}
+	top := applies[len(applies)-1]
 	b.mu.Lock()
 	b.doneBatch = top.header.GetBatchId()
 	b.doneSeq = max(b.doneSeq, maxSeq)
 	b.last = top
 	done := b.doneSeq
 	b.mu.Unlock()
+	select {
+	case b.writeWake <- struct{}{}:
+	default:
+	}
 	s.metrics.durableSeq.Set(float64(done))
 	_, items, bytes := s.outlog.Stats()
 	s.metrics.outlogItems.Set(float64(items))
@@ -316,6 +357,129 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	}
 }
 
+// install makes r's state the current one and queues it for the model
+// server (applier goroutine; cur is written here only).
+func (b *backupState) install(r *received) error {
+	h := r.header
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r.delta == nil {
+		b.cur, b.curSpecs, b.curVersion, b.shared = r.data, h.GetStateTensors(), h.GetStateVersion(), true
+		b.wFull, b.wRanges = r.data, nil
+	} else {
+		if b.cur == nil {
+			return fmt.Errorf("delta snapshot without a base state")
+		}
+		if err := checkRanges(r.delta, uint64(len(b.cur))); err != nil {
+			return err
+		}
+		if b.shared {
+			b.cur, b.shared = bytes.Clone(b.cur), false
+		}
+		patchRanges(b.cur, r.delta)
+		b.curVersion = h.GetStateVersion()
+		if b.wFull == nil {
+			b.wRanges = append(b.wRanges, r.delta...)
+		}
+		if b.wFull != nil || b.rangeWriter() == nil {
+			// The model server takes whole states only; or a full
+			// write is pending anyway: write cur whole.
+			b.wFull, b.wRanges, b.shared = b.cur, nil, true
+		}
+	}
+	b.wVersion, b.wDirty = b.curVersion, true
+	return nil
+}
+
+func (b *backupState) rangeWriter() StateRangeWriter {
+	w, _ := b.s.sbe.(StateRangeWriter)
+	return w
+}
+
+// writer writes the applied state to the model server behind the
+// applies, until ctx ends. A write that keeps failing stops the backup
+// (fail-stop: a backup whose model server cannot take the state cannot
+// be promoted).
+func (b *backupState) writer(ctx context.Context) error {
+	for {
+		b.mu.Lock()
+		if !b.inBusy && b.wDirty {
+			b.inFull, b.inRanges, b.inVersion, b.inBusy = b.wFull, b.wRanges, b.wVersion, true
+			b.wFull, b.wRanges, b.wDirty = nil, nil, false
+		}
+		busy := b.inBusy
+		b.mu.Unlock()
+		if !busy {
+			select {
+			case <-b.writeWake:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if err := b.writeInFlight(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// writeInFlight writes the taken write (retrying; caller: the writer, or
+// flush with the writer stopped).
+func (b *backupState) writeInFlight(ctx context.Context) error {
+	s := b.s
+	b.mu.Lock()
+	full, ranges, version, base, specs := b.inFull, b.inRanges, b.inVersion, b.written, b.curSpecs
+	b.mu.Unlock()
+	var err error
+	for attempt := 0; attempt < stateOpAttempts; attempt++ {
+		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
+			return ctx.Err()
+		}
+		if full != nil {
+			var ts []*hamsv1.Tensor
+			if ts, err = tensor.SplitBySpecs(specs, full); err != nil {
+				return fmt.Errorf("write state version %d: %w", version, err)
+			}
+			err = s.sbe.WriteState(ctx, ts, version)
+		} else {
+			err = b.rangeWriter().WriteStateRanges(ctx, specs, base, version, mergeRanges(ranges))
+		}
+		if err == nil {
+			break
+		}
+		s.log.Warn("write state to the model server failed", "version", version, "attempt", attempt+1, "err", err)
+	}
+	if err != nil {
+		return fmt.Errorf("write state version %d to the model server: %w", version, err)
+	}
+	b.mu.Lock()
+	b.written, b.inFull, b.inRanges, b.inBusy = version, nil, nil, false
+	b.mu.Unlock()
+	return nil
+}
+
+// flush writes whatever the model server lacks of cur (the writer is
+// stopped: a promotion, with the role stage down).
+func (b *backupState) flush(ctx context.Context) error {
+	b.mu.Lock()
+	if b.inBusy && b.wDirty {
+		// Both a running and a pending write: write cur whole.
+		b.inFull, b.inRanges, b.inVersion, b.shared = b.cur, nil, b.curVersion, true
+	} else if b.wDirty {
+		b.inFull, b.inRanges, b.inVersion, b.inBusy = b.wFull, b.wRanges, b.wVersion, true
+	}
+	b.wFull, b.wRanges, b.wDirty = nil, nil, false
+	busy := b.inBusy
+	b.mu.Unlock()
+	if !busy {
+		return nil
+	}
+	return b.writeInFlight(ctx)
+}
+
 // receive reads one snapshot from a ShipSnapshot stream and checks it:
 // header first, no data past state_bytes, the digest on the last chunk
 // and matching the data.
@@ -336,10 +500,14 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: model %q, this is the backup of %q", h.GetModel(), s.cfg.Model)
 	case h.GetBatchId() == 0:
 		return nil, status.Error(codes.InvalidArgument, "ship snapshot: batch id 0")
-	case len(h.GetRequests()) == 0:
-		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: batch %d covers no request", h.GetBatchId())
+	case len(h.GetRequests()) == 0 && h.GetDelta():
+		// Only a full state (a base) may cover no request.
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: delta batch %d covers no request", h.GetBatchId())
 	case h.GetStateBytes() > maxSnapshotBytes:
 		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot: %d state bytes (limit %d)", h.GetStateBytes(), uint64(maxSnapshotBytes))
+	}
+	if h.GetDelta() {
+		return b.receiveDelta(stream, first)
 	}
 	data := make([]byte, 0, h.GetStateBytes())
 	digest := first.GetStateDigest()
@@ -373,11 +541,62 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if got := hex.EncodeToString(sum[:]); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}
-	state, err := tensor.SplitBySpecs(h.GetStateTensors(), data)
-	if err != nil {
+	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), data); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
 	}
-	return &received{header: h, state: state, digest: digest, at: time.Now()}, nil
+	return &received{header: h, data: data, digest: digest, at: time.Now()}, nil
+}
+
+// receiveDelta reads the ranges of a delta snapshot: data chunks with
+// their offsets inside state_bytes, delta_bytes in all, the digest of
+// their data on the last one.
+func (b *backupState) receiveDelta(stream hamsv1.Replication_ShipSnapshotServer, first *hamsv1.SnapshotChunk) (*received, error) {
+	h := first.GetHeader()
+	if h.GetDeltaBytes() > h.GetStateBytes() {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d delta bytes for a %d-byte state", h.GetBatchId(), h.GetDeltaBytes(), h.GetStateBytes())
+	}
+	var (
+		ranges = []*hamsv1.StateRange{}
+		got    uint64
+		sum    = sha256.New()
+		digest = first.GetStateDigest()
+	)
+	for {
+		ch, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if digest != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: chunk after the one with the state digest", h.GetBatchId())
+		}
+		if ch.GetHeader() != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: second header", h.GetBatchId())
+		}
+		d := ch.GetData()
+		if got += uint64(len(d)); got > h.GetDeltaBytes() {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d delta bytes", h.GetBatchId(), h.GetDeltaBytes())
+		}
+		r := &hamsv1.StateRange{Offset: ch.GetOffset(), Data: d}
+		if err := checkRanges([]*hamsv1.StateRange{r}, h.GetStateBytes()); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
+		}
+		sum.Write(d)
+		ranges = append(ranges, r)
+		digest = ch.GetStateDigest()
+	}
+	if digest == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: stream ended without the delta digest", h.GetBatchId())
+	}
+	if got != h.GetDeltaBytes() {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d delta bytes", h.GetBatchId(), got, h.GetDeltaBytes())
+	}
+	if s := hex.EncodeToString(sum.Sum(nil)); s != digest {
+		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: delta digest %s does not match the data (%s)", h.GetBatchId(), digest, s)
+	}
+	return &received{header: h, delta: ranges, digest: digest, at: time.Now()}, nil
 }
 
 // shipSnapshot serves Replication.ShipSnapshot: it answers as soon as the
@@ -400,7 +619,16 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 		b.mu.Unlock()
 		return status.Errorf(codes.FailedPrecondition, "ship snapshot %d: stale epoch %d < %d", h.GetBatchId(), h.GetEpoch(), b.epoch)
 	}
-	if !b.synced || h.GetEpoch() > b.syncEpoch {
+	if (!b.synced || h.GetEpoch() > b.syncEpoch) && h.GetDelta() {
+		b.mu.Unlock()
+		return status.Errorf(codes.FailedPrecondition, "ship snapshot %d: delta snapshot, and this backup %s", h.GetBatchId(), errNeedBase)
+	}
+	base := !b.synced || h.GetEpoch() > b.syncEpoch
+	if applied, _ := b.alg.Applied(); !base && len(h.GetRequests()) == 0 && meta.BatchID > applied && b.snaps[meta.BatchID] == nil {
+		b.mu.Unlock()
+		return status.Errorf(codes.InvalidArgument, "ship snapshot %d: covers no request (only a base state may)", h.GetBatchId())
+	}
+	if base {
 		b.epoch = max(b.epoch, h.GetEpoch())
 		if b.s.epochV.Load() < b.epoch {
 			b.s.epochV.Store(b.epoch) // announce at the primary's epoch
@@ -421,12 +649,12 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 		b.push(acts)
 		b.maxRecvSeq = max(b.maxRecvSeq, maxSeq)
 	}
-	// Applied in the acknowledgement means written: alg's Applied only
-	// says the Apply was decided (the applier may not have written that
-	// state yet, and fails with its model server). A primary that took a
-	// decided apply for a written one would leave the batch's requests out
-	// of a new backup's base (shipper.rebaseSnapshot) and move its
-	// rollback target past the state its backup holds.
+	// Applied in the acknowledgement means installed and recorded:
+	// alg's Applied only says the Apply was decided (the applier may not
+	// have installed that state and written its audit records yet). A
+	// primary that took a decided apply for a done one would leave the
+	// batch's requests out of a new backup's base (shipper.rebaseSnapshot)
+	// and move its rollback target past the state its backup holds.
 	applied, _ = b.alg.Applied()
 	applied = min(applied, b.doneBatch)
 	b.mu.Unlock()

@@ -35,6 +35,7 @@ type metrics struct {
 	copyPin    prometheus.Histogram // copy start -> state captured
 	shipSend   prometheus.Histogram // one ShipSnapshot call
 	coalesced  prometheus.Histogram // batches per shipped snapshot
+	deltaBytes prometheus.Histogram // bytes of a delta snapshot's state
 	applyWait  prometheus.Histogram // backup: received -> applied
 	announce   prometheus.Histogram // backup: Coord.Announce
 
@@ -105,6 +106,9 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	m.coalesced = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "hams_sidecar_snapshot_batches", Help: "Batches covered by one shipped snapshot.", ConstLabels: cl,
 		Buckets: []float64{0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64}})
+	m.deltaBytes = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "hams_sidecar_snapshot_delta_bytes", Help: "State bytes a batch changed (delta snapshots: what is shipped instead of the whole state).", ConstLabels: cl,
+		Buckets: prometheus.ExponentialBuckets(256, 4, 12)})
 	m.applyWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "hams_sidecar_backup_apply_wait_seconds", Help: "Backup: from a snapshot's arrival to its apply starting (earlier batches, PFM durability, the applier).", ConstLabels: cl, Buckets: secs})
 	m.announce = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -119,7 +123,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.outlogBytes, m.outlogItems,
 			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq,
-			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.applyWait, m.announce)
+			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.applyWait, m.announce)
 	}
 	return m
 }

@@ -69,6 +69,9 @@ type computedBatch struct {
 	rows     []uint32
 	released bool
 	copied   bool
+	// capture: the state the compute staged, and its version.
+	delta   []*hamsv1.StateRange
+	version uint64
 }
 
 // snapshot is <requests with lineage, state tensors, outputs> after one
@@ -80,14 +83,21 @@ type snapshot struct {
 	taken bool
 	// last is the primary's batch the state is after; batches how many
 	// batches' requests the snapshot covers.
-	last     uint64
-	batches  int
-	seq      uint64 // highest request seq the state covers
-	header   *hamsv1.SnapshotHeader
+	last    uint64
+	batches int
+	seq     uint64 // highest request seq the state covers
+	header  *hamsv1.SnapshotHeader
+	// state is the full state (tensors of header.StateTensors); a delta
+	// snapshot (header.Delta) has delta instead: the ranges that changed
+	// since the previous snapshot's state.
 	state    []*hamsv1.Tensor
-	digest   string // of the state bytes; set by the shipper
+	delta    []*hamsv1.StateRange
+	digest   string // of the state bytes (a delta's: of its data); set by the shipper
 	copiedAt time.Time
 }
+
+// isDelta reports whether sn carries ranges, not the full state.
+func (sn *snapshot) isDelta() bool { return sn.header.GetDelta() }
 
 // primary drives a replicated stateful model's batches through an
 // nspb.Pipeline. It runs on the executor goroutine; backend operations run
@@ -113,9 +123,11 @@ type primary struct {
 	covered   uint64
 	streaming bool
 	// onDemand: copies only when the shipper can take one (non-stop
-	// modes); pinEarly: the backend reports the capture of a copy.
-	onDemand, pinEarly bool
-	copyFails          int
+	// modes); pinEarly: the backend reports the capture of a copy;
+	// capture: compute returns the staged state (delta snapshots, no
+	// copies at all).
+	onDemand, pinEarly, capture bool
+	copyFails                   int
 	// computedAt: when each batch's compute ended (update-wait metric).
 	computedAt map[uint64]time.Time
 }
@@ -125,6 +137,9 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 	if !s.describe(ctx) {
 		return nil
 	}
+	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, s.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{},
+		covered: s.baseBatch, computedAt: map[uint64]time.Time{}}
+	p.capture = s.desc.GetStateDelta() && p.pipe.CaptureAtCompute()
 	if s.ship.Applied() == nil {
 		// The rollback target before the backup applied anything: the
 		// state this primary starts from.
@@ -135,11 +150,19 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 			}
 			return fmt.Errorf("read initial state: %w", err)
 		}
-		s.ship.reset(s.baseSnapshot(ts, v, nil), false)
+		base := s.baseSnapshot(ts, v, nil)
+		if p.capture {
+			// Deltas need a base at the backup: the initial state goes
+			// first, as snapshot 1 (snapshot ids are the shipper's, not
+			// batch numbers; 0 is no snapshot).
+			base.batch = max(base.batch, 1)
+			base.header.BatchId = base.batch
+		}
+		s.ship.reset(base, p.capture)
 	}
-	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, s.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{},
-		covered: s.baseBatch, computedAt: map[uint64]time.Time{}}
-	p.onDemand = p.pipe.CopyOnDemand()
+	if !p.capture {
+		p.onDemand = p.pipe.CopyOnDemand()
+	}
 	_, p.pinEarly = s.sbe.(PinnedStateReader)
 	p.pinEarly = p.pinEarly && p.onDemand
 	defer p.ops.Wait()
@@ -243,6 +266,7 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 			ev.err = err
 			return ev
 		}
+		req.StageDelta = p.capture
 		// Compute leaves the state untouched, so a compute that found
 		// the backend unreachable is retried (retryBackend).
 		var resp *hamsv1.BatchResponse
@@ -255,6 +279,9 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 			s.metrics.batchSize.Observe(float64(len(reqs)))
 			return err
 		})
+		if err == nil && p.capture && !resp.GetHasStateDelta() {
+			err = fmt.Errorf("compute of batch %d: the backend advertises state deltas but returned none", id)
+		}
 		if err == nil {
 			ev.resp = resp
 			ev.outs, err = splitOutputs(resp, len(reqs))
@@ -317,7 +344,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		p.copyFails = 0
 		s.metrics.snapCopy.Observe(ev.dur.Seconds())
 		p.streaming = false
-		sn := p.snapshotOf(ev)
+		sn := p.snapshotOf(ev.batch, ev.state, ev.version, ev.digest)
 		if !ev.pinned {
 			p.copied(ctx, ev.batch)
 		}
@@ -332,15 +359,22 @@ func (p *primary) copied(ctx context.Context, n uint64) {
 	p.do(ctx, p.pipe.Copied(n))
 }
 
-// snapshotOf builds the snapshot of a copy of the state after batch
-// ev.batch: it covers every batch since the previous snapshot.
-func (p *primary) snapshotOf(ev opDone) *snapshot {
+// snapshotOf builds the snapshot of the state after batch last (a copy
+// of it, or, with state nil, the header of a delta snapshot, specs and
+// size from the base state): it covers every batch since the previous
+// snapshot.
+func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64, digest string) *snapshot {
 	s := p.s
 	var bytes uint64
-	specs := make([]*hamsv1.TensorSpec, len(ev.state))
-	for i, t := range ev.state {
-		bytes += uint64(len(t.GetData()))
-		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
+	var specs []*hamsv1.TensorSpec
+	if state != nil {
+		specs = specsOf(state)
+		for _, t := range state {
+			bytes += uint64(len(t.GetData()))
+		}
+		s.stateSpecs, s.stateBytes = specs, bytes
+	} else {
+		specs, bytes = s.stateSpecs, s.stateBytes
 	}
 	s.metrics.stateBytes.Set(float64(bytes))
 	var (
@@ -350,7 +384,7 @@ func (p *primary) snapshotOf(ev opDone) *snapshot {
 		maxSeq  uint64
 		n       int
 	)
-	for id := p.covered + 1; id <= ev.batch; id++ {
+	for id := p.covered + 1; id <= last; id++ {
 		b := p.batches[id]
 		if b == nil {
 			continue // a failed compute consumed no id; never here
@@ -365,17 +399,17 @@ func (p *primary) snapshotOf(ev opDone) *snapshot {
 		p.forget(b)
 		n++
 	}
-	p.covered = ev.batch
+	p.covered = last
 	var outputs []*hamsv1.Tensor
 	if len(parts) > 0 {
 		var err error
 		if outputs, err = concatOutputs(parts); err != nil {
-			s.log.Warn("outputs of coalesced batches do not concatenate; the backup keeps none of them", "batch", ev.batch, "err", err)
+			s.log.Warn("outputs of coalesced batches do not concatenate; the backup keeps none of them", "batch", last, "err", err)
 			outputs, rows = nil, nil
 		}
 	}
-	return &snapshot{last: ev.batch, batches: n, seq: maxSeq, state: ev.state, digest: ev.digest, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
-		Model: s.cfg.Model, Epoch: s.epoch(), StateVersion: ev.version,
+	return &snapshot{last: last, batches: n, seq: maxSeq, state: state, digest: digest, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+		Model: s.cfg.Model, Epoch: s.epoch(), StateVersion: version,
 		Requests: records, StateTensors: specs, StateBytes: bytes, Outputs: outputs, OutputRows: rows,
 	}}
 }
@@ -428,7 +462,8 @@ func (p *primary) record(ev opDone) *computedBatch {
 	seqs, lineages := s.lineage.RecordBatch(parts, ev.outs)
 	s.idx.executed(s.execRecs(parts, seqs, lineages))
 	b := &computedBatch{id: ev.batch, outputs: ev.resp.GetOutputs(), rows: ev.resp.GetRows(),
-		items: make([]*hamsv1.Item, len(ev.reqs)), records: make([]*hamsv1.RequestRecord, len(ev.reqs))}
+		items: make([]*hamsv1.Item, len(ev.reqs)), records: make([]*hamsv1.RequestRecord, len(ev.reqs)),
+		delta: ev.resp.GetStateDelta(), version: ev.resp.GetNextStateVersion()}
 	for i, r := range ev.reqs {
 		p0 := r.j.Parts[0]
 		lin := lineages[i]
@@ -457,8 +492,28 @@ func (p *primary) do(ctx context.Context, acts []nspb.Action) {
 			p.update(ctx, a.Batch, 0)
 		case nspb.Copy:
 			p.copyState(ctx, a.Batch, 0)
+		case nspb.Ship:
+			if p.capture {
+				p.shipCaptured(a.Batch)
+			}
 		}
 	}
+}
+
+// shipCaptured hands the delta snapshot of batch n (its compute's staged
+// state) to the shipper.
+func (p *primary) shipCaptured(n uint64) {
+	b := p.batches[n]
+	if b == nil {
+		p.s.log.Error("ship of an unknown batch", "batch", n)
+		return
+	}
+	sn := p.snapshotOf(n, nil, b.version, "")
+	sn.delta = b.delta
+	sn.header.Delta, sn.header.DeltaBytes = true, rangeBytes(b.delta)
+	b.delta = nil
+	p.s.metrics.deltaBytes.Observe(float64(sn.header.DeltaBytes))
+	p.s.ship.enqueue(sn)
 }
 
 func (p *primary) release(n uint64) {
@@ -541,11 +596,11 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // target): batch baseBatch, covering reqs.
 func (s *Sidecar) baseSnapshot(state []*hamsv1.Tensor, version uint64, reqs []*hamsv1.RequestRecord) *snapshot {
 	var bytes uint64
-	specs := make([]*hamsv1.TensorSpec, len(state))
-	for i, t := range state {
+	specs := specsOf(state)
+	for _, t := range state {
 		bytes += uint64(len(t.GetData()))
-		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
 	}
+	s.stateSpecs, s.stateBytes = specs, bytes
 	return &snapshot{batch: s.baseBatch, taken: true, last: s.baseBatch, seq: s.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
 		Model: s.cfg.Model, Epoch: s.epoch(), BatchId: s.baseBatch, StateVersion: version,
 		Requests: reqs, StateTensors: specs, StateBytes: bytes,

@@ -127,133 +127,139 @@ func (l *noticeLog) snapshot() []*hamsv1.DurabilityNotice {
 // announcement fails the promotion and leaves the backup as it was. A
 // rollback announces its new epoch the same way.
 func TestPromotionAnnouncesEpochFirst(t *testing.T) {
-	r := newRig(t, failoverChain)
-	var notices noticeLog
-	r.wg.Add(1)
-	go func() { defer r.wg.Done(); _ = r.co.WatchDurable(r.ctx, []string{"b"}, notices.add) }()
-	var mu sync.Mutex
-	limit := uint64(1)
-	a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	b2be := newCounter(4)
-	oc := &orderCoord{}
-	b2 := r.start("b", b2be, RoleBackup, 1, false, func(s *Sidecar) { oc.Coord = s.cfg.Coord; s.cfg.Coord = oc })
-	b1 := r.start("b", newCounter(4), RolePrimary, 1, true, holdShipping(&limit, &mu))
-	const n = 30
-	r.send(1, n)
-	waitFor(t, "replies from b's first primary", func() bool { return r.sink.count() >= n })
-	waitFor(t, "b's backup applied snapshot 1", func() bool { _, batch := b2.sc.bk.MaxSeq(); return batch == 1 })
-	b1.kill()
-	maxSeq, _ := b2.sc.bk.MaxSeq()
-	if maxSeq == 0 || maxSeq >= n {
-		t.Fatalf("backup max seq %d: the test needs released outputs beyond it", maxSeq)
-	}
-	// Traffic for b goes to the backup from now on; it is refused until
-	// the promotion, then executed.
-	r.res.Set("b", b2.addr, 2)
-	ctx := context.Background()
-	rb := r.client(b2.addr)
-
-	oc.mu.Lock()
-	oc.fail = true
-	oc.mu.Unlock()
-	if _, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2}); status.Code(err) != codes.Unavailable {
-		t.Fatalf("Promote with Coord down: %v, want Unavailable", err)
-	}
-	if b2.sc.Role() != RoleBackup {
-		t.Fatal("a promotion whose announcement failed changed the role")
-	}
-	if ms, err := rb.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "b"}); err != nil || ms.MaxSeq != maxSeq {
-		t.Fatalf("backup after the failed promotion: %v %v", ms, err)
-	}
-
-	type seen struct {
-		role     string
-		computes int
-		resends  uint64
-	}
-	var at []seen
-	oc.mu.Lock()
-	oc.fail = false
-	oc.hook = func(nt *hamsv1.DurabilityNotice) {
-		if nt.GetEpoch() != 2 || len(at) > 0 {
-			return
+	bothStateKinds(t, func(t *testing.T, delta bool) {
+		r := newRig(t, failoverChain)
+		var notices noticeLog
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); _ = r.co.WatchDurable(r.ctx, []string{"b"}, notices.add) }()
+		var mu sync.Mutex
+		// Snapshot 1 covers the first batch (with deltas: 2; 1 is the
+		// initial state).
+		first := firstSnapshot(delta)
+		limit := first
+		a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+		b2be := newCounter(4)
+		oc := &orderCoord{}
+		b2 := r.start("b", b2be, RoleBackup, 1, false, func(s *Sidecar) { oc.Coord = s.cfg.Coord; s.cfg.Coord = oc })
+		b1 := r.start("b", newCounter(4), RolePrimary, 1, true, holdShipping(&limit, &mu))
+		const n = 30
+		r.send(1, 4)
+		waitFor(t, "b's backup applied the first snapshot", func() bool { _, batch := b2.sc.bk.MaxSeq(); return batch == first })
+		r.send(5, n)
+		waitFor(t, "replies from b's first primary", func() bool { return r.sink.count() >= n })
+		b1.kill()
+		maxSeq, _ := b2.sc.bk.MaxSeq()
+		if maxSeq == 0 || maxSeq >= n {
+			t.Fatalf("backup max seq %d: the test needs released outputs beyond it", maxSeq)
 		}
-		b2be.mu.Lock()
-		c := b2be.computes
-		b2be.mu.Unlock()
-		var rs uint64
-		for _, snd := range b2.sc.sendersNow() {
-			rs += snd.Stats().Resends
+		// Traffic for b goes to the backup from now on; it is refused until
+		// the promotion, then executed.
+		r.res.Set("b", b2.addr, 2)
+		ctx := context.Background()
+		rb := r.client(b2.addr)
+
+		oc.mu.Lock()
+		oc.fail = true
+		oc.mu.Unlock()
+		if _, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Promote with Coord down: %v, want Unavailable", err)
 		}
-		at = append(at, seen{b2.sc.Role(), c, rs})
-	}
-	oc.mu.Unlock()
-	pr, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
-	if err != nil || pr.MaxSeq != maxSeq {
-		t.Fatalf("Promote: %v %v", pr, err)
-	}
-	oc.mu.Lock()
-	got := at
-	oc.mu.Unlock()
-	if len(got) != 1 || got[0].role != RoleBackup || got[0].computes != 0 || got[0].resends != 0 {
-		t.Fatalf("state when the epoch-2 notice was published: %+v (want backup, nothing computed or resent)", got)
-	}
-	// The promoted primary resends its kept outputs and executes new
-	// requests only now; every reply completes.
-	if _, err := rb.Resend(ctx, &hamsv1.ResendRequest{ToModel: config.Frontend, Epoch: 0}); err != nil {
-		t.Fatalf("Resend from the promoted primary: %v", err)
-	}
-	if _, err := r.client(a.addr).Resend(ctx, &hamsv1.ResendRequest{ToModel: "b", ToAddress: b2.addr, AfterEdgeSeq: maxSeq, Epoch: 2}); err != nil {
-		t.Fatal(err)
-	}
-	r.send(n+1, n+4)
-	waitFor(t, "the promoted primary executed requests", func() bool {
-		b2be.mu.Lock()
-		defer b2be.mu.Unlock()
-		return b2be.computes > 0
-	})
-	// In stream order, the first notice of epoch 2 is the promotion's,
-	// at the backup's max applied seq.
-	waitFor(t, "the epoch-2 notice", func() bool {
-		for _, nt := range notices.snapshot() {
-			if nt.GetEpoch() >= 2 {
-				return true
+		if b2.sc.Role() != RoleBackup {
+			t.Fatal("a promotion whose announcement failed changed the role")
+		}
+		if ms, err := rb.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "b"}); err != nil || ms.MaxSeq != maxSeq {
+			t.Fatalf("backup after the failed promotion: %v %v", ms, err)
+		}
+
+		type seen struct {
+			role     string
+			computes int
+			resends  uint64
+		}
+		var at []seen
+		oc.mu.Lock()
+		oc.fail = false
+		oc.hook = func(nt *hamsv1.DurabilityNotice) {
+			if nt.GetEpoch() != 2 || len(at) > 0 {
+				return
 			}
+			b2be.mu.Lock()
+			c := b2be.computes
+			b2be.mu.Unlock()
+			var rs uint64
+			for _, snd := range b2.sc.sendersNow() {
+				rs += snd.Stats().Resends
+			}
+			at = append(at, seen{b2.sc.Role(), c, rs})
 		}
-		return false
-	})
-	for _, nt := range notices.snapshot() {
-		if nt.GetEpoch() < 2 {
-			continue
+		oc.mu.Unlock()
+		pr, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
+		if err != nil || pr.MaxSeq != maxSeq {
+			t.Fatalf("Promote: %v %v", pr, err)
 		}
-		if nt.GetEpoch() != 2 || nt.GetDurableSeq() != maxSeq || nt.GetModel() != "b" {
-			t.Fatalf("first notice of the new epoch: %v, want b epoch 2 durable %d", nt, maxSeq)
+		oc.mu.Lock()
+		got := at
+		oc.mu.Unlock()
+		if len(got) != 1 || got[0].role != RoleBackup || got[0].computes != 0 || got[0].resends != 0 {
+			t.Fatalf("state when the epoch-2 notice was published: %+v (want backup, nothing computed or resent)", got)
 		}
-		break
-	}
-
-	// Rollback to the kept state at epoch 3 announces that state first.
-	b2.sc.roleMu.Lock()
-	kept := b2.sc.ship.Applied()
-	b2.sc.roleMu.Unlock()
-	if _, err := rb.Rollback(ctx, &hamsv1.RollbackRequest{Model: "b", Epoch: 3}); err != nil {
-		t.Fatalf("Rollback: %v", err)
-	}
-	b2.sc.roleMu.Lock()
-	wantSeq := b2.sc.baseSeq
-	b2.sc.roleMu.Unlock()
-	if kept == nil || wantSeq < maxSeq {
-		t.Fatalf("rollback target seq %d (kept %v), below the promotion's %d", wantSeq, kept != nil, maxSeq)
-	}
-	waitFor(t, "the epoch-3 notice", func() bool {
-		for _, nt := range notices.snapshot() {
-			if nt.GetEpoch() == 3 {
-				if nt.GetDurableSeq() != wantSeq {
-					t.Fatalf("rollback notice %v, want durable %d", nt, wantSeq)
+		// The promoted primary resends its kept outputs and executes new
+		// requests only now; every reply completes.
+		if _, err := rb.Resend(ctx, &hamsv1.ResendRequest{ToModel: config.Frontend, Epoch: 0}); err != nil {
+			t.Fatalf("Resend from the promoted primary: %v", err)
+		}
+		if _, err := r.client(a.addr).Resend(ctx, &hamsv1.ResendRequest{ToModel: "b", ToAddress: b2.addr, AfterEdgeSeq: maxSeq, Epoch: 2}); err != nil {
+			t.Fatal(err)
+		}
+		r.send(n+1, n+4)
+		waitFor(t, "the promoted primary executed requests", func() bool {
+			b2be.mu.Lock()
+			defer b2be.mu.Unlock()
+			return b2be.computes > 0
+		})
+		// In stream order, the first notice of epoch 2 is the promotion's,
+		// at the backup's max applied seq.
+		waitFor(t, "the epoch-2 notice", func() bool {
+			for _, nt := range notices.snapshot() {
+				if nt.GetEpoch() >= 2 {
+					return true
 				}
-				return true
 			}
+			return false
+		})
+		for _, nt := range notices.snapshot() {
+			if nt.GetEpoch() < 2 {
+				continue
+			}
+			if nt.GetEpoch() != 2 || nt.GetDurableSeq() != maxSeq || nt.GetModel() != "b" {
+				t.Fatalf("first notice of the new epoch: %v, want b epoch 2 durable %d", nt, maxSeq)
+			}
+			break
 		}
-		return false
+
+		// Rollback to the kept state at epoch 3 announces that state first.
+		b2.sc.roleMu.Lock()
+		kept := b2.sc.ship.Applied()
+		b2.sc.roleMu.Unlock()
+		if _, err := rb.Rollback(ctx, &hamsv1.RollbackRequest{Model: "b", Epoch: 3}); err != nil {
+			t.Fatalf("Rollback: %v", err)
+		}
+		b2.sc.roleMu.Lock()
+		wantSeq := b2.sc.baseSeq
+		b2.sc.roleMu.Unlock()
+		if kept == nil || wantSeq < maxSeq {
+			t.Fatalf("rollback target seq %d (kept %v), below the promotion's %d", wantSeq, kept != nil, maxSeq)
+		}
+		waitFor(t, "the epoch-3 notice", func() bool {
+			for _, nt := range notices.snapshot() {
+				if nt.GetEpoch() == 3 {
+					if nt.GetDurableSeq() != wantSeq {
+						t.Fatalf("rollback notice %v, want durable %d", nt, wantSeq)
+					}
+					return true
+				}
+			}
+			return false
+		})
 	})
 }

@@ -196,119 +196,127 @@ func holdShipping(limit *uint64, mu *sync.Mutex) func(*Sidecar) {
 // durable twice with different outputs, and the new primary continued
 // from the backup's state.
 func TestStatefulFailover(t *testing.T) {
-	r := newRig(t, failoverChain)
-	var mu sync.Mutex
-	// Snapshot 1 covers the first batch only (the first copy follows the
-	// first update); later ones coalesce whatever is computed meanwhile.
-	limit := uint64(1)
-	a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	b2be := newCounter(4)
-	b2 := r.start("b", b2be, RoleBackup, 1, false, nil)
-	b1 := r.start("b", newCounter(4), RolePrimary, 1, true, holdShipping(&limit, &mu))
-	_ = a
-	const n = 60
-	r.send(1, 30)
-	waitFor(t, "30 replies from b's first primary", func() bool { return r.sink.count() >= 30 })
-	waitFor(t, "b's backup applied snapshot 1", func() bool { _, batch := b2.sc.bk.MaxSeq(); return batch == 1 })
-	b1.kill()
-	rb := r.client(b2.addr)
-	ctx := context.Background()
-	ms, err := rb.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "b"})
-	if err != nil || ms.BatchId != 1 || ms.MaxSeq == 0 || ms.MaxSeq >= 30 {
-		t.Fatalf("GetMaxSeq: %v %v", ms, err)
-	}
-	pos, err := rb.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{})
-	if err != nil || pos.MaxOutSeq != ms.MaxSeq || pos.MaxInByPred["a"] != ms.MaxSeq || pos.MaxInByPred[config.Frontend] != ms.MaxSeq {
-		t.Fatalf("backup's own summary: %v %v (max seq %d)", pos, err, ms.MaxSeq)
-	}
-	stateAtPromotion := b2be.Digest()
-	// A fresh backup for the new primary, then the promotion.
-	b3 := r.start("b", newCounter(4), RoleBackup, 2, false, nil)
-	pr, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
-	if err != nil || pr.MaxSeq != ms.MaxSeq {
-		t.Fatalf("Promote: %v %v", pr, err)
-	}
-	if _, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2}); err != nil {
-		t.Fatalf("repeated Promote: %v", err)
-	}
-	if _, err := rb.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "b"}); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("GetMaxSeq on the promoted primary: %v", err)
-	}
-	r.res.Set("b", b2.addr, 2)
-	if _, err := r.client(b3.addr).Demote(ctx, &hamsv1.DemoteRequest{Model: "b", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
-		t.Fatalf("SyncBackup: %v", err)
-	}
-	// A conservative position: requests the promoted state covers come
-	// again and must be dropped by request, not executed twice.
-	// (Saturating: the first batch, all the backup applied, may hold
-	// fewer than 4 requests.)
-	after := pos.MaxInByPred["a"] - min(pos.MaxInByPred["a"], 4)
-	rs, err := r.client(a.addr).Resend(ctx, &hamsv1.ResendRequest{ToModel: "b", ToAddress: b2.addr, AfterEdgeSeq: after, Epoch: 2})
-	if err != nil || rs.Resent == 0 {
-		t.Fatalf("Resend: %v %v", rs, err)
-	}
-	t.Logf("backup max_seq %d, positions %v, resent %d", ms.MaxSeq, pos.MaxInByPred, rs.Resent)
-	r.send(31, n)
-	// Durable b outputs per seq; every request needs a reply whose b
-	// output is among them.
-	durable := func() map[uint64]string {
-		m := map[uint64]string{}
-		for _, d := range durableRecords(t, b2, b3) {
-			if d.Model != "b" {
-				t.Fatalf("audit record of %q", d.Model)
-			}
-			if o, ok := m[d.Seq]; ok && o != d.OutputDigest {
-				t.Fatalf("b seq %d durable with two outputs", d.Seq)
-			}
-			m[d.Seq] = d.OutputDigest
+	bothStateKinds(t, func(t *testing.T, delta bool) {
+		r := newRig(t, failoverChain)
+		var mu sync.Mutex
+		// Snapshot 1 covers the first batch only (the first copy follows the
+		// first update); later ones coalesce whatever is computed meanwhile.
+		first := firstSnapshot(delta)
+		limit := first
+		a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+		b2be := newCounter(4)
+		b2 := r.start("b", b2be, RoleBackup, 1, false, nil)
+		b1 := r.start("b", newCounter(4), RolePrimary, 1, true, holdShipping(&limit, &mu))
+		_ = a
+		const n = 60
+		// A first wave the first snapshot covers, then one the backup
+		// never gets.
+		r.send(1, 4)
+		waitFor(t, "b's backup applied the first snapshot", func() bool { _, batch := b2.sc.bk.MaxSeq(); return batch == first })
+		r.send(5, 30)
+		waitFor(t, "30 replies from b's first primary", func() bool { return r.sink.count() >= 30 })
+		b1.kill()
+		rb := r.client(b2.addr)
+		ctx := context.Background()
+		ms, err := rb.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "b"})
+		if err != nil || ms.BatchId != first || ms.MaxSeq == 0 || ms.MaxSeq >= 30 {
+			t.Fatalf("GetMaxSeq: %v %v", ms, err)
 		}
-		return m
-	}
-	consistent := func() (int, map[uint64]*hamsv1.Item) {
-		d := durable()
-		got := map[uint64]*hamsv1.Item{}
-		r.sink.mu.Lock()
-		defer r.sink.mu.Unlock()
-		for id, its := range r.sink.items {
-			for _, it := range its {
-				for _, e := range it.Lineage {
-					if e.Model == "b" && d[e.Seq] == e.OutputDigest && e.OutputDigest != "" {
-						if prev := got[id]; prev != nil && tensor.Digest(prev.Tensors...) != tensor.Digest(it.Tensors...) {
-							t.Fatalf("req %d: two durable replies with different outputs", id)
+		pos, err := rb.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{})
+		if err != nil || pos.MaxOutSeq != ms.MaxSeq || pos.MaxInByPred["a"] != ms.MaxSeq || pos.MaxInByPred[config.Frontend] != ms.MaxSeq {
+			t.Fatalf("backup's own summary: %v %v (max seq %d)", pos, err, ms.MaxSeq)
+		}
+		// What the backup applied (its model server may still trail it:
+		// the promotion writes it first).
+		stateAtPromotion := bkStateDigest(b2.sc)
+		// A fresh backup for the new primary, then the promotion.
+		b3 := r.start("b", newCounter(4), RoleBackup, 2, false, nil)
+		pr, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
+		if err != nil || pr.MaxSeq != ms.MaxSeq {
+			t.Fatalf("Promote: %v %v", pr, err)
+		}
+		if _, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2}); err != nil {
+			t.Fatalf("repeated Promote: %v", err)
+		}
+		if _, err := rb.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "b"}); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("GetMaxSeq on the promoted primary: %v", err)
+		}
+		r.res.Set("b", b2.addr, 2)
+		if _, err := r.client(b3.addr).Demote(ctx, &hamsv1.DemoteRequest{Model: "b", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
+			t.Fatalf("SyncBackup: %v", err)
+		}
+		// A conservative position: requests the promoted state covers come
+		// again and must be dropped by request, not executed twice.
+		// (Saturating: the first batch, all the backup applied, may hold
+		// fewer than 4 requests.)
+		after := pos.MaxInByPred["a"] - min(pos.MaxInByPred["a"], 4)
+		rs, err := r.client(a.addr).Resend(ctx, &hamsv1.ResendRequest{ToModel: "b", ToAddress: b2.addr, AfterEdgeSeq: after, Epoch: 2})
+		if err != nil || rs.Resent == 0 {
+			t.Fatalf("Resend: %v %v", rs, err)
+		}
+		t.Logf("backup max_seq %d, positions %v, resent %d", ms.MaxSeq, pos.MaxInByPred, rs.Resent)
+		r.send(31, n)
+		// Durable b outputs per seq; every request needs a reply whose b
+		// output is among them.
+		durable := func() map[uint64]string {
+			m := map[uint64]string{}
+			for _, d := range durableRecords(t, b2, b3) {
+				if d.Model != "b" {
+					t.Fatalf("audit record of %q", d.Model)
+				}
+				if o, ok := m[d.Seq]; ok && o != d.OutputDigest {
+					t.Fatalf("b seq %d durable with two outputs", d.Seq)
+				}
+				m[d.Seq] = d.OutputDigest
+			}
+			return m
+		}
+		consistent := func() (int, map[uint64]*hamsv1.Item) {
+			d := durable()
+			got := map[uint64]*hamsv1.Item{}
+			r.sink.mu.Lock()
+			defer r.sink.mu.Unlock()
+			for id, its := range r.sink.items {
+				for _, it := range its {
+					for _, e := range it.Lineage {
+						if e.Model == "b" && d[e.Seq] == e.OutputDigest && e.OutputDigest != "" {
+							if prev := got[id]; prev != nil && tensor.Digest(prev.Tensors...) != tensor.Digest(it.Tensors...) {
+								t.Fatalf("req %d: two durable replies with different outputs", id)
+							}
+							got[id] = it
 						}
-						got[id] = it
 					}
 				}
 			}
+			return len(got), got
 		}
-		return len(got), got
-	}
-	waitFor(t, "a durable reply for every request", func() bool { k, _ := consistent(); return k == n })
-	// The new primary continued from the backup's state: the new backup's
-	// base is the state the old backup had applied at max_seq.
-	var oldAt, newAt string
-	for _, d := range durableRecords(t, b2) {
-		if d.Seq == ms.MaxSeq {
-			oldAt = d.StateDigest
+		waitFor(t, "a durable reply for every request", func() bool { k, _ := consistent(); return k == n })
+		// The new primary continued from the backup's state: the new backup's
+		// base is the state the old backup had applied at max_seq.
+		var oldAt, newAt string
+		for _, d := range durableRecords(t, b2) {
+			if d.Seq == ms.MaxSeq {
+				oldAt = d.StateDigest
+			}
 		}
-	}
-	for _, d := range durableRecords(t, b3) {
-		if d.Seq == ms.MaxSeq {
-			newAt = d.StateDigest
+		for _, d := range durableRecords(t, b3) {
+			if d.Seq == ms.MaxSeq {
+				newAt = d.StateDigest
+			}
 		}
-	}
-	if oldAt != stateAtPromotion || newAt != stateAtPromotion {
-		t.Fatalf("state at promotion %s; old backup applied %s, new backup's base %s", stateAtPromotion, oldAt, newAt)
-	}
-	waitFor(t, "new backup in sync", func() bool { return b3.be.(*counterBackend).Digest() == b2be.Digest() })
-	if d := b2.sc.receiver.Duplicates(); d < 4 {
-		t.Fatalf("new primary dropped %d resent requests its state covers, want >= 4", d)
-	}
-	// b's outputs after the failover carry epoch 2: the stale primary's
-	// epoch would be refused by a receiver that knows b's epoch.
-	if e := b2.sc.epoch(); e != 2 {
-		t.Fatalf("new primary stamps epoch %d", e)
-	}
+		if oldAt != stateAtPromotion || newAt != stateAtPromotion {
+			t.Fatalf("state at promotion %s; old backup applied %s, new backup's base %s", stateAtPromotion, oldAt, newAt)
+		}
+		waitFor(t, "new backup in sync", func() bool { return b3.be.(*counterBackend).Digest() == b2be.Digest() })
+		if d := b2.sc.receiver.Duplicates(); d < 4 {
+			t.Fatalf("new primary dropped %d resent requests its state covers, want >= 4", d)
+		}
+		// b's outputs after the failover carry epoch 2: the stale primary's
+		// epoch would be refused by a receiver that knows b's epoch.
+		if e := b2.sc.epoch(); e != 2 {
+			t.Fatalf("new primary stamps epoch %d", e)
+		}
+	})
 }
 
 const statelessChain = `
@@ -379,114 +387,122 @@ func TestStatelessFailover(t *testing.T) {
 // after, and re-executes resent requests with seqs after the kept one,
 // dropping resent requests its kept state covers.
 func TestRollbackRestoresKeptState(t *testing.T) {
-	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
-	var mu sync.Mutex
-	limit := uint64(2)
-	pbe, bbe := newCounter(8), newCounter(8)
-	back := r.start("a", bbe, RoleBackup, 1, false, nil)
-	prim := r.start("a", pbe, RolePrimary, 1, true, holdShipping(&limit, &mu))
-	r.send(1, 20)
-	waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
-	waitFor(t, "backup applied batch 2", func() bool { _, b := back.sc.bk.MaxSeq(); return b == 2 })
-	// The primary learns of the apply asynchronously (the ack's applied
-	// flag or the durability notice): its rollback target must be batch 2
-	// before the backup dies.
-	waitFor(t, "primary knows batch 2 applied", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.batch == 2 })
-	keptSeq, _ := back.sc.bk.MaxSeq()
-	kept := bbe.Digest()
-	bbe.mu.Lock()
-	keptVersion := bbe.version
-	bbe.mu.Unlock()
-	if pbe.Digest() == kept {
-		t.Fatal("primary did not move past the backup")
-	}
-	back.kill()
-	ctx := context.Background()
-	rc := r.client(prim.addr)
-	rb, err := rc.Rollback(ctx, &hamsv1.RollbackRequest{Model: "a", Epoch: 2})
-	if err != nil || rb.StateVersion != keptVersion {
-		t.Fatalf("Rollback: %v %v (kept version %d)", rb, err, keptVersion)
-	}
-	if got := pbe.Digest(); got != kept {
-		t.Fatalf("state after rollback %s, backup applied %s", got, kept)
-	}
-	sum, err := rc.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{})
-	if err != nil || sum.MaxOutSeq != keptSeq || sum.MaxInByPred[config.Frontend] != keptSeq {
-		t.Fatalf("summary after rollback: %v %v (kept seq %d)", sum, err, keptSeq)
-	}
-	r.res.Set("a", prim.addr, 2)
-	// Fully conservative resend: the kept requests come again too.
-	if n := r.fe["a"].Resend(edge.ResendSpec{After: 0}); n != 20 {
-		t.Fatalf("frontend resent %d", n)
-	}
-	want := 20 + int(20-keptSeq)
-	waitFor(t, "re-executed requests", func() bool { return r.sink.count() >= want })
-	waitFor(t, "kept requests dropped", func() bool { return prim.sc.receiver.Duplicates() == keptSeq })
-	r.sink.mu.Lock()
-	defer r.sink.mu.Unlock()
-	if r.sink.n != want {
-		t.Fatalf("%d sink items, want %d", r.sink.n, want)
-	}
-	for id := keptSeq + 1; id <= 20; id++ {
-		its := r.sink.items[id]
-		if len(its) != 2 || seqAt(its[1], "a") <= keptSeq {
-			t.Fatalf("req %d after rollback: %v", id, its)
+	bothStateKinds(t, func(t *testing.T, delta bool) {
+		r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+		var mu sync.Mutex
+		limit := firstSnapshot(delta)
+		pbe, bbe := newCounter(8), newCounter(8)
+		back := r.start("a", bbe, RoleBackup, 1, false, nil)
+		prim := r.start("a", pbe, RolePrimary, 1, true, holdShipping(&limit, &mu))
+		// A first wave the first snapshot covers, then one the backup
+		// never gets.
+		r.send(1, 4)
+		waitFor(t, "backup applied the first snapshot", func() bool { _, b := back.sc.bk.MaxSeq(); return b == limit })
+		r.send(5, 20)
+		waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
+		// The primary learns of the apply asynchronously (the ack's applied
+		// flag or the durability notice): its rollback target must be batch 2
+		// before the backup dies.
+		waitFor(t, "primary knows the first snapshot applied", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.batch == limit })
+		keptSeq, _ := back.sc.bk.MaxSeq()
+		waitFor(t, "the backup's model server has what it applied", func() bool { return bbe.Digest() == bkStateDigest(back.sc) })
+		kept := bbe.Digest()
+		bbe.mu.Lock()
+		keptVersion := bbe.version
+		bbe.mu.Unlock()
+		if pbe.Digest() == kept {
+			t.Fatal("primary did not move past the backup")
 		}
-	}
+		back.kill()
+		ctx := context.Background()
+		rc := r.client(prim.addr)
+		rb, err := rc.Rollback(ctx, &hamsv1.RollbackRequest{Model: "a", Epoch: 2})
+		if err != nil || rb.StateVersion != keptVersion {
+			t.Fatalf("Rollback: %v %v (kept version %d)", rb, err, keptVersion)
+		}
+		if got := pbe.Digest(); got != kept {
+			t.Fatalf("state after rollback %s, backup applied %s", got, kept)
+		}
+		sum, err := rc.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{})
+		if err != nil || sum.MaxOutSeq != keptSeq || sum.MaxInByPred[config.Frontend] != keptSeq {
+			t.Fatalf("summary after rollback: %v %v (kept seq %d)", sum, err, keptSeq)
+		}
+		r.res.Set("a", prim.addr, 2)
+		// Fully conservative resend: the kept requests come again too.
+		if n := r.fe["a"].Resend(edge.ResendSpec{After: 0}); n != 20 {
+			t.Fatalf("frontend resent %d", n)
+		}
+		want := 20 + int(20-keptSeq)
+		waitFor(t, "re-executed requests", func() bool { return r.sink.count() >= want })
+		waitFor(t, "kept requests dropped", func() bool { return prim.sc.receiver.Duplicates() == keptSeq })
+		r.sink.mu.Lock()
+		defer r.sink.mu.Unlock()
+		if r.sink.n != want {
+			t.Fatalf("%d sink items, want %d", r.sink.n, want)
+		}
+		for id := keptSeq + 1; id <= 20; id++ {
+			its := r.sink.items[id]
+			if len(its) != 2 || seqAt(its[1], "a") <= keptSeq {
+				t.Fatalf("req %d after rollback: %v", id, its)
+			}
+		}
+	})
 }
 
 // (d) Demote: the backup is promoted while the old primary lives; the old
 // primary becomes a backup, refuses traffic, and after syncing holds the
 // new primary's state exactly.
 func TestDemotedPrimarySyncsFromNewPrimary(t *testing.T) {
-	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
-	be1, be2 := newCounter(8), newCounter(8)
-	b2 := r.start("a", be2, RoleBackup, 1, false, nil)
-	b1 := r.start("a", be1, RolePrimary, 1, true, nil)
-	r.send(1, 20)
-	waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
-	waitFor(t, "backup durable", func() bool { s, _ := b2.sc.bk.MaxSeq(); return s == 20 })
-	ctx := context.Background()
-	if _, err := r.client(b2.addr).Promote(ctx, &hamsv1.PromoteRequest{Model: "a", Epoch: 2}); err != nil {
-		t.Fatal(err)
-	}
-	r.setBackup("a", b1.addr)
-	r.res.Set("a", b2.addr, 2)
-	rc1 := r.client(b1.addr)
-	if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
-		t.Fatalf("Demote: %v", err)
-	}
-	if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
-		t.Fatalf("repeated Demote: %v", err)
-	}
-	if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 1}); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("Demote at an older epoch: %v", err)
-	}
-	if b1.sc.Role() != RoleBackup {
-		t.Fatalf("old primary is a %s", b1.sc.Role())
-	}
-	r.send(21, 40)
-	waitFor(t, "40 replies", func() bool { return r.sink.count() == 40 })
-	waitFor(t, "demoted primary in sync", func() bool {
-		s, _ := b1.sc.backupNow().MaxSeq()
-		return s == 40 && be1.Digest() == be2.Digest()
+	bothStateKinds(t, func(t *testing.T, delta bool) {
+		r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+		be1, be2 := newCounter(8), newCounter(8)
+		b2 := r.start("a", be2, RoleBackup, 1, false, nil)
+		b1 := r.start("a", be1, RolePrimary, 1, true, nil)
+		r.send(1, 20)
+		waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
+		waitFor(t, "backup durable", func() bool { s, _ := b2.sc.bk.MaxSeq(); return s == 20 })
+		ctx := context.Background()
+		if _, err := r.client(b2.addr).Promote(ctx, &hamsv1.PromoteRequest{Model: "a", Epoch: 2}); err != nil {
+			t.Fatal(err)
+		}
+		r.setBackup("a", b1.addr)
+		r.res.Set("a", b2.addr, 2)
+		rc1 := r.client(b1.addr)
+		if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
+			t.Fatalf("Demote: %v", err)
+		}
+		if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
+			t.Fatalf("repeated Demote: %v", err)
+		}
+		if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 1}); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("Demote at an older epoch: %v", err)
+		}
+		if b1.sc.Role() != RoleBackup {
+			t.Fatalf("old primary is a %s", b1.sc.Role())
+		}
+		r.send(21, 40)
+		waitFor(t, "40 replies", func() bool { return r.sink.count() == 40 })
+		waitFor(t, "demoted primary in sync", func() bool {
+			s, _ := b1.sc.backupNow().MaxSeq()
+			return s == 40 && be1.Digest() == be2.Digest()
+		})
+		// A demoted primary refuses data-plane traffic.
+		cc, err := grpcx.Dial(b1.addr, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		st, err := hamsv1.NewDataplaneClient(cc).Forward(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&hamsv1.ForwardBatch{FromModel: config.Frontend, ToModel: "a", Items: []*hamsv1.Item{{EdgeSeq: 1, ReqId: 99}}}); err != nil {
+			t.Fatal(err)
+		}
+		if ack, err := st.Recv(); err == nil && ack.Error == "" {
+			t.Fatalf("backup accepted traffic: %v", ack)
+		}
 	})
-	// A demoted primary refuses data-plane traffic.
-	cc, err := grpcx.Dial(b1.addr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	st, err := hamsv1.NewDataplaneClient(cc).Forward(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&hamsv1.ForwardBatch{FromModel: config.Frontend, ToModel: "a", Items: []*hamsv1.Item{{EdgeSeq: 1, ReqId: 99}}}); err != nil {
-		t.Fatal(err)
-	}
-	if ack, err := st.Recv(); err == nil && ack.Error == "" {
-		t.Fatalf("backup accepted traffic: %v", ack)
-	}
 }
 
 // (e) Stale epochs: once the topology knows a model at a newer epoch, the

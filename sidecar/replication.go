@@ -12,6 +12,7 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -221,8 +222,17 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			return status.Errorf(codes.FailedPrecondition, "Promote: backup of %q has no resolver: it cannot serve", s.cfg.Model)
 		}
 		bk := s.bk
+		// The model server gets the applied state first: the new
+		// primary computes on it.
+		fctx, cancel := context.WithTimeout(s.runCtx, stateWriteTimeout)
+		err := bk.flush(fctx)
+		cancel()
+		if err != nil {
+			return status.Errorf(codes.Unavailable, "Promote: write the applied state to the model server: %v", err)
+		}
 		bk.mu.Lock()
 		last, seq, batch, pending := bk.last, bk.doneSeq, bk.doneBatch, len(bk.snaps)
+		cur, specs := bk.cur, bk.curSpecs
 		bk.mu.Unlock()
 		// The new epoch's durability starts at what this backup applied:
 		// published before anything of the new epoch runs, so a frontend
@@ -242,8 +252,13 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		}
 		var base *snapshot
 		if last != nil {
-			base = s.baseSnapshot(last.state, last.header.GetStateVersion(), last.header.GetRequests())
-			base.digest = last.digest
+			// The backup role is over: the new primary's base owns cur.
+			state, err := tensor.SplitBySpecs(specs, cur)
+			if err != nil {
+				return status.Errorf(codes.Internal, "Promote: applied state: %v", err)
+			}
+			base = s.baseSnapshot(state, last.header.GetStateVersion(), last.header.GetRequests())
+			base.batch, base.header.BatchId = batch, batch
 		}
 		s.ship.reset(base, base != nil)
 		s.setRole(RolePrimary)

@@ -2,12 +2,17 @@ package sidecar
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
@@ -52,11 +57,15 @@ type shipper struct {
 	s    *Sidecar
 	acks chan uint64 // last compute batch covered by acknowledged snapshots, in order, to the driver
 
-	mu        sync.Mutex
-	queue     []*snapshot
-	kept      *snapshot
-	applied   *snapshot
-	unapplied []*snapshot
+	mu      sync.Mutex
+	queue   []*snapshot
+	kept    *snapshot
+	applied *snapshot
+	// appliedTail: delta snapshots applied after applied, in order; the
+	// state the backup applied is applied's with them patched in (fold).
+	// Kept apart so no applied state is ever written in place.
+	appliedTail []*snapshot
+	unapplied   []*snapshot
 	// appliedMax is the highest batch the backup is known to have
 	// applied. A durability notice can arrive before the shipper has
 	// recorded the ack of the same snapshot (the notice races the ack's
@@ -149,7 +158,14 @@ func mergeSnapshots(sns []*snapshot) (*snapshot, error) {
 	top := sns[len(sns)-1]
 	th := top.header
 	h := &hamsv1.SnapshotHeader{Model: th.GetModel(), Epoch: th.GetEpoch(), StateVersion: th.GetStateVersion(),
-		StateTensors: th.GetStateTensors(), StateBytes: th.GetStateBytes()}
+		StateTensors: th.GetStateTensors(), StateBytes: th.GetStateBytes(), Delta: th.GetDelta()}
+	var deltas [][]*hamsv1.StateRange
+	for _, sn := range sns {
+		if sn.isDelta() != top.isDelta() {
+			return nil, fmt.Errorf("full and delta snapshots do not coalesce")
+		}
+		deltas = append(deltas, sn.delta)
+	}
 	parts := make([][]*hamsv1.Tensor, 0, len(sns))
 	batches := 0
 	var seq uint64
@@ -168,6 +184,13 @@ func mergeSnapshots(sns []*snapshot) (*snapshot, error) {
 	m := *top
 	m.header, m.seq, m.batches = h, seq, batches
 	m.copiedAt = sns[0].copiedAt
+	if top.isDelta() {
+		// Each delta holds what changed since the one before: together,
+		// in order, they take the state from before the first to after
+		// the last.
+		m.delta = mergeRanges(deltas...)
+		h.DeltaBytes = rangeBytes(m.delta)
+	}
 	return &m, nil
 }
 
@@ -211,23 +234,62 @@ func (sh *shipper) Unapplied() int {
 	return len(sh.queue) + len(sh.unapplied)
 }
 
-// Applied returns the rollback target: the last state the backup applied.
+// Applied returns the rollback target: the last state the backup applied,
+// as a full snapshot.
 func (sh *shipper) Applied() *snapshot {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if err := sh.foldApplied(); err != nil {
+		sh.s.log.Error("rollback target not materialized", "err", err)
+		return nil
+	}
 	return sh.applied
 }
 
+// foldApplied makes applied the full state with appliedTail patched in
+// (caller holds mu).
+func (sh *shipper) foldApplied() error {
+	if len(sh.appliedTail) == 0 {
+		return nil
+	}
+	f, err := fold(sh.applied, sh.appliedTail)
+	if err != nil {
+		return err
+	}
+	sh.applied = f
+	clear(sh.appliedTail)
+	sh.appliedTail = sh.appliedTail[:0]
+	return nil
+}
+
 // setApplied records that the backup applied batch n (caller holds mu).
+// Applied deltas are folded into the full state once they add up to a
+// quarter of it (each fold copies the state once, so folding costs at
+// most four bytes copied per delta byte).
 func (sh *shipper) setApplied(n uint64) {
 	sh.appliedMax = max(sh.appliedMax, n)
 	i := 0
 	for i < len(sh.unapplied) && sh.unapplied[i].batch <= n {
-		sh.applied = sh.unapplied[i]
+		if sn := sh.unapplied[i]; sn.isDelta() && sh.applied != nil {
+			sh.appliedTail = append(sh.appliedTail, sn)
+		} else {
+			sh.applied, sh.appliedTail = sn, sh.appliedTail[:0]
+		}
 		i++
 	}
 	clear(sh.unapplied[:i])
 	sh.unapplied = sh.unapplied[i:]
+	if len(sh.appliedTail) > 0 {
+		var tail uint64
+		for _, d := range sh.appliedTail {
+			tail += d.header.GetDeltaBytes()
+		}
+		if tail > sh.applied.header.GetStateBytes()/4 || len(sh.appliedTail) >= maxUnapplied {
+			if err := sh.foldApplied(); err != nil {
+				sh.s.log.Error("fold applied deltas", "err", err)
+			}
+		}
+	}
 }
 
 // recordAck records the backup's acknowledgement of sn (applied: the
@@ -259,6 +321,8 @@ func (sh *shipper) reset(base *snapshot, ship bool) {
 	sh.queue = sh.queue[:0]
 	clear(sh.unapplied)
 	sh.unapplied = nil
+	clear(sh.appliedTail)
+	sh.appliedTail = nil
 	sh.applied, sh.kept, sh.sentTo = base, base, ""
 	sh.nextID, sh.appliedMax = 0, 0
 	if base != nil {
@@ -351,6 +415,10 @@ func (sh *shipper) run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if status.Code(err) == codes.FailedPrecondition && strings.Contains(err.Error(), errNeedBase) && sh.baseFirst() {
+				s.log.Info("backup needs a full base state; shipping the applied state first", "backup", addr, "batch", sn.batch)
+				continue
+			}
 			s.metrics.shipRetries.Inc()
 			s.log.Info("snapshot shipment failed, resending", "batch", sn.batch, "backup", addr, "err", err, "backoff", backoff)
 			if !sh.backoff(ctx, backoff) {
@@ -399,10 +467,15 @@ func (sh *shipper) backoff(ctx context.Context, d time.Duration) bool {
 }
 
 // send ships one snapshot: header, state data in chunks of at most
-// shipChunkBytes, the state digest on the last chunk.
+// shipChunkBytes (a delta's ranges, each chunk with its offset), the
+// digest on the last chunk.
 func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) (applied bool, err error) {
 	if sn.digest == "" {
-		sn.digest = tensor.Digest(sn.state...)
+		if sn.isDelta() {
+			sn.digest = rangesDigest(sn.delta)
+		} else {
+			sn.digest = tensor.Digest(sn.state...)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, shipTimeout)
 	defer cancel()
@@ -411,7 +484,11 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 		return false, fmt.Errorf("open ShipSnapshot: %w", err)
 	}
 	first := &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: sn.header}}
-	if sn.header.GetStateBytes() == 0 {
+	size := sn.header.GetStateBytes()
+	if sn.isDelta() {
+		size = sn.header.GetDeltaBytes()
+	}
+	if size == 0 {
 		first.StateDigest = sn.digest
 	}
 	if err := st.Send(first); err != nil {
@@ -419,20 +496,35 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 		return false, fmt.Errorf("send header of batch %d: %w", sn.batch, err)
 	}
 	var sent uint64
-	for _, t := range sn.state {
-		d := t.GetData()
+	emit := func(off uint64, d []byte) error {
 		for len(d) > 0 {
 			k := min(len(d), shipChunkBytes)
-			ch := &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: d[:k]}}
-			d = d[k:]
+			ch := &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: d[:k]}, Offset: off}
+			d, off = d[k:], off+uint64(k)
 			sent += uint64(k)
-			if sent == sn.header.GetStateBytes() {
+			if sent == size {
 				ch.StateDigest = sn.digest
 			}
 			if err := st.Send(ch); err != nil {
 				_, err = st.CloseAndRecv()
-				return false, fmt.Errorf("send state of batch %d: %w", sn.batch, err)
+				return fmt.Errorf("send state of batch %d: %w", sn.batch, err)
 			}
+		}
+		return nil
+	}
+	if sn.isDelta() {
+		for _, r := range sn.delta {
+			if err := emit(r.GetOffset(), r.GetData()); err != nil {
+				return false, err
+			}
+		}
+	} else {
+		var off uint64
+		for _, t := range sn.state {
+			if err := emit(off, t.GetData()); err != nil {
+				return false, err
+			}
+			off += uint64(len(t.GetData()))
 		}
 	}
 	resp, err := st.CloseAndRecv()
@@ -443,6 +535,15 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 		return false, fmt.Errorf("backup acknowledged batch %d for batch %d", resp.GetBatchId(), sn.batch)
 	}
 	return resp.GetApplied(), nil
+}
+
+// rangesDigest is the hex SHA-256 of the ranges' data, in order.
+func rangesDigest(rs []*hamsv1.StateRange) string {
+	h := sha256.New()
+	for _, r := range rs {
+		h.Write(r.GetData())
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // rebase queues kept again, first, when the backup's address changed since
@@ -458,6 +559,9 @@ func (sh *shipper) rebase(addr string) bool {
 		return false
 	}
 	base := sh.rebaseSnapshots()
+	if len(base) == 0 {
+		return false
+	}
 	sh.s.log.Info("backup moved; shipping the last state as its base", "backup", addr, "batch", base[0].batch,
 		"snapshots", len(base))
 	sh.queue = append(base, sh.queue...)
@@ -465,8 +569,25 @@ func (sh *shipper) rebase(addr string) bool {
 	return true
 }
 
-// rebaseSnapshots is what a new backup gets first (caller holds mu): every
-// acknowledged snapshot no backup is known to have applied, in order (the
+// baseFirst queues the base a backup without one needs before the queued
+// snapshots (a delta reached a backup that lost or never had its base);
+// false when there is none to give.
+func (sh *shipper) baseFirst() bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.kept == nil {
+		return false
+	}
+	base := sh.rebaseSnapshots()
+	if len(base) == 0 || base[0].isDelta() {
+		return false
+	}
+	sh.queue = append(base, sh.queue...)
+	return true
+}
+
+// rebaseSnapshots is what a new backup gets first (caller holds mu):
+// every acknowledged snapshot no backup is known to have applied, in order (the
 // first one is its base, the others follow under their ids), or kept
 // when all are applied. Applying kept makes all of them durable, so the
 // new backup must have their records (audit, lineage index) and outputs
@@ -474,8 +595,18 @@ func (sh *shipper) rebase(addr string) bool {
 // unapplied batches' requests durable with no record of it. They are not
 // merged: each record keeps the digest of its own batch's state, the one
 // the old backup wrote if it applied that batch before it failed.
+//
+// With delta snapshots the base must be a full state: the applied state
+// (folded), then every unapplied delta after it.
 func (sh *shipper) rebaseSnapshots() []*snapshot {
 	n := len(sh.unapplied)
+	if sh.kept.isDelta() || n > 0 && sh.unapplied[0].isDelta() || len(sh.appliedTail) > 0 {
+		if err := sh.foldApplied(); err != nil || sh.applied == nil {
+			sh.s.log.Error("no full base for a new backup", "err", err)
+			return nil
+		}
+		return append([]*snapshot{sh.applied}, sh.unapplied...)
+	}
 	if n == 0 || sh.unapplied[n-1] != sh.kept {
 		return []*snapshot{sh.kept}
 	}

@@ -118,8 +118,12 @@ type Sidecar struct {
 	// Owned by the executor goroutine.
 	lineage *Lineage
 	desc    *hamsv1.ModelDescription
-	anyIn   bool
-	batchID uint64
+	// stateSpecs, stateBytes: the layout of the model state, from the
+	// last full state seen (headers of delta snapshots carry it).
+	stateSpecs []*hamsv1.TensorSpec
+	stateBytes uint64
+	anyIn      bool
+	batchID    uint64
 
 	inbox   chan *hamsv1.Item
 	done    chan struct{} // closed when Run's context ends

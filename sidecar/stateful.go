@@ -38,6 +38,15 @@ type PinnedStateReader interface {
 	ReadStatePinned(ctx context.Context, pinned func()) (tensors []*hamsv1.Tensor, version uint64, digest string, err error)
 }
 
+// StateRangeWriter is an optional StatefulBackend extension of backends
+// whose Describe has state_delta: WriteStateRanges patches byte ranges of
+// the concatenated state (specs) into the installed state, which must be
+// version base, and sets version. A backup uses it to write only what
+// delta snapshots changed.
+type StateRangeWriter interface {
+	WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error
+}
+
 // DigestStateWriter is an optional StatefulBackend extension:
 // WriteStateDigest is WriteState with the hex SHA-256 of the tensors'
 // bytes already known (a backup verified it on receipt).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/hams-go/hams/internal/natstest"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,10 @@ type counterBackend struct {
 	width      int
 	slowUpdate bool
 	onCompute  func(batch uint64)
+	// delta: Describe advertises state deltas; a batch changes only
+	// elements 0 and 1+batch%(width-1), and Compute returns them as
+	// ranges when asked; WriteStateRanges patches.
+	delta bool
 
 	mu       sync.Mutex
 	state    []float32
@@ -40,10 +45,62 @@ type counterBackend struct {
 	history  map[string]uint64 // digest -> version
 	computes int
 	writes   int
+	// written: digests of every state a write installed, in order.
+	written []string
+}
+
+// newDeltaCounter is newCounter with state deltas.
+func newDeltaCounter(width int) *counterBackend {
+	c := newCounter(width)
+	c.delta = true
+	return c
+}
+
+// firstSnapshot is the id of the first snapshot covering requests: with
+// delta snapshots, snapshot 1 is the initial state, the backup's base.
+func firstSnapshot(delta bool) uint64 {
+	if delta {
+		return 2
+	}
+	return 1
+}
+
+// bkStateDigest is the digest of the state a backup applied (its copy).
+func bkStateDigest(s *Sidecar) string {
+	bk := s.backupNow()
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	return hamsDigest(bk.cur)
+}
+
+// touched is the elements batch changes (delta mode), increasing.
+func (c *counterBackend) touched(batch uint64) []int {
+	if !c.delta {
+		return nil
+	}
+	j := 1 + int(batch%uint64(c.width-1))
+	return []int{0, j}
+}
+
+// deltaCounters: newCounter makes counters with state deltas
+// (bothStateKinds sets it).
+var deltaCounters bool
+
+// bothStateKinds runs f once with counters that ship full states (copy
+// after update) and once with counters whose compute returns deltas
+// (capture at compute, delta snapshots).
+func bothStateKinds(t *testing.T, f func(t *testing.T, delta bool)) {
+	for _, d := range []bool{false, true} {
+		t.Run(map[bool]string{false: "full", true: "delta"}[d], func(t *testing.T) {
+			deltaCounters = d
+			defer func() { deltaCounters = false }()
+			f(t, d)
+		})
+	}
 }
 
 func newCounter(width int) *counterBackend {
-	c := &counterBackend{width: width, state: make([]float32, width), staged: map[uint64][]float32{}, history: map[string]uint64{}}
+	c := &counterBackend{width: width, state: make([]float32, width), staged: map[uint64][]float32{}, history: map[string]uint64{}, delta: deltaCounters}
 	c.history[c.digestLocked()] = 0
 	return c
 }
@@ -60,7 +117,7 @@ func (c *counterBackend) Digest() string {
 
 func (c *counterBackend) Describe(context.Context) (*hamsv1.ModelDescription, error) {
 	return &hamsv1.ModelDescription{Name: "counter", Kind: "counter", Stateful: true,
-		Inputs: []*hamsv1.TensorSpec{{Name: AnyInput}}, StateBytes: uint64(4 * c.width)}, nil
+		Inputs: []*hamsv1.TensorSpec{{Name: AnyInput}}, StateBytes: uint64(4 * c.width), StateDelta: c.delta}, nil
 }
 
 func (c *counterBackend) Compute(_ context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
@@ -84,9 +141,21 @@ func (c *counterBackend) Compute(_ context.Context, req *hamsv1.BatchRequest) (*
 	for i := range next {
 		next[i] = c.state[i] + float32(req.BatchId) + sum
 	}
+	resp := &hamsv1.BatchResponse{Outputs: []*hamsv1.Tensor{tensor.FromFloat32("out", req.Inputs[0].Shape, out)},
+		Rows: req.Rows, BatchId: req.BatchId, NextStateVersion: c.version + 1}
+	if c.delta {
+		copy(next, c.state)
+		for _, i := range c.touched(req.BatchId) {
+			next[i] = c.state[i] + float32(req.BatchId) + sum
+			if req.StageDelta {
+				resp.StateDelta = append(resp.StateDelta, &hamsv1.StateRange{Offset: uint64(4 * i),
+					Data: tensor.FromFloat32("", []int64{1}, next[i:i+1]).Data})
+			}
+		}
+		resp.HasStateDelta = req.StageDelta
+	}
 	c.staged[req.BatchId] = next
-	return &hamsv1.BatchResponse{Outputs: []*hamsv1.Tensor{tensor.FromFloat32("out", req.Inputs[0].Shape, out)},
-		Rows: req.Rows, BatchId: req.BatchId}, nil
+	return resp, nil
 }
 
 func (c *counterBackend) Update(_ context.Context, batch uint64) error {
@@ -131,7 +200,37 @@ func (c *counterBackend) WriteState(_ context.Context, ts []*hamsv1.Tensor, vers
 	copy(c.state, v)
 	c.version = version
 	c.writes++
+	c.written = append(c.written, c.digestLocked())
 	return nil
+}
+
+func (c *counterBackend) WriteStateRanges(_ context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
+	if !c.delta {
+		return status.Error(codes.Unimplemented, "no state ranges")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.version != base {
+		return status.Errorf(codes.FailedPrecondition, "base version %d, installed %d", base, c.version)
+	}
+	for _, r := range ranges {
+		v, err := tensor.Float32(&hamsv1.Tensor{Datatype: tensor.FP32, Shape: []int64{int64(len(r.Data) / 4)}, Data: r.Data})
+		if err != nil || r.Offset%4 != 0 || int(r.Offset/4)+len(v) > c.width {
+			return status.Errorf(codes.InvalidArgument, "range at %d: %v", r.Offset, err)
+		}
+		copy(c.state[r.Offset/4:], v)
+	}
+	c.version = version
+	c.writes++
+	c.written = append(c.written, c.digestLocked())
+	return nil
+}
+
+// Written returns the digests of the states writes installed.
+func (c *counterBackend) Written() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.written)
 }
 
 func (c *counterBackend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
@@ -328,43 +427,53 @@ services:
 // primary's, every request is durable, and the audit log has one record
 // per request.
 func TestBackupConvergesToPrimary(t *testing.T) {
-	for _, mode := range []string{"nspb", "remus", "nspb-s1", "nspb-s2"} {
-		t.Run(mode, func(t *testing.T) {
-			prim, back := newCounter(16), newCounter(16)
-			h := startRepl(t, fmt.Sprintf(oneStateful, mode), map[string]Backend{"a": prim}, map[string]Backend{"a": back}, replOpts{})
-			defer h.stop()
-			const n = 60
-			h.send(1, n)
-			waitFor(t, "all replies", func() bool { return h.sink.count() >= n })
-			waitFor(t, "backup durable to n", func() bool { return maxSeqOf(h.backups["a"]) == n })
-			waitFor(t, "durability notice of n", func() bool { return h.durable.get("a") == n })
-			if prim.Digest() != back.Digest() {
-				t.Fatalf("backup state %s != primary state %s", back.Digest(), prim.Digest())
-			}
-			h.sink.mu.Lock()
-			for id := uint64(1); id <= n; id++ {
-				if got := h.sink.items[id]; len(got) != 1 || got[0].Error != "" {
-					t.Fatalf("req %d: %v", id, got)
+	bothStateKinds(t, func(t *testing.T, delta bool) {
+		for _, mode := range []string{"nspb", "remus", "nspb-s1", "nspb-s2"} {
+			t.Run(mode, func(t *testing.T) {
+				prim, back := newCounter(16), newCounter(16)
+				h := startRepl(t, fmt.Sprintf(oneStateful, mode), map[string]Backend{"a": prim}, map[string]Backend{"a": back}, replOpts{})
+				defer h.stop()
+				const n = 60
+				h.send(1, n)
+				waitFor(t, "all replies", func() bool { return h.sink.count() >= n })
+				waitFor(t, "backup durable to n", func() bool { return maxSeqOf(h.backups["a"]) == n })
+				waitFor(t, "durability notice of n", func() bool { return h.durable.get("a") == n })
+				if d := bkStateDigest(h.backups["a"]); prim.Digest() != d {
+					t.Fatalf("backup applied state %s != primary state %s", d, prim.Digest())
 				}
-			}
-			h.sink.mu.Unlock()
-			h.stop()
-			recs, err := audit.ReadAll[audit.Durable](h.audit, audit.DurableFile)
-			if err != nil {
-				t.Fatal(err)
-			}
-			seen := map[uint64]bool{}
-			for _, r := range recs {
-				if r.Model != "a" || seen[r.Seq] || r.InputDigest == "" || r.OutputDigest == "" || r.StateDigest == "" {
-					t.Fatalf("bad or duplicate audit record %+v", r)
+				// Its model server follows (write-behind) and only ever
+				// holds states the primary had.
+				waitFor(t, "backup model server in sync", func() bool { return prim.Digest() == back.Digest() })
+				for i, d := range back.Written() {
+					if _, ok := prim.history[d]; !ok {
+						t.Fatalf("write %d installed state %s, which the primary never had", i, d)
+					}
 				}
-				seen[r.Seq] = true
-			}
-			if len(seen) != n {
-				t.Fatalf("%d audit records, want %d", len(seen), n)
-			}
-		})
-	}
+				h.sink.mu.Lock()
+				for id := uint64(1); id <= n; id++ {
+					if got := h.sink.items[id]; len(got) != 1 || got[0].Error != "" {
+						t.Fatalf("req %d: %v", id, got)
+					}
+				}
+				h.sink.mu.Unlock()
+				h.stop()
+				recs, err := audit.ReadAll[audit.Durable](h.audit, audit.DurableFile)
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen := map[uint64]bool{}
+				for _, r := range recs {
+					if r.Model != "a" || seen[r.Seq] || r.InputDigest == "" || r.OutputDigest == "" || r.StateDigest == "" {
+						t.Fatalf("bad or duplicate audit record %+v", r)
+					}
+					seen[r.Seq] = true
+				}
+				if len(seen) != n {
+					t.Fatalf("%d audit records, want %d", len(seen), n)
+				}
+			})
+		}
+	})
 }
 
 // (b) Every shipped snapshot is a state the primary had after some batch,

@@ -323,8 +323,9 @@ func TestReplyGate(t *testing.T) {
 func TestPipelineInvariants(t *testing.T) {
 	for _, mode := range []Mode{Bare, NSPB, Remus, NSPBS1, NSPBS2} {
 		for seed := int64(1); seed <= 30; seed++ {
-			checkPipeline(t, mode, seed, false)
-			checkPipeline(t, mode, seed, true)
+			checkPipeline(t, mode, seed, eager)
+			checkPipeline(t, mode, seed, onDemand)
+			checkPipeline(t, mode, seed, capture)
 		}
 	}
 }
@@ -415,12 +416,21 @@ func TestPipelineCopyOnDemand(t *testing.T) {
 	}
 }
 
-func checkPipeline(t *testing.T, mode Mode, seed int64, onDemand bool) {
+// How a checked pipeline gets its snapshots.
+const (
+	eager    = iota // copy after every update
+	onDemand        // copy when requested
+	capture         // compute returns the staged state
+)
+
+func checkPipeline(t *testing.T, mode Mode, seed int64, flavor int) {
 	rng := rand.New(rand.NewSource(seed))
 	p := NewPipeline(mode, 0)
-	if onDemand && !p.CopyOnDemand() {
+	onDemand := flavor == onDemand
+	if onDemand && !p.CopyOnDemand() || flavor == capture && !p.CaptureAtCompute() {
 		return
 	}
+	lastComputed := uint64(0)
 	shipped := uint64(0)
 	var inflight []Action // Update, Copy, Ship pending completion; plus compute
 	computing := uint64(0)
@@ -446,12 +456,23 @@ func checkPipeline(t *testing.T, mode Mode, seed int64, onDemand bool) {
 				}
 				inflight = append(inflight, a)
 			case Copy:
+				if flavor == capture {
+					t.Fatalf("%v seed %d: copy %d with capture at compute", mode, seed, a.Batch)
+				}
 				if a.Batch != updated || a.Batch <= copied {
 					t.Fatalf("%v seed %d: copy of %d, installed %d, copied %d", mode, seed, a.Batch, updated, copied)
 				}
 				copyActive = a.Batch
 				inflight = append(inflight, a)
 			case Ship:
+				if flavor == capture {
+					// The snapshot is the compute's: of the batch that
+					// just computed, and of none other.
+					if a.Batch != lastComputed {
+						t.Fatalf("%v seed %d: ship %d with capture, last computed %d", mode, seed, a.Batch, lastComputed)
+					}
+					copied = a.Batch
+				}
 				if a.Batch != copied || a.Batch <= shipped {
 					t.Fatalf("%v seed %d: ship %d after %d, copied %d", mode, seed, a.Batch, shipped, copied)
 				}
@@ -497,6 +518,7 @@ func checkPipeline(t *testing.T, mode Mode, seed int64, onDemand bool) {
 		if i == len(inflight) {
 			c := computing
 			computing = 0
+			lastComputed = c
 			do(p.Computed(c))
 			continue
 		}
@@ -548,5 +570,43 @@ func checkPipeline(t *testing.T, mode Mode, seed int64, onDemand bool) {
 	}
 	if updated < batches-1 || released < batches-2 {
 		t.Fatalf("%v seed %d: no progress: updated %d released %d", mode, seed, updated, released)
+	}
+}
+
+// With capture at compute, compute n's response is snapshot n: it ships
+// at once, updates never wait for a copy, and nspb-s1 releases on its ack.
+func TestPipelineCaptureAtCompute(t *testing.T) {
+	for _, m := range []Mode{Bare, Remus, NSPBS2} {
+		if NewPipeline(m, 0).CaptureAtCompute() {
+			t.Fatalf("%v captured at compute: stop-to-copy and bare modes copy the state", m)
+		}
+	}
+	p := NewPipeline(NSPB, 0)
+	if !p.CaptureAtCompute() || p.CopyOnDemand() {
+		t.Fatal("nspb captures at compute, and then never copies on demand")
+	}
+	p.StartCompute()
+	if got := p.Computed(1); !reflect.DeepEqual(got, []Action{Release{1}, Ship{1}, Update{1}}) {
+		t.Fatalf("computed 1: %v", got)
+	}
+	if got := p.Updated(1); len(got) != 0 {
+		t.Fatalf("updated 1: %v", got)
+	}
+	p.StartCompute()
+	if got := p.Computed(2); !reflect.DeepEqual(got, []Action{Release{2}, Ship{2}, Update{2}}) {
+		t.Fatalf("computed 2, before any ack: %v", got)
+	}
+	p.Acked(2)
+	q := NewPipeline(NSPBS1, 0)
+	q.CaptureAtCompute()
+	q.StartCompute()
+	if got := q.Computed(1); !reflect.DeepEqual(got, []Action{Ship{1}, Update{1}}) {
+		t.Fatalf("s1 computed 1: %v", got)
+	}
+	q.Updated(1)
+	q.StartCompute()
+	q.Computed(2)
+	if got := q.Acked(1); !reflect.DeepEqual(got, []Action{Release{1}}) {
+		t.Fatalf("s1 ack 1: %v", got)
 	}
 }

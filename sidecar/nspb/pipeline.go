@@ -87,6 +87,7 @@ func (Ship) action()    {}
 type Pipeline struct {
 	mode      Mode
 	onDemand  bool
+	capture   bool
 	wanted    bool // on demand: the driver asked for a copy
 	computing bool
 	computed  uint64
@@ -110,10 +111,26 @@ func NewPipeline(mode Mode, start uint64) *Pipeline {
 // (see Pipeline). It applies to the non-stop modes (nspb, nspb-s1) and
 // reports whether it did; stop-to-copy modes copy after every batch.
 func (p *Pipeline) CopyOnDemand() bool {
-	if p.mode == Bare || p.mode.stopToCopy() {
+	if p.mode == Bare || p.mode.stopToCopy() || p.capture {
 		return false
 	}
 	p.onDemand = true
+	return true
+}
+
+// CaptureAtCompute makes compute capture the state: the backend returns
+// the state batch n stages (the bytes its update will write) with the
+// outputs, so the snapshot of state n exists when compute n returns and
+// no Copy is ever issued: Computed(n) ships it at once, and update n
+// needs no copy of state n-1 (that state was captured by compute n-1).
+// It applies to the non-stop modes (nspb, nspb-s1; the stop-to-copy
+// baselines copy the whole state with the model stopped) and reports
+// whether it did.
+func (p *Pipeline) CaptureAtCompute() bool {
+	if p.mode == Bare || p.mode.stopToCopy() || p.onDemand {
+		return false
+	}
+	p.capture = true
 	return true
 }
 
@@ -176,6 +193,10 @@ func (p *Pipeline) Computed(n uint64) []Action {
 	if p.mode == Bare || !p.mode.releaseOnAck() {
 		out = append(out, p.releaseUpTo(n)...)
 	}
+	if p.capture {
+		p.shipped, p.copied = p.copied, n
+		out = append(out, Ship{Batch: n})
+	}
 	return append(out, p.maybeUpdate()...)
 }
 
@@ -189,6 +210,9 @@ func (p *Pipeline) Updated(n uint64) []Action {
 	if p.mode == Bare {
 		p.copied, p.acked = n, n
 		return nil
+	}
+	if p.capture {
+		return p.maybeUpdate()
 	}
 	if p.onDemand {
 		// Without a request, state n is left uncopied: the next update
