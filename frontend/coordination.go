@@ -26,8 +26,8 @@ type Coord interface {
 const (
 	// completionFlush is how long answered req_ids wait to be batched into
 	// one completion notice; completionBatch ids flush at once.
-	completionFlush = 5 * time.Millisecond
-	completionBatch = 256
+	completionFlush = 25 * time.Millisecond
+	completionBatch = 1024
 	// completionCallTimeout bounds one Complete call.
 	completionCallTimeout = 2 * time.Second
 	// finalFlushTimeout bounds the completion flush after shutdown.

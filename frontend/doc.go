@@ -33,7 +33,8 @@
 //
 // Completion notices: with a Coord, the req_id of every answered request
 // (reply, error, deadline, shutdown) is published once in a
-// hamsv1.CompletionNotice, batched (5 ms or 256 ids) by a loop Run owns,
+// hamsv1.CompletionNotice, batched (25 ms or 1024 ids: every sidecar
+// watches them, so fewer, larger notices) by a loop Run owns,
 // so primaries garbage-collect saved outputs; what is queued at shutdown is
 // flushed before Run returns.
 //

@@ -207,6 +207,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			from := max(startSeq, s.lineage.Seq())
 			s.lineage = NewLineage(s.cfg.Model, from)
 			s.epochV.Store(epoch)
+			s.startCollecting()
 			maxSeq = from
 			s.log.Info("promoted: stateless instance takes traffic", "epoch", epoch, "start_seq", from)
 			return nil
@@ -310,6 +311,11 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 		s.log.Info("demoted: primary becomes a backup; state will be overwritten by the primary's", "epoch", epoch, "primary", primaryAddr)
 		return nil
 	})
+}
+
+// startCollecting starts the completion watch (once).
+func (s *Sidecar) startCollecting() {
+	s.collectMu.Do(func() { close(s.collecting) })
 }
 
 func (s *Sidecar) backupNow() *backupState {

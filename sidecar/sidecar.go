@@ -71,6 +71,10 @@ type Config struct {
 	ID string
 	// Epoch of this instance, stamped on snapshots and durability notices.
 	Epoch uint64
+	// Standby: a stateless model's hot standby (role primary, not
+	// serving yet). It holds nothing for resends until it is promoted,
+	// so it watches completion notices only from its promotion on.
+	Standby bool
 	// OutputLogBytes bounds the outputs a replicated primary keeps until
 	// their requests complete (default DefaultOutputLogBytes); when full,
 	// no new batch starts until completion notices free space.
@@ -125,9 +129,13 @@ type Sidecar struct {
 	anyIn      bool
 	batchID    uint64
 
-	inbox   chan *hamsv1.Item
-	done    chan struct{} // closed when Run's context ends
-	started atomic.Bool
+	inbox chan *hamsv1.Item
+	done  chan struct{} // closed when Run's context ends
+	// collecting is closed once this instance may hold items for resends
+	// (at once, or at a standby's promotion): the completion watch starts.
+	collecting chan struct{}
+	collectMu  sync.Once
+	started    atomic.Bool
 
 	graph *config.Graph
 	idx   *lineageIndex
@@ -226,12 +234,15 @@ func New(cfg Config) (*Sidecar, error) {
 		batcher: NewBatcher[*Joined](m.Batch.Size, m.Batch.MaxWait.D()),
 		lineage: NewLineage(cfg.Model, 0),
 		inbox:   make(chan *hamsv1.Item, inboxSize),
-		done:    make(chan struct{}),
-		role:    role, mode: mode, replicated: replicated, sbe: sbe,
+		done:    make(chan struct{}), collecting: make(chan struct{}),
+		role: role, mode: mode, replicated: replicated, sbe: sbe,
 		backendLostAfter: cfg.BackendLostAfter,
 	}
 	if s.backendLostAfter == 0 {
 		s.backendLostAfter = DefaultBackendLostAfter
+	}
+	if !cfg.Standby || replicated {
+		s.startCollecting()
 	}
 	if replicated {
 		stateful := func(name string) bool {
@@ -428,6 +439,11 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	})
 	if s.cfg.Coord != nil {
 		goRun("completion watch", func(ctx context.Context) error {
+			select {
+			case <-s.collecting:
+			case <-ctx.Done():
+				return nil
+			}
 			return s.cfg.Coord.WatchCompleted(ctx, s.completed)
 		})
 	}

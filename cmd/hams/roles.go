@@ -242,6 +242,7 @@ func runSidecar(args []string) error {
 		ID:             *idF,
 		Epoch:          *epoch,
 		OutputLogBytes: *outLog,
+		Standby:        standby,
 	}
 	// Every sidecar given --nats watches completion notices (so what its
 	// senders keep for resends is trimmed); replicated ones also announce

@@ -60,6 +60,7 @@ func Open(ctx context.Context, nc *nats.Conn, deployment string, replicas int) (
 			MaxMsgsPerSubject: 16,
 			Duplicates:        2 * time.Minute,
 			Discard:           jetstream.DiscardOld,
+			AllowDirect:       true,
 		},
 		{
 			Name:       streamName(deployment, "COMPLETED"),
@@ -112,29 +113,94 @@ func (c *Coord) Complete(ctx context.Context, n *hamsv1.CompletionNotice) error 
 	return nil
 }
 
+// durableCatchUp is how often a durability watch re-reads the last
+// notice of each model from the stream, so a notice its live subscription
+// missed (a reconnect, a slow consumer) is delivered anyway.
+const durableCatchUp = 250 * time.Millisecond
+
 // WatchDurable calls fn for the last notice of each of models and then for
-// every new one, in stream order, until ctx ends. fn runs on one goroutine
-// and must not block for long.
+// every new one until ctx ends. fn runs on one goroutine and must not
+// block for long.
+//
+// Notices arrive on a plain subscription to the models' subjects (NATS
+// hands a published message to subscribers as it routes it, before the
+// stream's acknowledgement: the reply gate waits for no round trip of
+// JetStream's), and the stream's last message per model is read at the
+// start and every durableCatchUp after (a notice the subscription missed
+// costs at most that delay). fn sees a notice only if it advances its
+// model: a newer epoch, or a higher durable seq in the same epoch; older
+// or repeated ones (a retried publish, a catch-up read) are dropped. A
+// notice only ever reports a fact that stays true, so this loses nothing.
 func (c *Coord) WatchDurable(ctx context.Context, models []string, fn func(*hamsv1.DurabilityNotice)) error {
 	if len(models) == 0 {
 		<-ctx.Done()
 		return nil
 	}
-	subs := make([]string, len(models))
-	for i, m := range models {
-		subs[i] = DurableSubject(c.deployment, m)
+	st, err := c.js.Stream(ctx, streamName(c.deployment, "DURABLE"))
+	if err != nil {
+		return fmt.Errorf("coord: durability stream: %w", err)
 	}
-	return c.watch(ctx, streamName(c.deployment, "DURABLE"), jetstream.OrderedConsumerConfig{
-		FilterSubjects: subs,
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	}, func(b []byte) error {
+	ch := make(chan *nats.Msg, 4096)
+	subjects := make([]string, len(models))
+	for i, m := range models {
+		subjects[i] = DurableSubject(c.deployment, m)
+		sub, err := c.js.Conn().ChanSubscribe(subjects[i], ch)
+		if err != nil {
+			return fmt.Errorf("coord: subscribe to %s: %w", subjects[i], err)
+		}
+		defer sub.Unsubscribe()
+	}
+	type mark struct{ epoch, seq uint64 }
+	last := map[string]mark{}
+	deliver := func(b []byte) error {
 		n := &hamsv1.DurabilityNotice{}
 		if err := proto.Unmarshal(b, n); err != nil {
 			return fmt.Errorf("coord: decode durability notice: %w", err)
 		}
+		l, ok := last[n.GetModel()]
+		if ok && (n.GetEpoch() < l.epoch || n.GetEpoch() == l.epoch && n.GetDurableSeq() <= l.seq) {
+			return nil
+		}
+		last[n.GetModel()] = mark{n.GetEpoch(), n.GetDurableSeq()}
 		fn(n)
 		return nil
-	})
+	}
+	catchUp := func() error {
+		for _, subj := range subjects {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			m, err := st.GetLastMsgForSubject(rctx, subj)
+			cancel()
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound):
+				continue
+			case err != nil:
+				return err
+			}
+			if err := deliver(m.Data); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := catchUp(); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("coord: read the last durability notices: %w", err)
+	}
+	t := time.NewTicker(durableCatchUp)
+	defer t.Stop()
+	for {
+		select {
+		case m := <-ch:
+			if err := deliver(m.Data); err != nil {
+				return err
+			}
+		case <-t.C:
+			// A failed read is retried at the next tick (NATS may be
+			// reconnecting; the subscription resumes by itself).
+			_ = catchUp()
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // WatchCompleted calls fn for every completion notice the stream retains

@@ -121,3 +121,51 @@ func TestCompletionNotices(t *testing.T) {
 		t.Fatalf("first completion delivered %d, want the one published before the watch (1000)", got[0])
 	}
 }
+
+// A watch passes on only notices that advance their model: a newer epoch
+// (even at a lower seq: a promotion from the backup's state) or a higher
+// seq in the same epoch; a stale epoch's notice is dropped.
+func TestDurabilityWatchDeliversOnlyAdvances(t *testing.T) {
+	nc := embedded(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := Open(ctx, nc, "t-2", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []*hamsv1.DurabilityNotice
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchDurable(ctx, []string{"a"}, func(n *hamsv1.DurabilityNotice) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, n)
+		})
+	}()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
+	announce := func(epoch, seq uint64) {
+		if err := c.Announce(ctx, &hamsv1.DurabilityNotice{Model: "a", Epoch: epoch, DurableSeq: seq}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	announce(1, 5)
+	waitFor(t, "first notice", func() bool { return count() == 1 })
+	announce(1, 4) // older
+	announce(2, 3) // promotion at a lower seq
+	waitFor(t, "the new epoch", func() bool { return count() == 2 })
+	announce(1, 9) // a stale primary's
+	announce(2, 6)
+	waitFor(t, "epoch 2 seq 6", func() bool { return count() == 3 })
+	mu.Lock()
+	for i, want := range [][2]uint64{{1, 5}, {2, 3}, {2, 6}} {
+		if got[i].Epoch != want[0] || got[i].DurableSeq != want[1] {
+			t.Fatalf("notice %d: epoch %d seq %d, want %v", i, got[i].Epoch, got[i].DurableSeq, want)
+		}
+	}
+	mu.Unlock()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
