@@ -36,6 +36,7 @@ type metrics struct {
 	shipSend   prometheus.Histogram // one ShipSnapshot call
 	coalesced  prometheus.Histogram // batches per shipped snapshot
 	deltaBytes prometheus.Histogram // bytes of a delta snapshot's state
+	shipBytes  prometheus.Counter   // state bytes of acknowledged snapshots
 	applyWait  prometheus.Histogram // backup: received -> applied
 	announce   prometheus.Histogram // backup: Coord.Announce
 
@@ -109,6 +110,8 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	m.deltaBytes = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "hams_sidecar_snapshot_delta_bytes", Help: "State bytes a batch changed (delta snapshots: what is shipped instead of the whole state).", ConstLabels: cl,
 		Buckets: prometheus.ExponentialBuckets(256, 4, 12)})
+	m.shipBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_snapshot_shipped_bytes_total", Help: "State bytes (a delta snapshot's: its ranges) of snapshots the backup acknowledged.", ConstLabels: cl})
 	m.applyWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "hams_sidecar_backup_apply_wait_seconds", Help: "Backup: from a snapshot's arrival to its apply starting (earlier batches, PFM durability, the applier).", ConstLabels: cl, Buckets: secs})
 	m.announce = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -123,7 +126,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.outlogBytes, m.outlogItems,
 			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq,
-			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.applyWait, m.announce)
+			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.shipBytes, m.applyWait, m.announce)
 	}
 	return m
 }

@@ -438,6 +438,11 @@ func (sh *shipper) run(ctx context.Context) error {
 		}
 		sh.mu.Unlock()
 		s.metrics.shipped.Inc()
+		if sn.isDelta() {
+			s.metrics.shipBytes.Add(float64(sn.header.GetDeltaBytes()))
+		} else {
+			s.metrics.shipBytes.Add(float64(sn.header.GetStateBytes()))
+		}
 		s.metrics.snapDelivery.Observe(time.Since(sn.copiedAt).Seconds())
 		s.log.Debug("snapshot acknowledged", "batch", sn.batch, "bytes", sn.header.GetStateBytes())
 		select {

@@ -66,6 +66,11 @@ type stateStats struct {
 	CopyMsMean float64 `json:"copy_ms_mean"`
 	// DeliveryMsMean: mean time from a snapshot's copy to the backup's ack.
 	DeliveryMsMean float64 `json:"delivery_ms_mean"`
+	// BytesPerSnapshot: state bytes shipped per snapshot (a delta
+	// snapshot's ranges, or the whole state).
+	BytesPerSnapshot float64 `json:"bytes_per_snapshot"`
+	// ShipMBs: shipped bytes over the time spent in ShipSnapshot calls.
+	ShipMBs float64 `json:"ship_mb_per_s"`
 }
 
 // modeRun accumulates one mode's rounds.
@@ -102,6 +107,7 @@ func runBench(args []string) error {
 	rounds := fs.Int("rounds", 4, "rounds per mode (modes alternate round by round)")
 	load := fs.String("load", "closed", "load shape: closed (--batch closed-loop clients: saturates the deployment, latency is batch/throughput) or waves (--batch requests sent together, the next wave after the last reply: the latency of one batch crossing the graph, as the HAMS paper measures)")
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
+	plotPath := fs.String("plot", "", "draw p50 normalised to bare per service and mode into this PNG")
 	seed := fs.Uint64("seed", 1, "input seed")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-request deadline")
 	suspicion := fs.Duration("suspicion-timeout", time.Second, "failure-suspicion timeout of each deployment's manager (bench measures the failure-free case; every mode's deployment shares the cores, so scheduling delays must not pass for failures)")
@@ -171,6 +177,13 @@ func runBench(args []string) error {
 		rows = append(rows, r...)
 	}
 	printBench(os.Stdout, rows)
+	printOverheads(os.Stdout, rows)
+	printShipping(os.Stdout, rows, memcpyMBs())
+	if *plotPath != "" {
+		if err := plotBench(*plotPath, rows); err != nil {
+			return fmt.Errorf("bench: plot: %w", err)
+		}
+	}
 	if *jsonPath != "" {
 		if err := writeJSON(*jsonPath, rows); err != nil {
 			return err
@@ -374,6 +387,12 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 				}
 				if c := d("hams_sidecar_snapshot_delivery_seconds_count"); c > 0 {
 					st.DeliveryMsMean = round3(d("hams_sidecar_snapshot_delivery_seconds_sum") / c * 1000)
+				}
+				if st.Snapshots > 0 {
+					st.BytesPerSnapshot = round3(d("hams_sidecar_snapshot_shipped_bytes_total") / st.Snapshots)
+				}
+				if sec := d("hams_sidecar_snapshot_send_seconds_sum"); sec > 0 {
+					st.ShipMBs = round3(d("hams_sidecar_snapshot_shipped_bytes_total") / sec / 1e6)
 				}
 				if row.State == nil {
 					row.State = map[string]stateStats{}
@@ -601,22 +620,6 @@ func printBench(w io.Writer, rows []benchRow) {
 			lin = fmt.Sprintf("%.4f", *r.LineageMsPerBatch)
 		}
 		fmt.Fprintf(w, "%-12s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin)
-	}
-	stHeader := false
-	for _, r := range rows {
-		names := make([]string, 0, len(r.State))
-		for n := range r.State {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
-			if !stHeader {
-				fmt.Fprintf(w, "\n%-8s %-7s %-14s %11s %10s %9s %12s\n", "service", "mode", "model", "state_bytes", "snapshots", "copy_ms", "delivery_ms")
-				stHeader = true
-			}
-			st := r.State[n]
-			fmt.Fprintf(w, "%-8s %-7s %-14s %11.0f %10.0f %9.4f %12.3f\n", r.Service, r.Mode, n, st.StateBytes, st.Snapshots, st.CopyMsMean, st.DeliveryMsMean)
-		}
 	}
 	// Sidecar overhead per hop: (bare p50 - direct p50) / (hops + 1).
 	type pair struct{ direct, bare *benchRow }

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+	"slices"
+	"sort"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// printOverheads prints the rows in the shape of the HAMS paper's Table I:
+// per (service, batch) the p50 of every mode, and each mode's overhead
+// over bare measured in the same run.
+func printOverheads(w io.Writer, rows []benchRow) {
+	type key struct {
+		service string
+		batch   int
+	}
+	var keys []key
+	byKey := map[key]map[string]benchRow{}
+	var modes []string
+	for _, r := range rows {
+		k := key{r.Service, r.Batch}
+		if byKey[k] == nil {
+			byKey[k] = map[string]benchRow{}
+			keys = append(keys, k)
+		}
+		byKey[k][r.Mode] = r
+		if !slices.Contains(modes, r.Mode) {
+			modes = append(modes, r.Mode)
+		}
+	}
+	if !slices.Contains(modes, "bare") || len(modes) < 2 {
+		return
+	}
+	fmt.Fprintf(w, "\np50 latency (ms) and overhead over bare, one run (the shape of the HAMS paper's Table I)\n%-8s %5s", "service", "batch")
+	for _, m := range modes {
+		fmt.Fprintf(w, " %18s", m)
+	}
+	fmt.Fprintln(w)
+	for _, k := range keys {
+		fmt.Fprintf(w, "%-8s %5d", k.service, k.batch)
+		bare, ok := byKey[k]["bare"]
+		for _, m := range modes {
+			r, has := byKey[k][m]
+			switch {
+			case !has:
+				fmt.Fprintf(w, " %18s", "-")
+			case m == "bare" || !ok || bare.P50Ms <= 0:
+				fmt.Fprintf(w, " %18.2f", r.P50Ms)
+			default:
+				fmt.Fprintf(w, " %9.2f (%+5.1f%%)", r.P50Ms, 100*(r.P50Ms/bare.P50Ms-1))
+			}
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// printShipping prints, per replicated model and mode, what a snapshot
+// costs and the shipping throughput next to this machine's memcpy
+// bandwidth.
+func printShipping(w io.Writer, rows []benchRow, memcpyMBs float64) {
+	header := false
+	for _, r := range rows {
+		names := make([]string, 0, len(r.State))
+		for n := range r.State {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			st := r.State[n]
+			if !header {
+				fmt.Fprintf(w, "\nstate shipping (memcpy on this machine: %.0f MB/s)\n%-8s %-8s %-14s %11s %12s %10s %9s %12s %11s %9s\n", memcpyMBs,
+					"service", "mode", "model", "state_bytes", "bytes/snap", "snapshots", "copy_ms", "delivery_ms", "ship_MB/s", "x_memcpy")
+				header = true
+			}
+			x := "-"
+			if memcpyMBs > 0 && st.ShipMBs > 0 {
+				x = fmt.Sprintf("%.3f", st.ShipMBs/memcpyMBs)
+			}
+			fmt.Fprintf(w, "%-8s %-8s %-14s %11.0f %12.0f %10.0f %9.4f %12.3f %11.1f %9s\n", r.Service, r.Mode, n, st.StateBytes, st.BytesPerSnapshot,
+				st.Snapshots, st.CopyMsMean, st.DeliveryMsMean, st.ShipMBs, x)
+		}
+	}
+}
+
+// memcpyMBs measures this machine's memcpy bandwidth (64 MiB copies, the
+// best of a few), the ceiling state shipping is compared with.
+func memcpyMBs() float64 {
+	const size = 64 << 20
+	src, dst := make([]byte, size), make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	best := time.Duration(1 << 62)
+	for range 5 {
+		t0 := time.Now()
+		copy(dst, src)
+		best = min(best, time.Since(t0))
+	}
+	return float64(size) / best.Seconds() / 1e6
+}
+
+// plotBench draws p50 latency normalised to bare, per service and mode
+// (the shape of the HAMS paper's Fig. 10), one group of bars per service
+// and batch size, into a PNG.
+func plotBench(path string, rows []benchRow) error {
+	type key struct {
+		service string
+		batch   int
+	}
+	var keys []key
+	p50 := map[key]map[string]float64{}
+	var modes []string
+	for _, r := range rows {
+		k := key{r.Service, r.Batch}
+		if p50[k] == nil {
+			p50[k] = map[string]float64{}
+			keys = append(keys, k)
+		}
+		p50[k][r.Mode] = r.P50Ms
+		if !slices.Contains(modes, r.Mode) && r.Mode != "direct" {
+			modes = append(modes, r.Mode)
+		}
+	}
+	p := plot.New()
+	p.Title.Text = "p50 latency normalised to bare (one hams bench run)"
+	p.Y.Label.Text = "p50 / bare p50"
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = fmt.Sprintf("%s b%d", k.service, k.batch)
+	}
+	w := vg.Points(80 / float64(max(len(modes), 1)))
+	palette := []color.Color{
+		color.RGBA{0x44, 0x44, 0x44, 0xff}, color.RGBA{0x1f, 0x77, 0xb4, 0xff}, color.RGBA{0xd6, 0x27, 0x28, 0xff},
+		color.RGBA{0x2c, 0xa0, 0x2c, 0xff}, color.RGBA{0xff, 0x7f, 0x0e, 0xff}, color.RGBA{0x94, 0x67, 0xbd, 0xff},
+	}
+	for i, m := range modes {
+		vals := make(plotter.Values, len(keys))
+		for j, k := range keys {
+			if b := p50[k]["bare"]; b > 0 {
+				vals[j] = p50[k][m] / b
+			}
+		}
+		bars, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return fmt.Errorf("plot %s: %w", m, err)
+		}
+		bars.Color = palette[i%len(palette)]
+		bars.LineStyle.Width = 0
+		bars.Offset = w * vg.Length(float64(i)-float64(len(modes)-1)/2)
+		p.Add(bars)
+		p.Legend.Add(m, bars)
+	}
+	p.Legend.Top = true
+	p.NominalX(names...)
+	one := plotter.NewFunction(func(float64) float64 { return 1 })
+	one.Dashes = []vg.Length{vg.Points(3), vg.Points(3)}
+	p.Add(one)
+	return p.Save(vg.Length(max(6, len(keys)))*vg.Inch, 4*vg.Inch, path)
+}
