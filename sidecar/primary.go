@@ -28,6 +28,10 @@ const (
 // would otherwise grow the queue, and memory, without bound).
 const maxUnacked = 8
 
+// foldIdle is how long a folded install waits for a compute to carry it
+// before it is issued on its own.
+const foldIdle = time.Millisecond
+
 // maxUnapplied bounds the snapshots kept because the backup has not
 // applied them yet (it waits for its PFMs' durability): each one may
 // become the rollback target, so none can be dropped; beyond it no new
@@ -39,7 +43,8 @@ type eventKind int
 const (
 	evComputed eventKind = iota
 	evUpdated
-	evPinned // the copy captured the state; its data is still arriving
+	evInstalled // the Update of a folded install no compute carried out
+	evPinned    // the copy captured the state; its data is still arriving
 	evCopied
 )
 
@@ -127,7 +132,16 @@ type primary struct {
 	// capture: compute returns the staged state (delta snapshots, no
 	// copies at all).
 	onDemand, pinEarly, capture bool
-	copyFails                   int
+	// fold: the backend installs a staged batch at the start of the next
+	// compute (install_batch_id); pendingInstall is the batch whose
+	// Update was folded into the next compute and not yet carried out;
+	// installing: its Update runs on its own because no batch came
+	// within foldIdle (no compute starts meanwhile: the two would race
+	// at the model server).
+	fold           bool
+	pendingInstall uint64
+	installing     bool
+	copyFails      int
 	// computedAt: when each batch's compute ended (update-wait metric).
 	computedAt map[uint64]time.Time
 }
@@ -140,6 +154,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, s.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{},
 		covered: s.baseBatch, computedAt: map[uint64]time.Time{}}
 	p.capture = s.desc.GetStateDelta() && p.pipe.CaptureAtCompute()
+	p.fold = p.capture && s.desc.GetComputeInstalls()
 	if s.ship.Applied() == nil {
 		// The rollback target before the backup applied anything: the
 		// state this primary starts from.
@@ -167,6 +182,12 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 	p.pinEarly = p.pinEarly && p.onDemand
 	defer p.ops.Wait()
 	idleSent := false
+	var installT *time.Timer
+	defer func() {
+		if installT != nil {
+			installT.Stop()
+		}
+	}()
 	for {
 		full, space := s.outlog.Full()
 		if full != p.blocked {
@@ -178,8 +199,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 				s.log.Info("output log has space again")
 			}
 		}
-		_, unacked := s.ship.Kept()
-		canStart := !p.busy && !full && unacked < maxUnacked && s.ship.Unapplied() < maxUnapplied && p.pipe.CanCompute()
+		canStart := !p.busy && !p.installing && p.gatesOpen() && p.pipe.CanCompute()
 		if canStart && len(p.queue) > 0 {
 			reqs := p.queue[0]
 			p.queue = p.queue[1:]
@@ -199,7 +219,22 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 		if p.onDemand && !p.streaming && !p.pipe.Copying() && !p.pipe.CopyRequested() && s.ship.Waiting() == 0 {
 			p.do(ctx, p.pipe.RequestCopy())
 		}
+		// A folded install that no batch carries soon is issued on its
+		// own: at quiescence the model server holds the last state.
+		var installC <-chan time.Time
+		if p.pendingInstall != 0 && !p.busy && !p.installing && len(p.queue) == 0 {
+			if installT == nil {
+				installT = time.NewTimer(foldIdle)
+			}
+			installC = installT.C
+		} else if installT != nil {
+			installT.Stop()
+			installT = nil
+		}
 		select {
+		case <-installC:
+			installT = nil
+			p.install(ctx, p.pendingInstall)
 		case idleC <- struct{}{}:
 			idleSent = true
 		case b := <-work:
@@ -267,6 +302,7 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 			return ev
 		}
 		req.StageDelta = p.capture
+		req.InstallBatchId = p.pendingInstall
 		// Compute leaves the state untouched, so a compute that found
 		// the backend unreachable is retried (retryBackend).
 		var resp *hamsv1.BatchResponse
@@ -302,9 +338,19 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		if id := p.pipe.StartCompute(); id != ev.batch {
 			return fmt.Errorf("pipeline started batch %d, compute ran %d", id, ev.batch)
 		}
+		p.pendingInstall = 0 // carried out by this compute
 		p.batches[ev.batch] = p.record(ev)
 		p.computedAt[ev.batch] = time.Now()
 		p.do(ctx, p.pipe.Computed(ev.batch))
+	case evInstalled:
+		p.installing = false
+		s.metrics.update.Observe(ev.dur.Seconds())
+		if ev.err != nil {
+			return fmt.Errorf("install batch %d: %w", ev.batch, ev.err)
+		}
+		if p.pendingInstall == ev.batch {
+			p.pendingInstall = 0
+		}
 	case evUpdated:
 		s.metrics.update.Observe(ev.dur.Seconds())
 		if ev.err != nil {
@@ -414,6 +460,14 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 	}}
 }
 
+// gatesOpen: no bound holds new batches back (output log, unacknowledged
+// and unapplied snapshots).
+func (p *primary) gatesOpen() bool {
+	full, _ := p.s.outlog.Full()
+	_, unacked := p.s.ship.Kept()
+	return !full && unacked < maxUnacked && p.s.ship.Unapplied() < maxUnapplied
+}
+
 // computeFailed fails the batch's requests, or re-queues them one by one
 // when the backend rejected the batch as invalid, so only the bad request
 // fails. No state was staged, so the batch id is reused. A lost backend
@@ -448,6 +502,17 @@ func (p *primary) computeFailed(ctx context.Context, ev opDone) error {
 		s.fail(r.j, code, msg)
 	}
 	return nil
+}
+
+// install issues the Update of a folded install on its own.
+func (p *primary) install(ctx context.Context, n uint64) {
+	s := p.s
+	p.installing = true
+	p.spawn(ctx, func() opDone {
+		start := time.Now()
+		err := s.retryBackend(ctx, "update", func() error { return s.sbe.Update(ctx, n) })
+		return opDone{kind: evInstalled, batch: n, dur: time.Since(start), err: err}
+	})
 }
 
 // record assigns seqs and lineage to a computed batch (in batch order) and
@@ -489,6 +554,21 @@ func (p *primary) do(ctx context.Context, acts []nspb.Action) {
 		case nspb.Release:
 			p.release(a.Batch)
 		case nspb.Update:
+			if p.fold {
+				// The next compute installs this batch's state first, at
+				// the model server, and computes on it: update n before
+				// compute n+1 without a round trip of its own. Nothing
+				// reads the installed state before (snapshots come from
+				// computes), and the pipeline may go on at once.
+				p.pendingInstall = a.Batch
+				s := p.s
+				if t, ok := p.computedAt[a.Batch]; ok {
+					s.metrics.updateWait.Observe(time.Since(t).Seconds())
+					delete(p.computedAt, a.Batch)
+				}
+				p.do(ctx, p.pipe.Updated(a.Batch))
+				continue
+			}
 			p.update(ctx, a.Batch, 0)
 		case nspb.Copy:
 			p.copyState(ctx, a.Batch, 0)

@@ -44,6 +44,7 @@ type counterBackend struct {
 	staged   map[uint64][]float32
 	history  map[string]uint64 // digest -> version
 	computes int
+	folded   int // updates carried out by a compute (install_batch_id)
 	writes   int
 	// written: digests of every state a write installed, in order.
 	written []string
@@ -117,7 +118,7 @@ func (c *counterBackend) Digest() string {
 
 func (c *counterBackend) Describe(context.Context) (*hamsv1.ModelDescription, error) {
 	return &hamsv1.ModelDescription{Name: "counter", Kind: "counter", Stateful: true,
-		Inputs: []*hamsv1.TensorSpec{{Name: AnyInput}}, StateBytes: uint64(4 * c.width), StateDelta: c.delta}, nil
+		Inputs: []*hamsv1.TensorSpec{{Name: AnyInput}}, StateBytes: uint64(4 * c.width), StateDelta: c.delta, ComputeInstalls: c.delta}, nil
 }
 
 func (c *counterBackend) Compute(_ context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
@@ -127,6 +128,22 @@ func (c *counterBackend) Compute(_ context.Context, req *hamsv1.BatchRequest) (*
 	x, err := tensor.Float32(req.Inputs[0])
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if req.InstallBatchId != 0 {
+		if !c.delta {
+			return nil, status.Error(codes.InvalidArgument, "install_batch_id not supported")
+		}
+		c.mu.Lock()
+		_, staged := c.staged[req.InstallBatchId]
+		c.mu.Unlock()
+		if staged {
+			if err := c.Update(context.Background(), req.InstallBatchId); err != nil {
+				return nil, err
+			}
+			c.mu.Lock()
+			c.folded++
+			c.mu.Unlock()
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -444,6 +461,12 @@ func TestBackupConvergesToPrimary(t *testing.T) {
 				// Its model server follows (write-behind) and only ever
 				// holds states the primary had.
 				waitFor(t, "backup model server in sync", func() bool { return prim.Digest() == back.Digest() })
+				prim.mu.Lock()
+				folded := prim.folded
+				prim.mu.Unlock()
+				if delta && (mode == "nspb" || mode == "nspb-s1") && folded == 0 {
+					t.Fatal("no update was carried out by the next compute (60 requests queue up behind batches of 4)")
+				}
 				for i, d := range back.Written() {
 					if _, ok := prim.history[d]; !ok {
 						t.Fatalf("write %d installed state %s, which the primary never had", i, d)

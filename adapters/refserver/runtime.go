@@ -50,7 +50,7 @@ func (a *runtimeAPI) Describe(ctx context.Context, req *hamsv1.DescribeRequest) 
 }
 
 func batchOf(req *hamsv1.BatchRequest) *models.Batch {
-	return &models.Batch{Inputs: req.Inputs, Rows: append([]uint32(nil), req.Rows...), StreamIDs: req.StreamIds, BatchID: req.BatchId, StageDelta: req.StageDelta}
+	return &models.Batch{Inputs: req.Inputs, Rows: append([]uint32(nil), req.Rows...), StreamIDs: req.StreamIds, BatchID: req.BatchId, StageDelta: req.StageDelta, InstallID: req.InstallBatchId}
 }
 
 func (a *runtimeAPI) step(req *hamsv1.BatchRequest, method string, fn func(models.Model, *models.Batch) (*models.Result, error)) (*hamsv1.BatchResponse, error) {

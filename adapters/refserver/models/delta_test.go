@@ -111,3 +111,53 @@ func TestWriteStateRangesKeepsCaptures(t *testing.T) {
 		}
 	}
 }
+
+// Compute with InstallID installs the named staged batch first (as
+// Update), so consecutive batches need no Update in between; an invalid
+// batch installs nothing; a wrong id is ErrNotStaged.
+func TestComputeInstallsStagedBatch(t *testing.T) {
+	b := mk(t, "lstm", map[string]any{"in_dim": 4, "hidden": 4, "streams": 8, "deterministic": 1})
+	c := mk(t, "lstm", map[string]any{"in_dim": 4, "hidden": 4, "streams": 8, "deterministic": 1})
+	if !b.Describe().GetComputeInstalls() {
+		t.Fatal("Describe does not advertise compute_installs")
+	}
+	x := randT("x", 2, 4, 9)
+	batch := func(id, install uint64) *Batch {
+		return &Batch{Inputs: []*hamsv1.Tensor{x}, Rows: []uint32{1, 1}, StreamIDs: []string{"p", "q"}, BatchID: id, InstallID: install}
+	}
+	// b: compute, update, compute, update; c: compute, compute+install, update.
+	for id := uint64(1); id <= 2; id++ {
+		if _, err := b.Compute(batch(id, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Update(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Compute(batch(1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	bad := &Batch{Inputs: []*hamsv1.Tensor{randT("x", 2, 3, 1)}, BatchID: 2, InstallID: 1}
+	if _, err := c.Compute(bad); !errors.Is(err, ErrInvalidInput) {
+		t.Fatalf("invalid batch: %v", err)
+	}
+	if v, _ := digest(t, c); v != 0 {
+		t.Fatal("an invalid batch installed the staged state")
+	}
+	if _, err := c.Compute(batch(2, 7)); !errors.Is(err, ErrNotStaged) {
+		t.Fatalf("install of an unstaged batch: %v", err)
+	}
+	if _, err := c.Compute(batch(2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := digest(t, c); v != 1 {
+		t.Fatalf("version %d after compute with install of 1", v)
+	}
+	if _, err := c.Update(2); err != nil {
+		t.Fatal(err)
+	}
+	_, db := digest(t, b)
+	if _, dc := digest(t, c); dc != db {
+		t.Fatal("install-on-compute reached another state than compute/update")
+	}
+}

@@ -47,6 +47,9 @@ type Batch struct {
 	// StageDelta (Compute of a model whose Describe has StateDelta): also
 	// return the staged state as the ranges Update will write.
 	StageDelta bool
+	// InstallID (Compute of a stateful model): install the state staged
+	// by that batch first, as Update would, then compute on it.
+	InstallID uint64
 }
 
 // Result of Compute / Infer.
@@ -189,6 +192,7 @@ func (c *core) Describe() *hamsv1.ModelDescription {
 		c.stMu.RUnlock()
 		d.StateBytes = specBytes(c.sk.stateSpecs())
 		_, d.StateDelta = c.sk.(deltaKernel)
+		d.ComputeInstalls = true
 	}
 	return d
 }
@@ -309,6 +313,12 @@ func (c *core) computeLocked(b *Batch) (*Result, error) {
 	in, err := c.validate(b)
 	if err != nil {
 		return nil, err
+	}
+	if b.InstallID != 0 {
+		// A valid batch only: a rejected one installs nothing.
+		if _, err := c.updateLocked(b.InstallID); err != nil {
+			return nil, err
+		}
 	}
 	c.stMu.RLock()
 	outs, staged, err := c.k.compute(in)
