@@ -39,11 +39,29 @@
 // batches are held while the output log is full or too many snapshots are
 // unacknowledged (backpressure, never loss).
 //
+// Capture at compute (nspb, nspb-s1, with a backend whose Describe has
+// state_delta, like the reference model server): Compute returns, with
+// the outputs, the bytes its Update will write (the staged state as
+// ranges), so snapshot n exists when compute n returns: it ships as a
+// delta snapshot (delta.go), nothing is copied after the update, and the
+// model is never stopped or read. With compute_installs as well, update
+// n is folded into compute n+1 (install_batch_id), and issued alone only
+// when no batch follows within foldIdle. A backup needs a full base
+// first: the initial state (snapshot 1), a promoted or rolled-back
+// primary's state, or, for a new backup, the applied state folded with
+// the deltas after it. The stop-to-copy baselines (remus, nspb-s2) and
+// backends without deltas copy the whole state (ReadState).
+//
 // A sidecar with Role backup (backup.go) serves only Replication: it
 // buffers snapshots, feeds nspb.Backup (Algorithm 2) with them and with
 // its PFMs' durability notices (Coord.WatchDurable), and on its actions
-// writes the state (WriteState), keeps the outputs, writes audit records
-// and announces its durable seq (Coord.Announce).
+// installs the state in its own copy (a full snapshot replaces it, a
+// delta is patched in), keeps the outputs, writes audit records and
+// announces its durable seq (Coord.Announce); a writer puts the state
+// into the backup's model server behind the applies (partial writes
+// where the backend takes them), and a promotion flushes it first. The
+// copy and the model server are one failure domain (one host), so a
+// state is durable once installed in the copy.
 //
 // Roles and recovery (replication.go, paper IV-C and IV-E). The goroutines
 // of the current role form a stage (loop, executor or primary driver,
