@@ -108,6 +108,7 @@ func runBench(args []string) error {
 	load := fs.String("load", "closed", "load shape: closed (--batch closed-loop clients: saturates the deployment, latency is batch/throughput) or waves (--batch requests sent together, the next wave after the last reply: the latency of one batch crossing the graph, as the HAMS paper measures)")
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
 	plotPath := fs.String("plot", "", "draw p50 normalised to bare per service and mode into this PNG")
+	isolate := fs.Bool("isolate-replicas", false, "pin the serving path (frontend, serving sidecars and model servers) to half of the CPUs and backups, standbys, the manager and the load generator to the other half, in every mode (the paper's separate hosts; see pin.go)")
 	seed := fs.Uint64("seed", 1, "input seed")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-request deadline")
 	suspicion := fs.Duration("suspicion-timeout", time.Second, "failure-suspicion timeout of each deployment's manager (bench measures the failure-free case; every mode's deployment shares the cores, so scheduling delays must not pass for failures)")
@@ -165,11 +166,19 @@ func runBench(args []string) error {
 	ctx, stop := signalContext()
 	defer stop()
 
+	var serving, replicas []int
+	if *isolate {
+		if serving, replicas, err = cpuHalves(); err != nil {
+			return usageErr("bench: --isolate-replicas: %v", err)
+		}
+		fmt.Fprintf(os.Stderr, "hams bench: serving path on CPUs %v; backups, standbys, manager and load generator on CPUs %v\n", serving, replicas)
+	}
 	var rows []benchRow
 	for _, svc := range services {
 		r, err := benchService(ctx, benchOpts{
 			service: svc, raw: fileRaw, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
 			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: tf, waves: *load == "waves",
+			serving: serving, replicas: replicas,
 		})
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", svc, err)
@@ -204,7 +213,9 @@ type benchOpts struct {
 	timeout, suspicion              time.Duration
 	dir                             string
 	waves                           bool
-	tf                              taskFlags
+	// serving, replicas: CPU halves (--isolate-replicas), nil otherwise.
+	serving, replicas []int
+	tf                taskFlags
 }
 
 func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
@@ -278,6 +289,11 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		}
 		r := &runner{mode: mode, d: d}
 		runners = append(runners, r)
+		if o.serving != nil {
+			if err := isolateReplicas(d, o.serving, o.replicas); err != nil {
+				return nil, fmt.Errorf("%s: isolate replicas: %w", mode, err)
+			}
+		}
 		switch mode {
 		case "direct":
 			ch, err := newDirectChain(ctx, d, svc.Name)
@@ -332,6 +348,11 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 				})
 				return rec, time.Since(start), err
 			}
+		}
+	}
+	if o.replicas != nil {
+		if err := pinPid(os.Getpid(), o.replicas); err != nil {
+			return nil, fmt.Errorf("pin the load generator: %w", err)
 		}
 	}
 	// Warm-up, then the lineage counters' baseline.

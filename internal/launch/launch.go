@@ -459,6 +459,22 @@ func (s *Supervisor) Kill(name string, sig syscall.Signal) (pid int, err error) 
 	return p.Pid, nil
 }
 
+// Pid returns the process id of the named child's current process.
+func (s *Supervisor) Pid(name string) (int, bool) {
+	s.mu.Lock()
+	c := s.children[name]
+	s.mu.Unlock()
+	if c == nil {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc == nil || c.exited {
+		return 0, false
+	}
+	return c.proc.Pid, true
+}
+
 // Exited reports whether the named NoRestart child's process has ended
 // (false for unknown children and for children that are restarted).
 func (s *Supervisor) Exited(name string) bool {
