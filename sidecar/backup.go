@@ -94,6 +94,9 @@ type backupState struct {
 	curSpecs   []*hamsv1.TensorSpec
 	curVersion uint64
 	shared     bool
+	// curDigest: the SHA-256 of cur when it is a received full state not
+	// patched since ("" otherwise); a whole-state write passes it on.
+	curDigest string
 	// Write-behind to the model server.
 	written           uint64
 	wFull, inFull     []byte
@@ -364,9 +367,10 @@ func (b *backupState) install(r *received) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if r.delta == nil {
-		b.cur, b.curSpecs, b.curVersion, b.shared = r.data, h.GetStateTensors(), h.GetStateVersion(), true
+		b.cur, b.curSpecs, b.curVersion, b.shared, b.curDigest = r.data, h.GetStateTensors(), h.GetStateVersion(), true, r.digest
 		b.wFull, b.wRanges = r.data, nil
 	} else {
+		b.curDigest = ""
 		if b.cur == nil {
 			return fmt.Errorf("delta snapshot without a base state")
 		}
@@ -432,6 +436,10 @@ func (b *backupState) writeInFlight(ctx context.Context) error {
 	s := b.s
 	b.mu.Lock()
 	full, ranges, version, base, specs := b.inFull, b.inRanges, b.inVersion, b.written, b.curSpecs
+	digest := ""
+	if len(full) > 0 && len(b.cur) > 0 && &full[0] == &b.cur[0] {
+		digest = b.curDigest
+	}
 	b.mu.Unlock()
 	var err error
 	for attempt := 0; attempt < stateOpAttempts; attempt++ {
@@ -443,7 +451,11 @@ func (b *backupState) writeInFlight(ctx context.Context) error {
 			if ts, err = tensor.SplitBySpecs(specs, full); err != nil {
 				return fmt.Errorf("write state version %d: %w", version, err)
 			}
-			err = s.sbe.WriteState(ctx, ts, version)
+			if dw, ok := s.sbe.(DigestStateWriter); ok && digest != "" {
+				err = dw.WriteStateDigest(ctx, ts, version, digest)
+			} else {
+				err = s.sbe.WriteState(ctx, ts, version)
+			}
 		} else {
 			err = b.rangeWriter().WriteStateRanges(ctx, specs, base, version, mergeRanges(ranges))
 		}
@@ -552,8 +564,8 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 // their data on the last one.
 func (b *backupState) receiveDelta(stream hamsv1.Replication_ShipSnapshotServer, first *hamsv1.SnapshotChunk) (*received, error) {
 	h := first.GetHeader()
-	if h.GetDeltaBytes() > h.GetStateBytes() {
-		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d delta bytes for a %d-byte state", h.GetBatchId(), h.GetDeltaBytes(), h.GetStateBytes())
+	if h.GetDeltaBytes() > maxSnapshotBytes {
+		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot %d: %d delta bytes (limit %d)", h.GetBatchId(), h.GetDeltaBytes(), uint64(maxSnapshotBytes))
 	}
 	var (
 		ranges = []*hamsv1.StateRange{}
