@@ -123,7 +123,7 @@ func exampleDeployment(service, dir string) (*config.Deployment, []string, error
 // mergeDeployments puts several deployments into one (one manager, one
 // frontend); their model and service names must not clash.
 func mergeDeployments(name string, deps []*config.Deployment) (*config.Deployment, error) {
-	out := &config.Deployment{Name: name, Mode: deps[0].Mode, Limits: deps[0].Limits}
+	out := &config.Deployment{Name: name, Mode: deps[0].Mode, Limits: deps[0].Limits, Replay: deps[0].Replay}
 	hosts := map[string]bool{}
 	for _, d := range deps {
 		for _, h := range d.Hosts {

@@ -76,6 +76,8 @@ type Deployment struct {
 	Services []Service `yaml:"services"`
 	// Limits applied at the edge.
 	Limits Limits `yaml:"limits"`
+	// Replay configures mode "replay" (replay.go).
+	Replay Replay `yaml:"replay"`
 }
 
 // Limits bounds what the frontend and sidecars accept.
@@ -200,6 +202,7 @@ func (d *Deployment) applyDefaults() {
 	if d.Limits.RequestTimeout == 0 {
 		d.Limits.RequestTimeout = Duration(10 * time.Second)
 	}
+	d.Replay.applyDefaults()
 	for i := range d.Models {
 		m := &d.Models[i]
 		if m.Backend.Type == "" {
@@ -250,6 +253,7 @@ func (d *Deployment) Validate() error {
 	if d.Limits.MaxMessageBytes < 0 {
 		errs = append(errs, invalid("limits.max_message_bytes must be positive"))
 	}
+	errs = append(errs, d.Replay.validate()...)
 	hosts := map[string]bool{}
 	for _, h := range d.Hosts {
 		if hosts[h] {
