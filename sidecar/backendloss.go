@@ -33,7 +33,7 @@ var errBackendLost = errors.New("sidecar: backend unreachable")
 // backendDown reports whether err from the backend means the model server
 // is unreachable and a replacement will re-execute the requests.
 func (s *Sidecar) backendDown(err error) bool {
-	return s.mode != nspb.Bare && status.Code(err) == codes.Unavailable
+	return (s.mode != nspb.Bare || s.cfg.Deployment.Mode == "replay") && status.Code(err) == codes.Unavailable
 }
 
 // retryBackend runs call until it succeeds, fails for another reason than

@@ -212,7 +212,7 @@ func (s *Sidecar) run(ctx context.Context, reqs []request) error {
 		}
 		return nil
 	}
-	s.finish(reqs, outs)
+	s.finish(ctx, reqs, outs)
 	return nil
 }
 
@@ -222,6 +222,9 @@ func (s *Sidecar) infer(ctx context.Context, reqs []request) ([][]*hamsv1.Tensor
 	req, err := s.batchRequest(reqs, s.batchID)
 	if err != nil {
 		return nil, err
+	}
+	if s.rp != nil {
+		s.rp.pending = req // logged by finish (replay mode)
 	}
 	start := time.Now()
 	resp, err := s.cfg.Backend.Infer(ctx, req)
@@ -289,7 +292,7 @@ func splitOutputs(resp *hamsv1.BatchResponse, n int) ([][]*hamsv1.Tensor, error)
 
 // finish records lineage and forwards every request's outputs. The state
 // manager (replication) hooks in here: after compute, before release.
-func (s *Sidecar) finish(reqs []request, outs [][]*hamsv1.Tensor) {
+func (s *Sidecar) finish(ctx context.Context, reqs []request, outs [][]*hamsv1.Tensor) {
 	start := time.Now()
 	parts := make([][]*hamsv1.Item, len(reqs))
 	for i, r := range reqs {
@@ -297,6 +300,9 @@ func (s *Sidecar) finish(reqs []request, outs [][]*hamsv1.Tensor) {
 	}
 	seqs, lineages := s.lineage.RecordBatch(parts, outs)
 	s.idx.executed(s.execRecs(parts, seqs, lineages))
+	if s.rp != nil {
+		s.rp.executed(ctx, reqs, seqs, lineages)
+	}
 	s.metrics.lineage.Observe(time.Since(start).Seconds())
 	s.metrics.requests.Add(float64(len(reqs)))
 	for i, r := range reqs {

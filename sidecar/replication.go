@@ -94,6 +94,20 @@ func (r *replicationServer) Promote(ctx context.Context, req *hamsv1.PromoteRequ
 	if err := r.checkModel("Promote", req.GetModel()); err != nil {
 		return nil, err
 	}
+	if r.s.rp != nil {
+		after, err := replayAfter(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.s.checkEpoch("Promote", req.GetEpoch()); err != nil {
+			return nil, err
+		}
+		seq, err := r.s.rp.promote(req.GetEpoch(), after)
+		if err != nil {
+			return nil, err
+		}
+		return &hamsv1.PromoteResponse{MaxSeq: seq}, nil
+	}
 	start := req.GetStartSeq()
 	if md, ok := metadata.FromIncomingContext(ctx); ok && start == 0 {
 		if v := md.Get(StartSeqMetadata); len(v) > 0 {
@@ -275,6 +289,9 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 // state is overwritten by the first snapshot of epoch or later it
 // receives.
 func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
+	if s.rp != nil {
+		return s.rp.demote(epoch)
+	}
 	if !s.replicated {
 		return status.Errorf(codes.FailedPrecondition, "Demote: model %q is not replicated", s.cfg.Model)
 	}
@@ -406,7 +423,7 @@ func (s *Sidecar) resend(req *hamsv1.ResendRequest) (int, error) {
 	defer s.roleMu.Unlock()
 	// A stateless (or unreplicated) sidecar serves whenever it runs: a
 	// sink's retained items go to a new leader frontend from any of them.
-	if s.receiver == nil || (s.replicated && s.Role() != RolePrimary) {
+	if s.receiver == nil || ((s.replicated || s.rp != nil) && s.Role() != RolePrimary) {
 		return 0, status.Errorf(codes.FailedPrecondition, "Resend: sidecar of %q is a %s", s.cfg.Model, s.Role())
 	}
 	senders := s.sendersNow()

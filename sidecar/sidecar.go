@@ -84,6 +84,9 @@ type Config struct {
 	// notices name); it may block until ctx ends. Fault injection (a
 	// delayed state delivery) and tests.
 	ShipHook func(ctx context.Context, batch uint64)
+	// Replay is the input log and checkpoint store of a stateful model in
+	// mode replay (replay.go); required there.
+	Replay ReplayStore
 	// BackendLostAfter: in a protected mode, how long the backend may stay
 	// unreachable (gRPC Unavailable) while a batch is held and retried
 	// before the sidecar stops so the manager fails the instance over
@@ -167,6 +170,7 @@ type Sidecar struct {
 	outlog     *OutputLog // primary: released outputs; backup: applied outputs
 	ship       *shipper   // primary
 	bk         *backupState
+	rp         *replayState // mode replay (stateful, ha stateful)
 }
 
 // New validates cfg and builds the sidecar (no I/O).
@@ -262,7 +266,12 @@ func New(cfg Config) (*Sidecar, error) {
 	s.graph = g
 	s.idx = newLineageIndex()
 	s.epochV.Store(cfg.Epoch)
-	if role == RoleBackup {
+	if rp, err := s.replaySetup(role); err != nil {
+		return nil, err
+	} else {
+		s.rp = rp
+	}
+	if role == RoleBackup && s.rp == nil {
 		s.bk = newBackupState(s)
 	}
 	if replicated {
@@ -464,6 +473,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.stopped = true
 	s.roleMu.Unlock()
 	wg.Wait()
+	if s.rp != nil {
+		s.rp.close()
+	}
 	close(errc)
 	var err error
 	for e := range errc {
@@ -495,6 +507,9 @@ func (s *Sidecar) startStage() {
 		}()
 	}
 	s.stage = st
+	if s.Role() == RoleBackup && s.rp != nil {
+		return // a replay spare is idle until promoted
+	}
 	if s.Role() == RoleBackup {
 		bk := s.bk
 		goRun("backup", bk.run)
@@ -511,10 +526,11 @@ func (s *Sidecar) startStage() {
 			return s.cfg.Coord.WatchDurable(ctx, []string{s.cfg.Model}, s.ownDurable)
 		})
 		goRun("executor", func(ctx context.Context) error { return s.primaryExecutor(ctx, work, idle) })
+	} else if s.rp != nil {
+		goRun("replay logger", s.rp.logger)
+		goRun("replay checkpointer", s.rp.checkpointer)
+		goRun("executor", func(ctx context.Context) error { return s.rp.executor(ctx, work, idle) })
 	} else {
-		if s.model.Stateful && s.mode == nspb.Bare && s.cfg.Deployment.Mode == "replay" {
-			s.log.Warn("mode replay is not implemented by the sidecar; stateful model runs without replication")
-		}
 		goRun("executor", func(ctx context.Context) error { return s.executor(ctx, work, idle) })
 	}
 	goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })

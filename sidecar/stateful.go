@@ -97,7 +97,7 @@ func replicationOf(cfg Config, role string) (nspb.Mode, bool, StatefulBackend, e
 	}
 	replicated := m.Stateful && m.HA == "stateful" && mode != nspb.Bare
 	if !replicated {
-		if role == RoleBackup {
+		if role == RoleBackup && !replayEnabled(cfg) {
 			return 0, false, nil, fmt.Errorf("%w: role backup for model %q, which is not replicated (stateful %v, ha %q, mode %q)",
 				ErrConfig, cfg.Model, m.Stateful, m.HA, cfg.Deployment.Mode)
 		}

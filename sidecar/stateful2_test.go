@@ -457,10 +457,13 @@ func TestNewRejectsBadReplicationConfig(t *testing.T) {
 		t.Fatalf("good backup config: %v", err)
 	}
 	// Bare and replay: a stateful primary runs without replication and
-	// needs neither Coord nor BackupResolver.
+	// needs neither Coord nor BackupResolver (replay needs its store).
 	for _, d := range []*config.Deployment{bareDep, replayDep} {
 		c := good
 		c.Deployment, c.Coord, c.BackupResolver = d, nil, nil
+		if d == replayDep {
+			c.Replay = noReplayStore{}
+		}
 		if s, err := New(c); err != nil || s.replicated {
 			t.Fatalf("mode %s: %v", d.Mode, err)
 		}

@@ -124,7 +124,10 @@ type ReplayRequest struct {
 	// deadline.
 	Parts []*Item `protobuf:"bytes,2,rep,name=parts,proto3" json:"parts,omitempty"`
 	// Hex SHA-256 of the request's selected input tensors.
-	InputDigest   string `protobuf:"bytes,3,opt,name=input_digest,json=inputDigest,proto3" json:"input_digest,omitempty"`
+	InputDigest string `protobuf:"bytes,3,opt,name=input_digest,json=inputDigest,proto3" json:"input_digest,omitempty"`
+	// Hex SHA-256 of the outputs the logged execution produced (a replay
+	// compares its own outputs against it: non-determinism shows there).
+	OutputDigest  string `protobuf:"bytes,4,opt,name=output_digest,json=outputDigest,proto3" json:"output_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -176,6 +179,13 @@ func (x *ReplayRequest) GetParts() []*Item {
 func (x *ReplayRequest) GetInputDigest() string {
 	if x != nil {
 		return x.InputDigest
+	}
+	return ""
+}
+
+func (x *ReplayRequest) GetOutputDigest() string {
+	if x != nil {
+		return x.OutputDigest
 	}
 	return ""
 }
@@ -532,11 +542,12 @@ const file_hams_v1_replay_proto_rawDesc = "" +
 	"\bbatch_id\x18\x03 \x01(\x04R\abatchId\x12\x1b\n" +
 	"\tfirst_seq\x18\x04 \x01(\x04R\bfirstSeq\x12/\n" +
 	"\arequest\x18\x05 \x01(\v2\x15.hams.v1.BatchRequestR\arequest\x122\n" +
-	"\brequests\x18\x06 \x03(\v2\x16.hams.v1.ReplayRequestR\brequests\"n\n" +
+	"\brequests\x18\x06 \x03(\v2\x16.hams.v1.ReplayRequestR\brequests\"\x93\x01\n" +
 	"\rReplayRequest\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\x04R\x05reqId\x12#\n" +
 	"\x05parts\x18\x02 \x03(\v2\r.hams.v1.ItemR\x05parts\x12!\n" +
-	"\finput_digest\x18\x03 \x01(\tR\vinputDigest\"\x7f\n" +
+	"\finput_digest\x18\x03 \x01(\tR\vinputDigest\x12#\n" +
+	"\routput_digest\x18\x04 \x01(\tR\foutputDigest\"\x7f\n" +
 	"\fReplayRecord\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06req_id\x18\x02 \x01(\x04R\x05reqId\x12!\n" +
