@@ -148,11 +148,11 @@ type replayState struct {
 	initial  bool                   // the initial checkpoint is still to take
 
 	mu       sync.Mutex
-	fresh    bool                 // the store is still to be reset (first primary)
-	reset    bool                 // the store was reset (or needs none)
+	fresh    bool                  // the store is still to be reset (first primary)
+	reset    bool                  // the store was reset (or needs none)
 	logq     []*hamsv1.ReplayBatch // queued, not yet logged
 	logWake  chan struct{}
-	logSpace chan struct{} // closed and replaced when the queue shrinks
+	logSpace chan struct{}     // closed and replaced when the queue shrinks
 	acked    map[uint64]uint64 // batch id -> log position, above the last trim
 	jobs     []*ckptJob        // jobs[0] is being stored
 	ckWake   chan struct{}
