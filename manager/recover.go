@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -31,6 +33,16 @@ const StartSeqMetadata = "hams-start-seq"
 
 // DefaultRPCTimeout bounds one recovery RPC to a sidecar.
 const DefaultRPCTimeout = 500 * time.Millisecond
+
+// ReplayAfterMetadata is the gRPC metadata key of a Promote of a spare in
+// replay mode: one "successor=seq" value per successor (the sidecar's
+// sidecar.ReplayAfterMetadata).
+const ReplayAfterMetadata = "hams-replay-after"
+
+// ReplayPromoteTimeout bounds the Promote of a spare in replay mode: it
+// loads the newest checkpoint and re-executes the input log after it
+// before it answers.
+const ReplayPromoteTimeout = 2 * time.Minute
 
 // ErrNoStarter is the outcome of StartInstance without a Config.Starter.
 var ErrNoStarter = errors.New("manager: no InstanceStarter configured")
@@ -71,7 +83,7 @@ func (m *Manager) suspect(id, model string, role hamsv1.Role, why string) {
 // changes, suspicions and the answers of its actions, and performs the
 // actions (RPCs in their own goroutines, waited for before it returns).
 func (m *Manager) recoveryLoop(ctx context.Context) error {
-	rec, err := recovery.New(recovery.Config{Graph: recovery.NewGraph(m.cfg.Deployment)})
+	rec, err := recovery.New(recovery.Config{Graph: recovery.NewGraph(m.cfg.Deployment), Replay: m.cfg.Deployment.Mode == "replay"})
 	if err != nil {
 		return err
 	}
@@ -202,9 +214,16 @@ func (d *driver) perform(acts []recovery.Action) {
 				return func(r *recovery.Machine) ([]recovery.Action, error) { return r.LineageSummary(a.ID, s) }
 			})
 		case recovery.Promote:
-			d.async(to, func(ctx context.Context) recEvent {
+			pto := to
+			if a.ReplayAfter != nil {
+				pto = max(to, ReplayPromoteTimeout)
+			}
+			d.async(pto, func(ctx context.Context) recEvent {
 				if !d.m.cfg.Deployment.Model(a.Model).Stateful {
 					ctx = metadata.AppendToOutgoingContext(ctx, StartSeqMetadata, strconv.FormatUint(a.StartSeq, 10))
+				}
+				for _, succ := range slices.Sorted(maps.Keys(a.ReplayAfter)) {
+					ctx = metadata.AppendToOutgoingContext(ctx, ReplayAfterMetadata, succ+"="+strconv.FormatUint(a.ReplayAfter[succ], 10))
 				}
 				_, err := cl.Promote(ctx, &hamsv1.PromoteRequest{Model: a.Model, Epoch: a.Epoch})
 				return done(a.ID, wrap(a, err))

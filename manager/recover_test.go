@@ -26,6 +26,8 @@ type fakeRepl struct {
 	promote []*hamsv1.PromoteRequest
 	startMD []string
 	resend  []*hamsv1.ResendRequest
+	// replayMD: ReplayAfterMetadata values of the promotions.
+	replayMD []string
 }
 
 func (f *fakeRepl) rec(s string) { f.mu.Lock(); f.calls = append(f.calls, s); f.mu.Unlock() }
@@ -44,6 +46,7 @@ func (f *fakeRepl) Promote(ctx context.Context, r *hamsv1.PromoteRequest) (*hams
 	f.mu.Lock()
 	f.promote = append(f.promote, r)
 	f.startMD = append(f.startMD, md.Get(manager.StartSeqMetadata)...)
+	f.replayMD = append(f.replayMD, md.Get(manager.ReplayAfterMetadata)...)
 	f.mu.Unlock()
 	return &hamsv1.PromoteResponse{}, nil
 }

@@ -70,7 +70,9 @@ type Summary struct {
 //     Model (the model the target serves), FailedModel/FailedMaxSeq.
 //   - StartInstance: Model, Role.
 //   - Promote: Component/Address, Model, Epoch; StartSeq for a stateless
-//     standby (number outputs from StartSeq+1).
+//     standby (number outputs from StartSeq+1); ReplayAfter for a spare in
+//     replay mode (per successor, the highest seq of the model it received:
+//     the spare sends it the re-executed outputs above).
 //   - Rollback: Component/Address (the primary), Model, Epoch.
 //   - Rewire: Changes (one atomic topology update).
 //   - Resend: Component/Address of the sender (Model = its model, or
@@ -97,6 +99,7 @@ type Action struct {
 	After     uint64
 
 	PrimaryAddress string
+	ReplayAfter    map[string]uint64
 	Changes        []Change
 	Models         []string
 	Reason         string
@@ -111,6 +114,9 @@ func (a Action) String() string {
 	case StartInstance:
 		return fmt.Sprintf("#%d StartInstance(%s %s)", a.ID, a.Model, a.Role)
 	case Promote:
+		if a.ReplayAfter != nil {
+			return fmt.Sprintf("#%d Promote(%s@%s epoch=%d replay after=%v)", a.ID, a.Component, a.Model, a.Epoch, a.ReplayAfter)
+		}
 		return fmt.Sprintf("#%d Promote(%s@%s epoch=%d start=%d)", a.ID, a.Component, a.Model, a.Epoch, a.StartSeq)
 	case Rollback:
 		return fmt.Sprintf("#%d Rollback(%s@%s epoch=%d)", a.ID, a.Component, a.Model, a.Epoch)

@@ -39,6 +39,29 @@
 // and used standbys. A model with primary and backup both dead is reported
 // Unrecoverable.
 //
+// # Replay mode
+//
+// With Config.Replay (deployment mode replay, the Lineage-Stash-style
+// baseline) a stateful model's BACKUP placement is a spare without state:
+// its state lives in the checkpoint and input log in JetStream. A dead
+// PRIMARY starts a replay task instead of a failover: pick a live spare
+// (or StartInstance(model, BACKUP) and wait for it in the topology); ask
+// every successor (frontends for the sink edge) GetLineageSummary(
+// failed_model=model) for max_out, the highest seq of the model it
+// received (0 when it cannot be asked); commit: Promote(spare, epoch,
+// ReplayAfter = those max_outs), on which the spare loads the newest
+// checkpoint, re-executes the log and sends each successor the outputs
+// beyond its max_out; then the new primary's own GetLineageSummary gives
+// the resend positions (if it does not answer, positions 0: everything
+// kept is resent and dropped by request key). Rewire, resends, Demote of a
+// live old primary (it becomes a spare) or StartInstance(BACKUP) for a new
+// spare follow as for a failover, but downstream stateful models are never
+// asked about consumption nor failed over or rolled back, no GetMaxSeq is
+// sent and no new spare is synced. A spare that fails to replay is
+// replaced in the next round; after ReplayAttempts failures in a row the
+// model is Unrecoverable. A model whose primary and spare both died is
+// recovered on a spare started for it.
+//
 // # LineageSummary semantics expected from sidecars
 //
 // With failed_model F set: max_out_seq is the highest seq of F in the

@@ -17,6 +17,10 @@ var ErrUnknownAction = errors.New("recovery: answer to an unknown or finished ac
 // deemed dead.
 const DefaultQueryAttempts = 3
 
+// ReplayAttempts is how many spares in a row may fail to replay a model's
+// log (replay mode) before it is reported Unrecoverable.
+const ReplayAttempts = 3
+
 // Config of a Machine.
 type Config struct {
 	Graph *Graph
@@ -25,6 +29,11 @@ type Config struct {
 	QueryAttempts int
 	// RewireAttempts before a round gives up rewiring (default 5).
 	RewireAttempts int
+	// Replay: the deployment runs mode replay (Lineage-Stash-style
+	// checkpoint and replay): a stateful model's failed primary is
+	// replaced by its spare, which re-executes the input log; nothing
+	// downstream is failed over and no backup is synced (replay.go).
+	Replay bool
 }
 
 type taskKind int
@@ -33,10 +42,11 @@ const (
 	tStateless taskKind = iota + 1 // dead ACTIVE replaced by a standby
 	tFailover                      // primary replaced by its backup
 	tRollback                      // primary rolls back to its kept previous state
+	tReplay                        // replay mode: the spare replays the input log
 )
 
 func (k taskKind) String() string {
-	return map[taskKind]string{tStateless: "stateless", tFailover: "failover", tRollback: "rollback"}[k]
+	return map[taskKind]string{tStateless: "stateless", tFailover: "failover", tRollback: "rollback", tReplay: "replay"}[k]
 }
 
 // task is the recovery of one model within a round.
@@ -53,6 +63,10 @@ type task struct {
 	haveMaxSeq bool
 	pos        map[string]uint64 // upstream model -> resend after
 	havePos    bool
+
+	// replay: per successor, the highest seq of the model it received
+	// (the minimum over its answers; 0 when it could not be asked).
+	succPos map[string]uint64
 
 	// stateless: summaries from successors (or fallbacks).
 	sources   []Summary
@@ -71,6 +85,8 @@ const (
 	qDownstream
 	qSource
 	qPostRollback
+	qSucc       // replay: a successor's max_out of the failed model
+	qPostReplay // replay: the new primary's own positions
 )
 
 type query struct {
@@ -123,6 +139,9 @@ type Machine struct {
 	// back (dead -> alive).
 	handled   map[string]bool
 	lastAlive map[string]bool
+	// replayTries counts failed replay promotions per model since its
+	// last successful one (replay mode).
+	replayTries map[string]int
 }
 
 type suspicion struct {
@@ -143,7 +162,7 @@ func New(cfg Config) (*Machine, error) {
 	}
 	return &Machine{cfg: cfg, g: cfg.Graph, topo: &hamsv1.Topology{},
 		awaitSync: map[string]map[string]bool{}, syncing: map[ActionID]string{},
-		handled: map[string]bool{}, lastAlive: map[string]bool{}}, nil
+		handled: map[string]bool{}, lastAlive: map[string]bool{}, replayTries: map[string]int{}}, nil
 }
 
 // Idle reports whether no round is in progress and none is queued.
@@ -205,12 +224,19 @@ func (m *Machine) Topology(t *hamsv1.Topology) []Action {
 	if r := m.r; r != nil && r.stage == stQuery {
 		for _, model := range sortedKeys(r.tasks) {
 			tk := r.tasks[model]
-			if tk.kind != tStateless || !tk.waitStd || tk.abandoned != "" {
+			if !tk.waitStd || tk.abandoned != "" {
 				continue
 			}
-			if s := m.pickStandby(model); s != nil {
-				tk.inst, tk.waitStd = s, false
-				tk.gen++
+			switch tk.kind {
+			case tStateless:
+				if s := m.pickStandby(model); s != nil {
+					tk.inst, tk.waitStd = s, false
+					tk.gen++
+				}
+			case tReplay:
+				if s := m.liveBackup(model); s != nil {
+					tk.inst, tk.waitStd = s, false
+				}
 			}
 		}
 		out = append(out, m.maybeCommit()...)
@@ -298,6 +324,9 @@ func (m *Machine) suspect(s suspicion) []Action {
 			}
 			return out
 		}
+		if m.cfg.Replay {
+			return m.newReplay(s.model, cur)
+		}
 		return m.newFailover(s.model, cur)
 	case hamsv1.Role_ROLE_BACKUP:
 		if !m.g.Stateful(s.model) {
@@ -306,6 +335,16 @@ func (m *Machine) suspect(s suspicion) []Action {
 		r.backupL[s.model] = true
 		if tk != nil && tk.kind == tFailover && tk.inst.GetComponentId() == s.component {
 			return m.failoverLostBackup(tk)
+		}
+		if tk != nil && tk.kind == tReplay && tk.inst != nil && tk.inst.GetComponentId() == s.component {
+			if r.stage == stQuery {
+				return m.chooseSpare(tk)
+			}
+			// The spare being (or just) promoted died: the rewire makes
+			// it the primary, and the next round replays again on
+			// another spare (it must not count as handled).
+			delete(r.dead, s.component)
+			m.queued = append(m.queued, suspicion{model: s.model, component: s.component, role: hamsv1.Role_ROLE_PRIMARY})
 		}
 	case hamsv1.Role_ROLE_STANDBY:
 		r.standL[s.model]++
@@ -487,11 +526,13 @@ func (m *Machine) LineageSummary(id ActionID, s Summary) ([]Action, error) {
 	}
 	var out []Action
 	switch q.purpose {
-	case qBackupPos, qPostRollback:
+	case qBackupPos, qPostRollback, qPostReplay:
 		tk.pos, tk.havePos = copyMap(s.MaxIn), true
-		if q.purpose == qPostRollback {
+		if q.purpose != qBackupPos {
 			out = append(out, m.installed(tk)...)
 		}
+	case qSucc:
+		tk.succPos[q.target] = min(tk.succPos[q.target], s.MaxOut)
 	case qSource:
 		tk.sources = append(tk.sources, s)
 	case qDownstream:
@@ -549,6 +590,17 @@ func (m *Machine) QueryFailed(id ActionID, cause error) ([]Action, error) {
 			tk.abandoned = "primary unreachable after rollback: " + cause.Error()
 			out = append(out, m.notice(tk.model, tk.abandoned))
 			out = append(out, m.installed(tk)...)
+		case qPostReplay:
+			// The spare serves already: rewire it with conservative
+			// positions (predecessors resend all they keep; the new
+			// primary drops what its state covers by request key). If it
+			// died, the suspicion above is the next round's.
+			tk.pos, tk.havePos = map[string]uint64{}, true
+			out = append(out, m.installed(tk)...)
+		case qSucc:
+			// Not known what it received: it gets every re-executed
+			// output (its own recovery, if it died, resends the rest).
+			tk.succPos[q.target] = 0
 		case qSource:
 			if comp == "" { // a frontend: no fallback
 				tk.sources = append(tk.sources, Summary{})
@@ -617,7 +669,7 @@ func (m *Machine) maybeCommit() []Action {
 		return nil
 	}
 	for _, tk := range r.tasks {
-		if tk.abandoned == "" && tk.kind == tStateless && tk.waitStd {
+		if tk.abandoned == "" && (tk.kind == tStateless || tk.kind == tReplay) && tk.waitStd {
 			return nil
 		}
 	}
@@ -647,6 +699,14 @@ func (m *Machine) maybeCommit() []Action {
 		case tRollback:
 			out = append(out, m.install(tk, Action{Kind: Rollback, Model: model, Component: tk.inst.GetComponentId(),
 				Address: tk.inst.GetSidecarAddress(), Epoch: tk.newEpoch}))
+		case tReplay:
+			for k, v := range tk.succPos {
+				if v == ^uint64(0) {
+					tk.succPos[k] = 0 // no answer counted: conservative
+				}
+			}
+			out = append(out, m.install(tk, Action{Kind: Promote, Model: model, Component: tk.inst.GetComponentId(),
+				Address: tk.inst.GetSidecarAddress(), Epoch: tk.newEpoch, ReplayAfter: copyMap(tk.succPos)}))
 		}
 	}
 	return append(out, m.advance()...)
@@ -656,10 +716,21 @@ func (m *Machine) maybeCommit() []Action {
 func (m *Machine) install(tk *task, a Action) Action {
 	a = m.act(a)
 	m.r.pending[a.ID] = func(err error) []Action {
+		if err != nil && tk.kind == tReplay {
+			// The spare is lost for this round; another one is started.
+			m.r.dead[tk.inst.GetComponentId()] = true
+			m.r.backupL[tk.model] = true
+		}
 		switch {
 		case err == nil && tk.kind == tRollback:
 			// Positions come from the rolled-back primary itself.
 			return []Action{m.ask(qPostRollback, tk, tk.model, Action{Kind: GetLineageSummary, Model: tk.model,
+				Component: tk.inst.GetComponentId(), Address: tk.inst.GetSidecarAddress()})}
+		case err == nil && tk.kind == tReplay:
+			delete(m.replayTries, tk.model)
+			// Positions come from the new primary: what its replayed
+			// state covers.
+			return []Action{m.ask(qPostReplay, tk, tk.model, Action{Kind: GetLineageSummary, Model: tk.model,
 				Component: tk.inst.GetComponentId(), Address: tk.inst.GetSidecarAddress()})}
 		case err == nil:
 			return m.installed(tk)
@@ -672,6 +743,16 @@ func (m *Machine) install(tk *task, a Action) Action {
 			tk.gen++
 			return []Action{m.install(tk, Action{Kind: Rollback, Model: tk.model, Component: tk.inst.GetComponentId(),
 				Address: tk.inst.GetSidecarAddress(), Epoch: tk.newEpoch})}
+		case tk.kind == tReplay && m.replayTries[tk.model] < ReplayAttempts-1:
+			// The spare could not replay (it died, or the store failed):
+			// the next round tries again with another spare, started
+			// after this round for the lost one.
+			m.replayTries[tk.model]++
+			tk.abandoned = "spare failed to replay: " + err.Error()
+			old := tk.old[0]
+			delete(m.r.dead, old.GetComponentId())
+			m.queued = append(m.queued, suspicion{model: tk.model, component: old.GetComponentId(), role: hamsv1.Role_ROLE_PRIMARY})
+			return m.installed(tk)
 		case tk.kind == tStateless:
 			// Another standby (or a fresh one) next round.
 			m.r.dead[tk.inst.GetComponentId()] = true
@@ -725,7 +806,7 @@ func (m *Machine) rewire() []Action {
 			for _, o := range tk.old {
 				ch = append(ch, Change{Component: o.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_STANDBY, Epoch: o.GetEpoch()})
 			}
-		case tFailover:
+		case tFailover, tReplay:
 			ch = append(ch, Change{Component: tk.inst.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_PRIMARY, Epoch: tk.newEpoch})
 			for _, o := range tk.old {
 				ch = append(ch, Change{Component: o.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_BACKUP, Epoch: tk.newEpoch})
@@ -821,7 +902,7 @@ func (m *Machine) finish() []Action {
 	for _, model := range recovered {
 		tk := r.tasks[model]
 		switch tk.kind {
-		case tFailover:
+		case tFailover, tReplay:
 			old := tk.old[0]
 			if m.live(old) {
 				a := m.act(Action{Kind: Demote, Model: model, Component: old.GetComponentId(), Address: old.GetSidecarAddress(),
@@ -922,7 +1003,11 @@ func (m *Machine) startBackup(model string) []Action {
 			}
 		}
 	}
-	m.awaitSync[model] = known
+	if !m.cfg.Replay {
+		// Replay mode's spare has no state to sync: it reads the
+		// checkpoint when promoted.
+		m.awaitSync[model] = known
+	}
 	return []Action{m.doneIgnored(Action{Kind: StartInstance, Model: model, Role: hamsv1.Role_ROLE_BACKUP})}
 }
 
@@ -1071,4 +1156,64 @@ func sortedKeys[V any](mp map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// --- replay mode ---
+
+// newReplay creates the task of a stateful model whose primary (old)
+// failed in replay mode (Lineage Stash recovers only the failed operator):
+// its spare (a live BACKUP, or one started now) will be promoted and
+// re-execute the input log after the newest checkpoint. Meanwhile every
+// successor is asked how far it received the model's outputs, so the spare
+// sends each only the re-executed outputs beyond (Action.ReplayAfter).
+// After the promotion the resend positions come from the new primary
+// itself; downstream stateful models are neither asked nor failed over.
+func (m *Machine) newReplay(model string, old *hamsv1.Placement) []Action {
+	tk := &task{model: model, kind: tReplay, old: []*hamsv1.Placement{old}, succPos: map[string]uint64{}}
+	m.r.tasks[model] = tk
+	out := m.chooseSpare(tk)
+	for _, sc := range m.g.Succ(model) {
+		tk.succPos[sc] = ^uint64(0)
+		if sc == config.Frontend {
+			fes := m.topo.GetFrontends()
+			if len(fes) == 0 {
+				tk.succPos[sc] = 0
+			}
+			for _, a := range fes {
+				out = append(out, m.ask(qSucc, tk, sc, Action{Kind: GetLineageSummary, Model: config.Frontend, Address: a, FailedModel: model}))
+			}
+			continue
+		}
+		p := m.liveServing(sc)
+		if p == nil {
+			tk.succPos[sc] = 0
+			continue
+		}
+		out = append(out, m.ask(qSucc, tk, sc, Action{Kind: GetLineageSummary, Model: sc, Component: p.GetComponentId(),
+			Address: p.GetSidecarAddress(), FailedModel: model}))
+	}
+	return out
+}
+
+// chooseSpare picks a live spare for a replay task, or starts one (once)
+// and waits for it in the topology.
+func (m *Machine) chooseSpare(tk *task) []Action {
+	if b := m.liveBackup(tk.model); b != nil {
+		tk.inst, tk.waitStd = b, false
+		return nil
+	}
+	tk.inst = nil
+	if tk.waitStd {
+		return nil
+	}
+	tk.waitStd = true
+	a := m.act(Action{Kind: StartInstance, Model: tk.model, Role: hamsv1.Role_ROLE_BACKUP})
+	m.r.pending[a.ID] = func(err error) []Action {
+		if err != nil && tk.waitStd && tk.abandoned == "" && m.r.stage == stQuery {
+			tk.abandoned = "no spare to replay on: " + err.Error()
+			return []Action{m.notice(tk.model, tk.abandoned)}
+		}
+		return nil
+	}
+	return []Action{a}
 }

@@ -67,6 +67,14 @@ type sim struct {
 	unrec    map[string]bool
 	resends  []Action
 	recov    int
+	// Replay mode (replay_test.go): logged is the end of each stateful
+	// model's input log (durable is its newest checkpoint); promotions
+	// record the ReplayAfter they carried.
+	replay      bool
+	logged      map[string]uint64
+	replayAfter map[string]map[string]uint64
+	// promoteFails, when set, fails the Promotes it reports true for.
+	promoteFails func(Action) bool
 }
 
 func newSim(t *testing.T, seed uint64, standby bool) *sim {
@@ -232,6 +240,9 @@ func (s *sim) do(a Action) {
 		s.unrec[a.Model] = true
 		return
 	case GetMaxSeq, GetLineageSummary:
+		if s.replay && a.Kind == GetMaxSeq {
+			s.fail("%v in replay mode: a spare has no applied state to ask about", a)
+		}
 		if !s.reachable(a) || s.rng.Float64() < s.dropP {
 			s.at(delay+20, func() { s.handle(s.m.QueryFailed(a.ID, errors.New("timeout"))) })
 			return
@@ -271,6 +282,8 @@ func (s *sim) do(a Action) {
 		switch {
 		case s.dead[a.Component]:
 			err = errors.New("unavailable")
+		case s.promoteFails != nil && s.promoteFails(a):
+			err = errors.New("injected promotion failure")
 		case a.Epoch <= s.maxEpoch(a.Model):
 			s.fail("%v: epoch %d does not increase (max %d)", a, a.Epoch, s.maxEpoch(a.Model))
 		case a.Kind == Promote && s.g.Stateful(a.Model) && p.Role != hamsv1.Role_ROLE_BACKUP:
@@ -280,7 +293,15 @@ func (s *sim) do(a Action) {
 		case a.Kind == Rollback && p.Role != hamsv1.Role_ROLE_PRIMARY:
 			s.fail("%v: target is %s", a, p.Role)
 		}
-		if err == nil {
+		if err == nil && s.replay && s.g.Stateful(a.Model) {
+			if a.ReplayAfter == nil {
+				s.fail("%v in replay mode carries no ReplayAfter", a)
+			}
+			s.promoted[a.Model]++
+			s.replayAfter[a.Model] = a.ReplayAfter
+			s.applied[a.Model] = s.logged[a.Model]
+			s.exec[a.Model] = s.logged[a.Model]
+		} else if err == nil {
 			s.promoted[a.Model]++
 			if s.g.Stateful(a.Model) {
 				if a.Kind == Promote {
@@ -309,6 +330,9 @@ func (s *sim) do(a Action) {
 		}
 		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, err)) })
 	case Demote, SyncBackup:
+		if s.replay && a.Kind == SyncBackup {
+			s.fail("%v in replay mode: a spare has nothing to sync", a)
+		}
 		var err error
 		if s.dead[a.Component] {
 			err = errors.New("unavailable")
