@@ -24,11 +24,26 @@ func replicated(dep *config.Deployment, m *config.Model) bool {
 	return m != nil && m.Stateful && m.HA == "stateful" && dep.Mode != "" && dep.Mode != "bare" && dep.Mode != "replay"
 }
 
+// spared reports whether model m of dep runs in replay mode (stateful, ha
+// stateful, mode replay): a primary that logs its inputs and checkpoints
+// to JetStream, plus a spare instance (started in the backup role, with a
+// model server of its own) that replays them when the primary fails.
+func spared(dep *config.Deployment, m *config.Model) bool {
+	return m != nil && m.Stateful && m.HA == "stateful" && dep.Mode == "replay"
+}
+
+// hasBackup reports whether model m of dep gets a second instance in the
+// backup role: an NSPB-family backup or a replay-mode spare.
+func hasBackup(dep *config.Deployment, m *config.Model) bool {
+	return replicated(dep, m) || spared(dep, m)
+}
+
 // coordinated reports whether dep's processes need the coordination engine
-// (durability and completion notices): some model is replicated.
+// (durability and completion notices, replay mode's log and checkpoints):
+// some model is replicated or runs in replay mode.
 func coordinated(dep *config.Deployment) bool {
 	for i := range dep.Models {
-		if replicated(dep, &dep.Models[i]) {
+		if hasBackup(dep, &dep.Models[i]) {
 			return true
 		}
 	}
@@ -114,4 +129,20 @@ func sanitizeKey(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// setCheckpointEvery applies a --checkpoint-every flag (0: keep the
+// deployment's replay.checkpoint_every).
+func setCheckpointEvery(dep *config.Deployment, n int) error {
+	if n == 0 {
+		return nil
+	}
+	if n < 0 {
+		return usageErr("--checkpoint-every %d: must be positive", n)
+	}
+	dep.Replay.CheckpointEvery = n
+	if err := dep.Validate(); err != nil {
+		return usageErr("--checkpoint-every %d: %v", n, err)
+	}
+	return nil
 }

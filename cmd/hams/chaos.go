@@ -60,7 +60,7 @@ func chaosTargets(dep *config.Deployment, protected bool) map[string][]chaosTarg
 			return []string{sc}
 		}
 		switch {
-		case replicated(dep, &dep.Models[i]):
+		case hasBackup(dep, &dep.Models[i]):
 			for _, r := range procs(roleSidecar, roleModelServer) {
 				out["primary"] = append(out["primary"], chaosTarget{r, m.Name, "primary"})
 			}
@@ -84,7 +84,8 @@ func runChaos(args []string) error {
 	seed := fs.Uint64("seed", 1, "random seed (kill targets and times; inputs)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (default: <run-dir>/audit)")
 	jsonPath := fs.String("json", "", "write the JSON report to this file")
-	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, remus, nspb-s1, nspb-s2, bare (replay is not implemented yet)")
+	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, remus, nspb-s1, nspb-s2, bare, replay")
+	ckptEvery := fs.Int("checkpoint-every", 0, "replay mode: checkpoint interval in batches (0: the deployment's replay.checkpoint_every)")
 	conc := fs.Int("concurrency", 4, "closed-loop clients")
 	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
 	settle := fs.Duration("settle", time.Second, "quiet time after a recovery before the next kill (the kill comes at a random time in [settle, 2*settle])")
@@ -113,6 +114,9 @@ func runChaos(args []string) error {
 		return err
 	}
 	dep.Mode = *mode
+	if err := setCheckpointEvery(dep, *ckptEvery); err != nil {
+		return err
+	}
 	if *audit == "" {
 		*audit = filepath.Join(dir, "audit")
 	}
@@ -245,9 +249,14 @@ func runChaos(args []string) error {
 	if err != nil {
 		return err
 	}
-	// Quiescence: give backups a moment to apply what they received, then
+	// Quiescence: give backups a moment to apply what they received (in
+	// replay mode: primaries a moment to checkpoint their idle tail), then
 	// stop every process with SIGTERM so the audit logs are complete.
-	time.Sleep(300 * time.Millisecond)
+	quiet := 300 * time.Millisecond
+	if dep.Mode == "replay" {
+		quiet += 2 * dep.Replay.CheckpointIdle.D()
+	}
+	time.Sleep(quiet)
 	if err := d.Close(); err != nil {
 		return fmt.Errorf("chaos: stop deployment: %w", err)
 	}

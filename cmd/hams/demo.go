@@ -191,7 +191,8 @@ func runDemo(args []string) error {
 	var kills killList
 	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s")
 	jsonPath := fs.String("json", "", "write the JSON report to this file")
-	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2 (replay is not implemented yet)")
+	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay")
+	ckptEvery := fs.Int("checkpoint-every", 0, "replay mode: checkpoint interval in batches (0: the deployment's replay.checkpoint_every)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	conc := fs.Int("concurrency", 4, "closed-loop clients")
 	seed := fs.Uint64("seed", 1, "input seed")
@@ -225,11 +226,14 @@ func runDemo(args []string) error {
 		return err
 	}
 	dep.Mode = *mode
+	if err := setCheckpointEvery(dep, *ckptEvery); err != nil {
+		return err
+	}
 	for _, k := range kills {
 		if k.Model != "" && dep.Model(k.Model) == nil {
 			return usageErr("demo: --kill %s: model %q is not in service %s (models: %s)", k.target(), k.Model, *service, strings.Join(sortedModels(dep), ", "))
 		}
-		if (k.Role == roleBackupSidecar || k.Role == roleBackupModelServer) && !replicated(dep, dep.Model(k.Model)) {
+		if (k.Role == roleBackupSidecar || k.Role == roleBackupModelServer) && !hasBackup(dep, dep.Model(k.Model)) {
 			return usageErr("demo: --kill %s: model %q has no backup in mode %s", k.target(), k.Model, *mode)
 		}
 		if (k.Role == roleStandbySidecar || k.Role == roleStandbyModelSrv) && (dep.Model(k.Model).Stateful || *mode == "bare") {

@@ -32,7 +32,7 @@ import (
 )
 
 // implementedModes are the fault-tolerance modes this build runs.
-var implementedModes = []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2"}
+var implementedModes = []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2", "replay"}
 
 // defaultMode is the mode of demo and up without --mode (DESIGN.md).
 const defaultMode = "nspb"
@@ -41,9 +41,6 @@ const defaultMode = "nspb"
 func checkMode(mode string) error {
 	if !slices.Contains(config.Modes, mode) {
 		return usageErr("--mode %q: unknown mode (one of %s)", mode, strings.Join(config.Modes, ", "))
-	}
-	if mode == "replay" {
-		return usageErr("--mode replay: the checkpoint-and-replay baseline is not implemented yet (this build runs %s)", strings.Join(implementedModes, ", "))
 	}
 	if !slices.Contains(implementedModes, mode) {
 		return usageErr("--mode %s: not implemented in this build (it runs %s)", mode, strings.Join(implementedModes, ", "))
@@ -188,7 +185,7 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	for i := range dep.Models {
 		m := &dep.Models[i]
 		switch ext := externalAddr(m); {
-		case ext != "" && replicated(dep, m) && !opt.Direct:
+		case ext != "" && hasBackup(dep, m) && !opt.Direct:
 			// TODO(config): a backend.backup_address field would let an
 			// external stateful backend have its backup instance.
 			return nil, fmt.Errorf("model %q: a replicated stateful model (mode %s) needs a second backend instance for its backup, and backend.address names only one; run it with --mode bare or leave the address out (the deployment then starts a backend per instance)", m.Name, dep.Mode)
@@ -243,7 +240,7 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	var insts []instSpec
 	for i, m := range dep.Models {
 		insts = append(insts, instSpec{model: m.Name, role: rolePrimary})
-		if replicated(dep, &dep.Models[i]) {
+		if hasBackup(dep, &dep.Models[i]) {
 			insts = append(insts, instSpec{model: m.Name, role: roleBackup})
 		} else if d.protected() {
 			insts = append(insts, instSpec{model: m.Name, role: roleStandby})
@@ -382,7 +379,7 @@ func (d *deployment) missing(t *hamsv1.Topology) []string {
 			out = append(out, m.Name)
 		}
 		switch {
-		case replicated(d.dep, &d.dep.Models[i]):
+		case hasBackup(d.dep, &d.dep.Models[i]):
 			if !hasRole(t, m.Name, hamsv1.Role_ROLE_BACKUP) {
 				out = append(out, m.Name+" (backup)")
 			}
@@ -481,12 +478,13 @@ func sortedModels(dep *config.Deployment) []string {
 	return out
 }
 
-// instances counts dep's sidecars: one per model, two per replicated one.
+// instances counts dep's sidecars: one per model, two per replicated one
+// (or replay-mode one with its spare).
 func instances(dep *config.Deployment) int {
 	n := 0
 	for i := range dep.Models {
 		n++
-		if replicated(dep, &dep.Models[i]) {
+		if hasBackup(dep, &dep.Models[i]) {
 			n++
 		}
 	}

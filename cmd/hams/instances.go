@@ -90,7 +90,7 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	}
 	switch role {
 	case roleBackup:
-		if !replicated(d.dep, m) {
+		if !hasBackup(d.dep, m) {
 			return nil, fmt.Errorf("start instance: model %q has no backup in mode %s", model, d.dep.Mode)
 		}
 	case roleStandby:

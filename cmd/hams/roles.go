@@ -178,15 +178,16 @@ func runSidecar(args []string) error {
 		return usageErr("sidecar: model %q is not in deployment %q", *model, r.dep.Name)
 	}
 	repl := replicated(r.dep, m)
+	spare := spared(r.dep, m)
 	if standby && m.Stateful {
 		r.close()
 		return usageErr("sidecar: --role standby: model %q is stateful (its spare is a backup)", *model)
 	}
-	if *roleF == sidecar.RoleBackup && !repl {
+	if *roleF == sidecar.RoleBackup && !repl && !spare {
 		r.close()
 		return usageErr("sidecar: --role backup: model %q is not replicated in mode %s (stateful %v, ha %s)", *model, r.dep.Mode, m.Stateful, m.HA)
 	}
-	if repl && *natsURL == "" {
+	if (repl || spare) && *natsURL == "" {
 		r.close()
 		return usageErr("sidecar: model %q is replicated (mode %s): --nats is required", *model, r.dep.Mode)
 	}
@@ -257,6 +258,17 @@ func runSidecar(args []string) error {
 		}
 		defer nc.Close()
 		cfg.Coord = co
+		if spare {
+			// Replay mode: the input log and checkpoints (JetStream).
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			store, err := co.OpenReplay(ctx, 1)
+			cancel()
+			if err != nil {
+				r.close()
+				return err
+			}
+			cfg.Replay = store
+		}
 	}
 	if repl {
 		cfg.BackupResolver = mc

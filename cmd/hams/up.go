@@ -72,7 +72,7 @@ func (t *taskFlags) prepare(prefix string) (dir string, cleanup func(ok bool), e
 func runUp(args []string) error {
 	fs := newFlagSet("up")
 	cfgPath := fs.String("config", "", "deployment YAML file (required)")
-	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2 (replay is not implemented yet)")
+	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
 	var tf taskFlags
