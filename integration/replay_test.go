@@ -29,7 +29,7 @@ func chaosRun(t *testing.T, mode string) (replayChaos, result) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "chaos.json")
 	r := runHams(t, 180*time.Second, "chaos", "--service", "ap", "--mode", mode, "--kinds", "primary", "--duration", "8s",
-		"--seed", "11", "--settle", "500ms", "--checkpoint-every", "100", "--suspicion-timeout", suspicion,
+		"--seed", "11", "--settle", "500ms", "--checkpoint-every", "100", "--concurrency", "16", "--suspicion-timeout", suspicion,
 		"--audit", filepath.Join(dir, "audit"), "--json", out)
 	b, err := os.ReadFile(out)
 	if err != nil {
@@ -57,7 +57,9 @@ func chaosRun(t *testing.T, mode string) (replayChaos, result) {
 
 // The consistency checker is shown to fail (issue 4): the same seeded
 // chaos, kills of the stateful primaries of ap (motion and route: LSTMs
-// whose parallel reductions add partial sums in completion order), breaks
+// whose parallel reductions add partial sums in completion order; 16
+// clients, so batches hold several streams' rows and their products are
+// split into parallel chunks, as one row's is not), breaks
 // global consistency in replay mode (Lineage-Stash-style: checkpoint every
 // 100 batches, re-execute the logged batches after it on failure) and not
 // in nspb mode. Replay's conflicts must be the non-determinism kind: a
