@@ -115,4 +115,16 @@
 // Receivers fence batches whose epoch is older than the topology's for the
 // sending model, and drop items whose request key (edge.DedupKey) was seen
 // on the edge; a backup refuses snapshots of an older epoch.
+//
+// Replay mode (replay.go; deployment mode replay, the Lineage-Stash-style
+// baseline): a stateful model's primary runs the bare path (Infer, no
+// snapshot per batch, outputs released at once) and also logs every batch
+// it executes (Config.Replay, asynchronously) and checkpoints its state
+// every replay.checkpoint_every batches and when idle; durable records are
+// written when a checkpoint is stored. Its second instance (role backup)
+// is an idle spare: on Promote it loads the newest checkpoint, re-executes
+// the logged batches after it in order and sends its successors the
+// re-executed outputs they have not received. Non-deterministic models
+// re-execute differently, so replies released before the failure fall
+// outside the durable history: the consistency checker reports it.
 package sidecar

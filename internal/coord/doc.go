@@ -1,7 +1,8 @@
 // Package coord is HAMS-Go's coordination layer on NATS JetStream: the
 // small, ordered metadata of the protocol. State itself never goes through
 // JetStream (it streams sidecar-to-sidecar over gRPC; see docs/measurements.md
-// for the numbers behind that choice).
+// for the numbers behind that choice), except in mode replay, whose
+// checkpoints must be readable by a replacement on any host.
 //
 // Layout, per deployment D:
 //   - stream HAMS_D_DURABLE, subjects hams.D.durable.<model>: one
@@ -26,6 +27,12 @@
 //     so a retry on any frontend gets the same one. Frontends watch
 //     hams.D.replies.r.* with a plain subscription (and look answers up
 //     directly as a backstop).
+//   - mode replay only (replaylog.go): stream HAMS_D_REPLAY, subjects
+//     hams.D.replay.<model>.b (.c chunks), the input log of each stateful
+//     model (one hamsv1.ReplayBatch per executed batch, trimmed up to the
+//     latest checkpoint), and object store bucket HAMS_D_CKPT, objects
+//     <model>/<epoch>, the latest checkpoint (hamsv1.ReplayCheckpoint and
+//     the state bytes) per model and epoch.
 //   - KV bucket HAMS_D_FRONTENDS, key incarnation: a compare-and-set counter
 //     that gives every frontend process a number of IncarnationBits (24)
 //     bits, the high bits of its req_ids, so req_ids of all frontends and
