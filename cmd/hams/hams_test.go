@@ -29,13 +29,10 @@ func TestParseKill(t *testing.T) {
 }
 
 func TestCheckMode(t *testing.T) {
-	for _, m := range []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2"} {
+	for _, m := range []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2", "replay"} {
 		if err := checkMode(m); err != nil {
 			t.Fatalf("%s: %v", m, err)
 		}
-	}
-	if err := checkMode("replay"); err == nil || !strings.Contains(err.Error(), "not implemented yet") {
-		t.Fatalf("replay: %v", err)
 	}
 	if err := checkMode("zab"); err == nil || !strings.Contains(err.Error(), "unknown mode") {
 		t.Fatalf("zab: %v", err)
@@ -115,15 +112,12 @@ func TestDispatch(t *testing.T) {
 	if dispatch([]string{"nope"}) != 2 || dispatch(nil) != 2 {
 		t.Fatal("bad command exit codes")
 	}
-	if dispatch([]string{"chaos", "--mode", "replay"}) != 2 || dispatch([]string{"chaos", "--kinds", "frontend"}) != 2 ||
+	if dispatch([]string{"chaos", "--mode", "replay", "--checkpoint-every", "-1"}) != 2 || dispatch([]string{"chaos", "--kinds", "frontend"}) != 2 ||
 		dispatch([]string{"chaos", "--settle", "0s"}) != 2 {
-		t.Fatal("chaos must refuse replay, unknown kinds and a zero settle time")
-	}
-	if dispatch([]string{"bench", "--modes", "replay"}) != 2 {
-		t.Fatal("bench replay must be refused")
+		t.Fatal("chaos must refuse a negative checkpoint interval, unknown kinds and a zero settle time")
 	}
 	for _, args := range [][]string{
-		{"demo", "--mode", "replay"}, {"demo", "--mode", "zab"}, {"up", "--config", "x.yaml", "--mode", "replay"},
+		{"demo", "--mode", "replay", "--checkpoint-every", "2000000"}, {"demo", "--mode", "zab"},
 		{"sidecar", "--config", "x.yaml", "--model", "m", "--manager", "127.0.0.1:1", "--role", "witness"},
 		{"modelserver", "--config", "x.yaml", "--models", "m", "--role", "witness"},
 		{"sidecar", "--config", "x.yaml", "--model", "m", "--manager", "127.0.0.1:1", "--output-log-bytes", "-1"},
@@ -152,6 +146,15 @@ func TestReplicated(t *testing.T) {
 		if got := replicated(dep, dep.Model(c.model)); got != c.want {
 			t.Errorf("mode %s model %s: replicated %v, want %v", c.mode, c.model, got, c.want)
 		}
+		// Replay mode: the stateful model gets a spare instead.
+		wantSpare := c.mode == "replay" && c.model == "s"
+		if spared(dep, dep.Model(c.model)) != wantSpare || hasBackup(dep, dep.Model(c.model)) != (c.want || wantSpare) {
+			t.Errorf("mode %s model %s: spared %v, hasBackup %v", c.mode, c.model, spared(dep, dep.Model(c.model)), hasBackup(dep, dep.Model(c.model)))
+		}
+	}
+	dep.Mode = "replay"
+	if !coordinated(dep) || instances(dep) != 4 {
+		t.Fatalf("replay: coordinated %v, instances %d", coordinated(dep), instances(dep))
 	}
 	dep.Mode = "nspb"
 	if !coordinated(dep) || instances(dep) != 4 {
