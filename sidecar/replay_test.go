@@ -170,16 +170,18 @@ func TestReplayPrimaryLogsAndCheckpoints(t *testing.T) {
 	}
 }
 
-// noisyCounter is counterBackend whose state picks up a random low-order
+// noisyCounter is counterBackend whose state picks up a random
 // perturbation on every Infer: like the reference models' completion-order
-// reductions, re-executing the same batches gives other outputs.
+// reductions, re-executing the same batches gives other outputs. (The
+// perturbation is not kept below the state's rounding: the counter grows
+// into the thousands, where a tiny one would round away.)
 type noisyCounter struct{ *counterBackend }
 
 func (n noisyCounter) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
 	resp, err := n.counterBackend.Infer(ctx, req)
 	if err == nil {
 		n.mu.Lock()
-		n.state[0] += rand.Float32() * 1e-3
+		n.state[0] += 0.25 + rand.Float32()
 		n.mu.Unlock()
 	}
 	return resp, err
