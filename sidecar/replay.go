@@ -721,16 +721,28 @@ func (rp *replayState) promote(epoch uint64, after map[string]uint64) (uint64, e
 	s := rp.s
 	var maxSeq uint64
 	err := s.transition("Promote", func() error {
-		if s.Role() == RolePrimary {
-			if s.epochV.Load() == epoch {
-				maxSeq = s.lineage.Seq()
-				return nil // repeated order
-			}
-			return status.Errorf(codes.FailedPrecondition, "Promote: sidecar of %q is already the primary (epoch %d)", s.cfg.Model, s.epochV.Load())
+		if s.Role() == RolePrimary && s.epochV.Load() == epoch {
+			maxSeq = s.lineage.Seq()
+			return nil // repeated order
 		}
 		if s.receiver == nil {
 			return status.Errorf(codes.FailedPrecondition, "Promote: spare of %q has no resolver: it cannot serve", s.cfg.Model)
 		}
+		if s.Role() == RolePrimary {
+			// A deposed primary that was never demoted (falsely
+			// suspected, then rewired as a spare while it ran on): its
+			// own state and history are superseded by the checkpoint and
+			// the log, as a spare's are.
+			s.log.Warn("replay: promoting a deposed primary of an older epoch: its state is replaced by the newest checkpoint",
+				"epoch", s.epochV.Load(), "new_epoch", epoch)
+		}
+		// Whatever an earlier role left queued belongs to an older
+		// history; this instance never starts the model's history afresh.
+		rp.mu.Lock()
+		rp.logq, rp.jobs, rp.fresh, rp.reset = nil, nil, false, true
+		clear(rp.acked)
+		rp.mu.Unlock()
+		rp.initial = false
 		ctx, cancel := context.WithTimeout(s.runCtx, replayRecoverTimeout)
 		defer cancel()
 		s.epochV.Store(epoch)

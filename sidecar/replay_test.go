@@ -377,3 +377,33 @@ func (noReplayStore) SaveCheckpoint(context.Context, *hamsv1.ReplayCheckpoint, [
 func (noReplayStore) LoadCheckpoint(context.Context, string) (*hamsv1.ReplayCheckpoint, []*hamsv1.Tensor, error) {
 	return nil, nil, coord.ErrNoCheckpoint
 }
+
+// A deposed primary that was never demoted (a false suspicion: the
+// topology made it a spare while it ran on) can be promoted at a newer
+// epoch: it replaces its state with the newest checkpoint and the log
+// after it, like a spare.
+func TestReplayDeposedPrimaryPromoted(t *testing.T) {
+	r, store := replayRig(t, 1000, "1h")
+	r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+	be := newCounter(4)
+	b := r.startReplay(store, "b", be, RolePrimary, 1, true)
+	r.send(1, 12)
+	waitFor(t, "replies", func() bool { return r.sink.count() >= 12 })
+	ctx := context.Background()
+	waitFor(t, "all batches logged", func() bool {
+		bs, err := store.Batches(ctx, "b", 0)
+		return err == nil && len(bs) == int(b.sc.rp.batch)
+	})
+	before := be.Digest()
+	md := metadata.Pairs(ReplayAfterMetadata, config.Frontend+"=12")
+	pr, err := r.client(b.addr).Promote(metadata.NewOutgoingContext(ctx, md), &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
+	if err != nil || pr.MaxSeq != 12 {
+		t.Fatalf("Promote of the deposed primary: %v %v", pr, err)
+	}
+	if b.sc.Role() != RolePrimary || b.sc.epochV.Load() != 2 || be.Digest() != before || be.writes == 0 {
+		t.Fatalf("role %s epoch %d, state replayed to the same (deterministic) state %v, state writes %d", b.sc.Role(), b.sc.epochV.Load(), be.Digest() == before, be.writes)
+	}
+	r.res.Set("b", b.addr, 2)
+	r.send(13, 16)
+	waitFor(t, "served after the promotion", func() bool { return r.sink.count() >= 16 })
+}

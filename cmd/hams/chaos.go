@@ -250,13 +250,12 @@ func runChaos(args []string) error {
 		return err
 	}
 	// Quiescence: give backups a moment to apply what they received (in
-	// replay mode: primaries a moment to checkpoint their idle tail), then
-	// stop every process with SIGTERM so the audit logs are complete.
-	quiet := 300 * time.Millisecond
-	if dep.Mode == "replay" {
-		quiet += 2 * dep.Replay.CheckpointIdle.D()
+	// replay mode: wait until the primaries checkpointed their idle tail),
+	// then stop every process with SIGTERM so the audit logs are complete.
+	time.Sleep(300 * time.Millisecond)
+	if err := waitReplayCheckpointed(ctx, d, 15*time.Second); err != nil {
+		fmt.Fprintf(os.Stderr, "hams chaos: replay: %v\n", err)
 	}
-	time.Sleep(quiet)
 	if err := d.Close(); err != nil {
 		return fmt.Errorf("chaos: stop deployment: %w", err)
 	}
