@@ -28,6 +28,11 @@ const (
 // would otherwise grow the queue, and memory, without bound).
 const maxUnacked = 8
 
+// maxWaiting bounds the snapshots queued behind the one being shipped
+// (with capture at compute, one per batch; they coalesce when the shipper
+// takes them): beyond it no new batch starts.
+const maxWaiting = 256
+
 // foldIdle is how long a folded install waits for a compute to carry it
 // before it is issued on its own.
 const foldIdle = time.Millisecond
@@ -460,12 +465,12 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 	}}
 }
 
-// gatesOpen: no bound holds new batches back (output log, unacknowledged
-// and unapplied snapshots).
+// gatesOpen: no bound holds new batches back (output log, unacknowledged,
+// unapplied and waiting snapshots).
 func (p *primary) gatesOpen() bool {
 	full, _ := p.s.outlog.Full()
 	_, unacked := p.s.ship.Kept()
-	return !full && unacked < maxUnacked && p.s.ship.Unapplied() < maxUnapplied
+	return !full && unacked < maxUnacked && p.s.ship.Unapplied() < maxUnapplied && p.s.ship.Waiting() < maxWaiting
 }
 
 // computeFailed fails the batch's requests, or re-queues them one by one

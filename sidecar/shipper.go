@@ -220,18 +220,35 @@ func concatOutputs(parts [][]*hamsv1.Tensor) ([]*hamsv1.Tensor, error) {
 }
 
 // Kept returns the last snapshot the backup acknowledged (nil before the
-// first) and the number of unacknowledged ones.
+// first) and the number of unacknowledged ones, counted as they will be
+// shipped: the waiting ones coalesce into one.
 func (sh *shipper) Kept() (*snapshot, int) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return sh.kept, len(sh.queue)
+	return sh.kept, sh.pendingLocked()
 }
 
-// Unapplied is the number of snapshots copied but not known applied.
+// pendingLocked counts the queued snapshots as shipments (caller holds
+// mu): the taken ones, plus one for all the waiting ones.
+func (sh *shipper) pendingLocked() int {
+	n := 0
+	for _, sn := range sh.queue {
+		if sn.taken {
+			n++
+		}
+	}
+	if n < len(sh.queue) {
+		n++
+	}
+	return n
+}
+
+// Unapplied is the number of snapshots not known applied (queued ones
+// counted as shipments).
 func (sh *shipper) Unapplied() int {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return len(sh.queue) + len(sh.unapplied)
+	return sh.pendingLocked() + len(sh.unapplied)
 }
 
 // Applied returns the rollback target: the last state the backup applied,
