@@ -651,3 +651,38 @@ func (m *Model) ParamString(key, def string) (string, error) {
 	}
 	return "", invalid("model %q: param %s: want a string, got %v", m.Name, key, v)
 }
+
+// PassThroughAPIs lists the client APIs of the frontend through which a
+// backend type can be served pass-through: the gRPC APIs the backend
+// itself speaks (the reference model server speaks both).
+var PassThroughAPIs = map[string][]string{
+	"tfserving": {"tfserving"},
+	"triton":    {"kserve"},
+	"reference": {"tfserving", "kserve"},
+}
+
+// PassThrough reports whether model name is served pass-through in
+// retrofit mode: ha: off, not stateful, the only model of its service,
+// and a backend whose own gRPC API the frontend serves (PassThroughAPIs;
+// not clipper, whose REST API it does not). Such a model has no sidecar:
+// the frontend's TF Serving and KServe v2 endpoints forward calls for it
+// to its backend unchanged. Every other ha: off model runs through a
+// sidecar without a standby.
+func (d *Deployment) PassThrough(name string) bool {
+	m := d.Model(name)
+	if m == nil || m.HA != "off" || m.Stateful || PassThroughAPIs[m.Backend.Type] == nil {
+		return false
+	}
+	s := d.ServiceOf(name)
+	return s != nil && len(s.Graph().Models()) == 1
+}
+
+// HasStandby reports whether model name gets a hot standby in a
+// fault-tolerant mode: stateless, ha: stateless, and not pass-through.
+// (Replicated stateful models get a backup instead; ha: off models get
+// no spare: the manager's recovery starts a fresh instance of a stateless
+// one when it fails.)
+func (d *Deployment) HasStandby(name string) bool {
+	m := d.Model(name)
+	return m != nil && !m.Stateful && m.HA == "stateless" && !d.PassThrough(name)
+}

@@ -142,3 +142,48 @@ func TestParams(t *testing.T) {
 		t.Fatalf("want param error, got %v", err)
 	}
 }
+
+func TestPassThroughAndStandby(t *testing.T) {
+	d, err := Parse([]byte(`
+name: t
+models:
+  - {name: tf, ha: off, backend: {type: tfserving, address: "h:8500"}}
+  - {name: tr, ha: off, backend: {type: triton, address: "h:8001"}}
+  - {name: ref, kind: classifier, ha: off}
+  - {name: cl, ha: off, backend: {type: clipper, address: "h:1337"}}
+  - {name: st, kind: lstm, stateful: true, ha: off}
+  - {name: g1, kind: prep, ha: off}
+  - {name: g2, kind: prep}
+  - {name: on, kind: prep}
+services:
+  - {name: tf, edges: [[frontend, tf], [tf, frontend]]}
+  - {name: tr, edges: [[frontend, tr], [tr, frontend]]}
+  - {name: ref, edges: [[frontend, ref], [ref, frontend]]}
+  - {name: cl, edges: [[frontend, cl], [cl, frontend]]}
+  - {name: st, edges: [[frontend, st], [st, frontend]]}
+  - {name: graph, edges: [[frontend, g1], [g1, g2], [g2, frontend]]}
+  - {name: on, edges: [[frontend, on], [on, frontend]]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		model         string
+		pass, standby bool
+	}{
+		{"tf", true, false}, {"tr", true, false}, {"ref", true, false},
+		{"cl", false, false}, // clipper's REST API is not served by the frontend: sidecar, no standby
+		{"st", false, false}, // stateful: the sidecar's adapter owns the state
+		{"g1", false, false}, // ha: off in a graph: sidecar, no standby
+		{"g2", false, true},
+		{"on", false, true},
+		{"nope", false, false},
+	} {
+		if got := d.PassThrough(c.model); got != c.pass {
+			t.Errorf("PassThrough(%s) = %v, want %v", c.model, got, c.pass)
+		}
+		if got := d.HasStandby(c.model); got != c.standby {
+			t.Errorf("HasStandby(%s) = %v, want %v", c.model, got, c.standby)
+		}
+	}
+}
