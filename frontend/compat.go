@@ -33,7 +33,8 @@ import (
 // "sequence_id" parameter becomes the stream id (TF Serving has none: the
 // frontend's default applies), and a string parameter "request_id" the
 // idempotency key. Model versions are not checked: HAMS serves whatever
-// the deployment runs.
+// the deployment runs. Calls for a pass-through model (ha: off, no
+// sidecar) are forwarded to its backend instead (passthrough.go).
 
 // Compatibility names.
 const (
@@ -158,6 +159,9 @@ func tfRespSpec(name string) *tfapis.ModelSpec {
 }
 
 func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictRequest) (*tfapis.PredictResponse, error) {
+	if p := s.f.passFor(req.GetModelSpec().GetName()); p != nil && req.GetModelSpec() != nil {
+		return s.f.passPredict(ctx, p, req)
+	}
 	svc, err := s.f.tfService(req.GetModelSpec(), true)
 	if err != nil {
 		return nil, err
@@ -194,6 +198,9 @@ func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictReques
 }
 
 func (s *tfPredictServer) GetModelMetadata(ctx context.Context, req *tfapis.GetModelMetadataRequest) (*tfapis.GetModelMetadataResponse, error) {
+	if p := s.f.passFor(req.GetModelSpec().GetName()); p != nil && req.GetModelSpec() != nil {
+		return s.f.passMetadata(ctx, p, req)
+	}
 	svc, err := s.f.tfService(req.GetModelSpec(), false)
 	if err != nil {
 		return nil, err
@@ -222,6 +229,9 @@ func (s *tfPredictServer) GetModelMetadata(ctx context.Context, req *tfapis.GetM
 }
 
 func (s *tfModelServer) GetModelStatus(ctx context.Context, req *tfapis.GetModelStatusRequest) (*tfapis.GetModelStatusResponse, error) {
+	if p := s.f.passFor(req.GetModelSpec().GetName()); p != nil && req.GetModelSpec() != nil {
+		return s.f.passStatus(ctx, p, req)
+	}
 	svc, err := s.f.tfService(req.GetModelSpec(), false)
 	if err != nil {
 		return nil, err
@@ -257,6 +267,9 @@ func (s *kserveServer) ServerReady(context.Context, *inference.ServerReadyReques
 }
 
 func (s *kserveServer) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	if p := s.f.passFor(req.GetName()); p != nil {
+		return s.f.passReady(ctx, p, req)
+	}
 	svc, err := s.f.modelService(req.GetName())
 	if err != nil {
 		return nil, err
@@ -269,6 +282,9 @@ func (s *kserveServer) ServerMetadata(context.Context, *inference.ServerMetadata
 }
 
 func (s *kserveServer) ModelMetadata(ctx context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	if p := s.f.passFor(req.GetName()); p != nil {
+		return s.f.passModelMetadata(ctx, p, req)
+	}
 	svc, err := s.f.modelService(req.GetName())
 	if err != nil {
 		return nil, err
@@ -285,6 +301,9 @@ func (s *kserveServer) ModelMetadata(ctx context.Context, req *inference.ModelMe
 }
 
 func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+	if p := s.f.passFor(req.GetModelName()); p != nil {
+		return s.f.passInfer(ctx, p, req)
+	}
 	svc, err := s.f.modelService(req.GetModelName())
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,6 +119,11 @@ type Frontend struct {
 
 	services map[string]*serviceInfo
 	svcOrder []string
+	// pass holds the pass-through models (passthrough.go) by model and
+	// by service name; they are not among services. passIDs numbers
+	// their calls.
+	pass    map[string]*passThrough
+	passIDs atomic.Uint64
 	// senders holds one outbound edge per entry model (a model serves one
 	// service, so entry models are distinct across services).
 	senders  map[string]sender
@@ -244,6 +250,7 @@ func New(cfg Config) (*Frontend, error) {
 		timeout:   d.Limits.RequestTimeout.D(),
 		now:       time.Now,
 		services:  map[string]*serviceInfo{},
+		pass:      map[string]*passThrough{},
 		senders:   map[string]sender{},
 		kick:      make(chan struct{}, 1),
 		drained:   make(chan struct{}),
@@ -285,14 +292,25 @@ func New(cfg Config) (*Frontend, error) {
 		return nil, fmt.Errorf("%w: deployment has no services", ErrConfig)
 	}
 	for i := range d.Services {
+		if ms := d.Services[i].Graph().Models(); len(ms) == 1 && d.PassThrough(ms[0]) {
+			p, err := newPassThrough(d.Model(ms[0]), d.Services[i].Name, f.maxBytes)
+			if err != nil {
+				f.closePass()
+				return nil, err
+			}
+			f.pass[p.model], f.pass[p.service] = p, p
+			continue
+		}
 		s := newServiceInfo(&d.Services[i])
 		if len(s.entries) == 0 || len(s.sinks) == 0 {
+			f.closePass()
 			return nil, fmt.Errorf("%w: service %q has no entry or no sink model", ErrConfig, s.name)
 		}
 		f.services[s.name] = s
 		f.svcOrder = append(f.svcOrder, s.name)
 		for _, e := range s.entries {
 			if _, dup := f.senders[e]; dup {
+				f.closePass()
 				return nil, fmt.Errorf("%w: model %q is an entry of two services", ErrConfig, e)
 			}
 			snd, err := edge.NewSender(edge.SenderConfig{
@@ -307,6 +325,7 @@ func New(cfg Config) (*Frontend, error) {
 				Position: func(it *hamsv1.Item) uint64 { return it.GetReqId() },
 			})
 			if err != nil {
+				f.closePass()
 				return nil, fmt.Errorf("frontend: edge to entry model %q: %w", e, err)
 			}
 			f.senders[e] = snd
@@ -314,12 +333,14 @@ func New(cfg Config) (*Frontend, error) {
 	}
 	m, err := newMetrics(cfg.Registry, f.pendingCount, f.cacheCount, f.heldCount)
 	if err != nil {
+		f.closePass()
 		return nil, fmt.Errorf("frontend: register metrics: %w", err)
 	}
 	f.m = m
 	f.receiver = edge.NewReceiver(config.Frontend, f.deliver, cfg.Logger)
 	srvMetrics := grpcx.NewServerMetrics(nil)
 	if err := cfg.Registry.Register(srvMetrics); err != nil {
+		f.closePass()
 		return nil, fmt.Errorf("frontend: register gRPC metrics: %w", err)
 	}
 	f.grpc = grpc.NewServer(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes)...)
@@ -333,6 +354,15 @@ func New(cfg Config) (*Frontend, error) {
 	srvMetrics.InitializeMetrics(f.grpc)
 	f.http = f.httpHandler()
 	return f, nil
+}
+
+// closePass closes the connections of the pass-through models.
+func (f *Frontend) closePass() {
+	for name, p := range f.pass {
+		if name == p.model {
+			p.cc.Close()
+		}
+	}
 }
 
 // Handler is the HTTP handler served on HTTPListener (for embedding).
@@ -400,6 +430,7 @@ func (f *Frontend) Run(ctx context.Context) error {
 	<-ctx.Done()
 	f.shutdown()
 	wg.Wait()
+	f.closePass()
 	if f.cfg.Coord != nil {
 		f.finalCompletions()
 	}
@@ -725,6 +756,9 @@ func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (res
 	}
 	svc := f.services[req.GetService()]
 	if svc == nil {
+		if p := f.pass[req.GetService()]; p != nil && p.service == req.GetService() {
+			return nil, p.hamsAPI()
+		}
 		return nil, status.Errorf(codes.NotFound, "unknown service %q", req.GetService())
 	}
 	svcLabel = svc.name

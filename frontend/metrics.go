@@ -29,6 +29,7 @@ type metrics struct {
 	recorded         *prometheus.CounterVec // outcome: own|other|error
 	adopted          prometheus.Counter
 	logLatency       prometheus.Histogram
+	passThrough      *prometheus.CounterVec // model, code
 }
 
 func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64) (*metrics, error) {
@@ -108,8 +109,12 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 			Help:    "Time to append a request to the request log (until JetStream acknowledged it).",
 			Buckets: []float64{.0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .5},
 		}),
+		passThrough: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "pass_through_calls_total",
+			Help: "Calls forwarded to the backend of a pass-through (ha: off) model, by model and gRPC status code.",
+		}, []string{"model", "code"}),
 	}
-	for _, c := range []prometheus.Collector{m.rolledBack, m.logged, m.recorded, m.adopted, m.logLatency, m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
+	for _, c := range []prometheus.Collector{m.passThrough, m.rolledBack, m.logged, m.recorded, m.adopted, m.logLatency, m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
 		m.held, m.gatingWait, m.watchRestarts, m.completions, m.completionErrors, m.auditErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
