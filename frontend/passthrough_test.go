@@ -167,8 +167,8 @@ func TestPassThroughKServe(t *testing.T) {
 	e, bt := passEnv(t)
 	_, _, ks := e.compatClients()
 	req := &inference.ModelInferRequest{ModelName: "ksm", Id: "r-1",
-		Parameters: map[string]*inference.InferParameter{"sequence_id": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: 42}}},
-		Inputs:     []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 1}}},
+		Parameters:       map[string]*inference.InferParameter{"sequence_id": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: 42}}},
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 1}}},
 		RawInputContents: [][]byte{{0, 0, 128, 63}}}
 	withUnknown(req)
 	resp, err := ks.ModelInfer(ctxT(t, 5*time.Second), req)
