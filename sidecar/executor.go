@@ -249,6 +249,7 @@ func (s *Sidecar) batchRequest(reqs []request, batchID uint64) (*hamsv1.BatchReq
 		req.Rows[i] = r.rows
 		req.StreamIds[i] = r.j.Parts[0].GetStreamId()
 	}
+	s.noteBatch(reqs)
 	req.Inputs = make([]*hamsv1.Tensor, width)
 	parts := make([]*hamsv1.Tensor, n)
 	for k := 0; k < width; k++ {

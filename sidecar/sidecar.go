@@ -18,6 +18,7 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/hamsmd"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/sidecar/nspb"
 )
@@ -131,6 +132,9 @@ type Sidecar struct {
 	stateBytes uint64
 	anyIn      bool
 	batchID    uint64
+	// callID is the identity of the last batch request built (callid.go):
+	// the backend call running it carries it in metadata.
+	callID atomic.Pointer[batchIdentity]
 
 	inbox chan *hamsv1.Item
 	done  chan struct{} // closed when Run's context ends
@@ -409,6 +413,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return errors.New("sidecar: Run called twice")
 	}
+	// Backend calls made under this context carry the identity of the
+	// batch they run (hamsmd.UnaryClientInterceptor asks s).
+	ctx = hamsmd.WithSource(ctx, s)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv := grpc.NewServer(s.serverOpts...)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -337,6 +338,9 @@ func (b *Backend) predict(ctx context.Context, rows []json.RawMessage) ([]answer
 		return nil, status.Errorf(codes.Internal, "clipper %s: %v", b.cfg.App, err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
+	if calls := hamsmd.FromContext(ctx); len(calls) > 0 {
+		hamsmd.SetHeaders(hreq.Header, calls, hamsmd.DefaultBudget)
+	}
 	data, err := b.do(hreq, "predict")
 	if err != nil {
 		return nil, err

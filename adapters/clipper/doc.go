@@ -31,6 +31,12 @@
 // are Unavailable; Config.Timeout bounds every call (DeadlineExceeded).
 // Nothing is retried: predictions may feed Clipper's online policies.
 //
+// Request identity: a predict made under a context that carries the
+// sidecar's hamsmd.Source sends the batch's hams-req-id and
+// hams-lineage-bin (base64) as HTTP headers (internal/hamsmd), for
+// correlation in the query frontend's or a proxy's logs; Clipper ignores
+// them.
+//
 // Health: `GET /metrics` on the query frontend (cheap: no model runs),
 // which proves the frontend is up. With Config.HealthProbe set, a probe
 // predict with that input follows and must come back without the default

@@ -2,13 +2,17 @@ package refserver
 
 import (
 	"context"
+	"log/slog"
 	"sort"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/hams-go/hams/adapters/refserver/models"
+	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
@@ -71,20 +75,58 @@ func (a *predictAPI) Predict(ctx context.Context, req *tfapis.PredictRequest) (*
 	if len(req.Inputs) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "model %q: request has no inputs", h.name)
 	}
+	names := tfNamesOf(h.m)
 	keys := make([]string, 0, len(req.Inputs))
 	for k := range req.Inputs {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	ins := make([]*hamsv1.Tensor, len(keys))
-	for i, k := range keys {
-		if ins[i], err = wire.FromTensorProto(k, req.Inputs[k]); err != nil {
+	ins := make([]*hamsv1.Tensor, 0, len(keys))
+	var streams []string
+	var stateIn []*hamsv1.Tensor
+	for _, k := range keys {
+		t, err := wire.FromTensorProto(k, req.Inputs[k])
+		if err != nil {
 			return nil, wireStatus(err)
 		}
+		switch {
+		case k == wire.StreamIDsInput && names.perStream:
+			if t.Datatype != "BYTES" || len(t.Shape) != 1 {
+				return nil, status.Errorf(codes.InvalidArgument, "tensor %q: want DT_STRING [rows], got %s %v", k, t.Datatype, t.Shape)
+			}
+			for _, id := range wire.BytesElems(t.Data) {
+				streams = append(streams, string(id))
+			}
+			continue
+		case names.in[k] != "":
+			t.Name = names.in[k]
+			stateIn = append(stateIn, t)
+		}
+		ins = append(ins, t)
 	}
-	outs, err := a.s.infer(h, "Predict", ins, nil)
+	if len(ins) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "model %q: request has no inputs besides %q", h.name, wire.StreamIDsInput)
+	}
+	// The batch's rows are counted on the first input: batch inputs go
+	// before the state inputs (which sort first by name).
+	sort.SliceStable(ins, func(i, j int) bool { return !names.isState(ins[i].Name) && names.isState(ins[j].Name) })
+	if streams != nil && (len(ins[0].Shape) == 0 || int64(len(streams)) != ins[0].Shape[0]) {
+		return nil, status.Errorf(codes.InvalidArgument, "model %q: %d stream ids in %q for the %v rows of input %q", h.name, len(streams), wire.StreamIDsInput, ins[0].Shape, ins[0].Name)
+	}
+	outs, err := a.s.infer(h, "Predict", ins, streams)
 	if err != nil {
 		return nil, err
+	}
+	var stateOut []*hamsv1.Tensor
+	for i, o := range outs {
+		if n := names.out[o.Name]; n != "" {
+			outs[i] = &hamsv1.Tensor{Name: n, Datatype: o.Datatype, Shape: o.Shape, Data: o.Data}
+			stateOut = append(stateOut, outs[i])
+		}
+	}
+	if len(names.in) > 0 && a.s.log.Enabled(ctx, slog.LevelDebug) {
+		a.s.log.Debug("explicit state call", "model", h.name, "api", "Predict", "rows", rowsOf(ins), "streams", len(streams),
+			"state_in", stateDigest(stateIn), "state_out", stateDigest(stateOut))
 	}
 	if outs, err = filterOutputs(outs, req.OutputFilter); err != nil {
 		return nil, err
@@ -98,10 +140,72 @@ func (a *predictAPI) Predict(ctx context.Context, req *tfapis.PredictRequest) (*
 	return resp, nil
 }
 
-func tensorInfos(specs []*hamsv1.TensorSpec) map[string]*tfapis.TensorInfo {
+// tfNames maps an explicit-state model's state tensors between the
+// server's own names (s_in, s_out: models.StateIn/StateOut) and TF
+// Serving's state signature convention (state/s, state_next/s:
+// docs/retrofit-tfserving.md, adapters/tfserving).
+type tfNames struct {
+	in        map[string]string // "state/s" -> "s_in"
+	out       map[string]string // "s_out" -> "state_next/s"
+	toTF      map[string]string // "s_in" -> "state/s"
+	perStream bool              // the model takes hams_stream_ids
+}
+
+func (n tfNames) isState(serverName string) bool { return n.toTF[serverName] != "" }
+
+// State tensor prefixes of TF Serving's state signature convention.
+const (
+	tfStateIn  = "state/"
+	tfStateOut = "state_next/"
+)
+
+func tfNamesOf(m models.Model) tfNames {
+	n := tfNames{in: map[string]string{}, out: map[string]string{}, toTF: map[string]string{}, perStream: models.PerStream(m)}
+	states, ok := models.Explicit(m)
+	if !ok {
+		return n
+	}
+	for _, s := range states {
+		n.in[tfStateIn+s.Name] = s.Name + models.StateIn
+		n.toTF[s.Name+models.StateIn] = tfStateIn + s.Name
+		n.out[s.Name+models.StateOut] = tfStateOut + s.Name
+		n.toTF[s.Name+models.StateOut] = tfStateOut + s.Name
+	}
+	return n
+}
+
+// stateDigest is the hex SHA-256 of the state tensors' bytes in the
+// order of their TF names (sorted, as adapters/tfserving orders its
+// state): the audit logs' state_digest of the same state.
+func stateDigest(ts []*hamsv1.Tensor) string {
+	if len(ts) == 0 {
+		return ""
+	}
+	sorted := append([]*hamsv1.Tensor(nil), ts...)
+	sort.Slice(sorted, func(i, j int) bool {
+		return strings.TrimPrefix(strings.TrimPrefix(sorted[i].Name, tfStateIn), tfStateOut) <
+			strings.TrimPrefix(strings.TrimPrefix(sorted[j].Name, tfStateIn), tfStateOut)
+	})
+	return tensor.Digest(sorted...)
+}
+
+func rowsOf(ins []*hamsv1.Tensor) int64 {
+	if len(ins) == 0 || len(ins[0].Shape) == 0 {
+		return 0
+	}
+	return ins[0].Shape[0]
+}
+
+// tensorInfos describes specs under their TF Serving names (toTF renames
+// state tensors).
+func tensorInfos(specs []*hamsv1.TensorSpec, toTF map[string]string) map[string]*tfapis.TensorInfo {
 	m := map[string]*tfapis.TensorInfo{}
 	for _, s := range specs {
-		m[s.Name] = &tfapis.TensorInfo{Name: s.Name + ":0", Dtype: ksToTF(s.Datatype), TensorShape: wire.TFShape(s.Shape)}
+		name := s.Name
+		if n := toTF[name]; n != "" {
+			name = n
+		}
+		m[name] = &tfapis.TensorInfo{Name: name + ":0", Dtype: ksToTF(s.Datatype), TensorShape: wire.TFShape(s.Shape)}
 	}
 	return m
 }
@@ -117,9 +221,12 @@ func (a *predictAPI) GetModelMetadata(ctx context.Context, req *tfapis.GetModelM
 		}
 	}
 	d := h.m.Describe()
-	sigs := &tfapis.SignatureDefMap{SignatureDef: map[string]*tfapis.SignatureDef{
-		DefaultSignature: {Inputs: tensorInfos(d.Inputs), Outputs: tensorInfos(d.Outputs), MethodName: "tensorflow/serving/predict"},
-	}}
+	names := tfNamesOf(h.m)
+	def := &tfapis.SignatureDef{Inputs: tensorInfos(d.Inputs, names.toTF), Outputs: tensorInfos(d.Outputs, names.toTF), MethodName: "tensorflow/serving/predict"}
+	if names.perStream {
+		def.Inputs[wire.StreamIDsInput] = &tfapis.TensorInfo{Name: wire.StreamIDsInput + ":0", Dtype: tfpb.DataType_DT_STRING, TensorShape: wire.TFShape([]int64{-1})}
+	}
+	sigs := &tfapis.SignatureDefMap{SignatureDef: map[string]*tfapis.SignatureDef{DefaultSignature: def}}
 	anyv, err := anypb.New(sigs)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode signature_def: %v", err)

@@ -73,7 +73,11 @@ type Config struct {
 	// TypedInputs sends inputs in the typed *_val fields instead of
 	// tensor_content (for servers or proxies that only read typed values).
 	TypedInputs bool
-	Logger      *slog.Logger
+	// InitialState, when set, is the state a stateful signature starts
+	// from (one tensor per state tensor, named without "state/"); default
+	// zeros. A signature whose state specs it does not match is refused.
+	InitialState []*hamsv1.Tensor
+	Logger       *slog.Logger
 }
 
 // ConfigFrom builds a Config from a deployment's model backend entry
@@ -263,10 +267,14 @@ func (b *Backend) loadSignature(ctx context.Context) (*signature, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.sig == nil || !sameSpecs(b.sig.state, sig.state) {
-		if b.sig != nil {
-			b.log.Info("state tensors of the signature changed; state reset to zeros", "state", specNames(sig.state))
+		init, err := b.initialState(sig.state)
+		if err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "tfserving %s signature %q: %v", b.label, b.cfg.Signature, err)
 		}
-		b.cur = zeroState(sig.state)
+		if b.sig != nil {
+			b.log.Info("state tensors of the signature changed; state reset to the initial state", "state", specNames(sig.state))
+		}
+		b.cur = init
 		b.next = nil
 	}
 	b.sig = sig
@@ -397,6 +405,33 @@ func specNames(specs []*hamsv1.TensorSpec) []string {
 		out[i] = s.Name
 	}
 	return out
+}
+
+// initialState is Config.InitialState checked against specs (in spec
+// order), or zeros.
+func (b *Backend) initialState(specs []*hamsv1.TensorSpec) ([]*hamsv1.Tensor, error) {
+	if b.cfg.InitialState == nil {
+		return zeroState(specs), nil
+	}
+	out := make([]*hamsv1.Tensor, len(specs))
+	for i, sp := range specs {
+		for _, t := range b.cfg.InitialState {
+			if t.GetName() == sp.Name {
+				out[i] = t
+			}
+		}
+		t := out[i]
+		if t == nil {
+			return nil, fmt.Errorf("%w: no initial state for state tensor %q", ErrSignature, sp.Name)
+		}
+		if t.GetDatatype() != sp.Datatype || !equalShape(t.GetShape(), sp.Shape) || tensor.Validate(t) != nil {
+			return nil, fmt.Errorf("%w: initial state %q is %s %v, the signature says %s %v", ErrSignature, sp.Name, t.GetDatatype(), t.GetShape(), sp.Datatype, sp.Shape)
+		}
+	}
+	if len(b.cfg.InitialState) != len(specs) {
+		return nil, fmt.Errorf("%w: %d initial state tensors for %d state tensors %v", ErrSignature, len(b.cfg.InitialState), len(specs), specNames(specs))
+	}
+	return out, nil
 }
 
 func zeroState(specs []*hamsv1.TensorSpec) []*hamsv1.Tensor {

@@ -56,14 +56,17 @@ type refEnv struct {
 	done   chan struct{}
 }
 
-func startRef(t testing.TB) *refEnv {
+func startRef(t testing.TB) *refEnv { return startRefWith(t, refYAML, discard(), "fashion") }
+
+// startRefWith runs a reference model server hosting models of yaml.
+func startRefWith(t testing.TB, yaml string, log *slog.Logger, models ...string) *refEnv {
 	t.Helper()
-	d, err := config.Parse([]byte(refYAML))
+	d, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lis := listen(t)
-	srv, err := refserver.New(refserver.Config{Deployment: d, Models: []string{"fashion"}, GRPCListener: lis, Logger: discard()})
+	srv, err := refserver.New(refserver.Config{Deployment: d, Models: models, GRPCListener: lis, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,70 @@
+package sidecar
+
+import (
+	"sync"
+
+	"github.com/hams-go/hams/internal/hamsmd"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// Request identity on backend calls (internal/hamsmd). Run puts the
+// sidecar on its context as the hamsmd.Source; batchRequest notes the
+// requests of every batch it builds; a backend connection dialled with
+// hamsmd.UnaryClientInterceptor then asks BatchLineage on each call that
+// runs a batch and sends the answer as hams-req-id / hams-lineage-bin
+// metadata. At most one batch computes at a time (the executor runs one;
+// the stateful primary starts a compute only when the last one ended), and
+// batchRequest is called by the goroutine that then calls the backend, so
+// the last batch noted is the one a batch call runs (retries included).
+
+// callReq is what the identity of one request needs (no tensors, so a
+// noted batch keeps no inputs alive).
+type callReq struct {
+	reqID           uint64
+	service, stream string
+	parts           []*hamsv1.Item // lineage only is read
+}
+
+// batchIdentity is a noted batch; calls is built on first use.
+type batchIdentity struct {
+	model string
+	reqs  []callReq
+	once  sync.Once
+	calls []*hamsv1.CallLineage
+}
+
+// noteBatch records the requests of the batch being built.
+func (s *Sidecar) noteBatch(reqs []request) {
+	b := &batchIdentity{model: s.cfg.Model, reqs: make([]callReq, len(reqs))}
+	for i, r := range reqs {
+		p0 := r.j.Parts[0]
+		b.reqs[i] = callReq{reqID: r.j.ReqID, service: p0.GetService(), stream: p0.GetStreamId(), parts: lineageOnly(r.j.Parts)}
+	}
+	s.callID.Store(b)
+}
+
+// lineageOnly keeps the parts' lineage without their tensors.
+func lineageOnly(parts []*hamsv1.Item) []*hamsv1.Item {
+	out := make([]*hamsv1.Item, len(parts))
+	for i, p := range parts {
+		out[i] = &hamsv1.Item{FromModel: p.GetFromModel(), ReqId: p.GetReqId(), Lineage: p.GetLineage()}
+	}
+	return out
+}
+
+// BatchLineage implements hamsmd.Source: the identity of the requests of
+// the last batch built, one per request in row order.
+func (s *Sidecar) BatchLineage() []*hamsv1.CallLineage {
+	b := s.callID.Load()
+	if b == nil {
+		return nil
+	}
+	b.once.Do(func() {
+		b.calls = make([]*hamsv1.CallLineage, len(b.reqs))
+		for i, r := range b.reqs {
+			b.calls[i] = &hamsv1.CallLineage{ReqId: r.reqID, Service: r.service, StreamId: r.stream, Model: b.model,
+				Lineage: hamsmd.Lineage(MergeLineage(nil, r.parts))}
+		}
+	})
+	return b.calls
+}
