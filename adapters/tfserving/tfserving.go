@@ -410,7 +410,8 @@ func specNames(specs []*hamsv1.TensorSpec) []string {
 // initialState is Config.InitialState checked against specs (in spec
 // order), or zeros.
 func (b *Backend) initialState(specs []*hamsv1.TensorSpec) ([]*hamsv1.Tensor, error) {
-	if b.cfg.InitialState == nil {
+	if b.cfg.InitialState == nil || len(specs) == 0 {
+		// (A signature without state tensors has no state to start.)
 		return zeroState(specs), nil
 	}
 	out := make([]*hamsv1.Tensor, len(specs))

@@ -13,6 +13,7 @@ import (
 	"github.com/hams-go/hams/adapters/triton"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/sidecar"
 )
 
@@ -55,7 +56,11 @@ func coordinated(dep *config.Deployment) bool {
 // on one host do not collide. The returned close releases the connection.
 func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log *slog.Logger) (sidecar.Backend, func(), error) {
 	maxMsg := dep.Limits.MaxMessageBytes
-	dial := func() (*grpc.ClientConn, error) { return grpcx.Dial(addr, maxMsg) }
+	// Calls that run a batch carry its requests' identity (hamsmd: the
+	// sidecar is the Source on its context).
+	dial := func() (*grpc.ClientConn, error) {
+		return grpcx.Dial(addr, maxMsg, grpc.WithChainUnaryInterceptor(hamsmd.UnaryClientInterceptor()))
+	}
 	switch m.Backend.Type {
 	case "", "reference":
 		cc, err := dial()
@@ -102,6 +107,16 @@ func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log 
 		}
 		cfg := tfserving.ConfigFrom(m.Backend)
 		cfg.Logger = log
+		if m.Stateful && managed(m) {
+			// As for triton: our reference model server's explicit state
+			// starts where the internal-state model would.
+			init, err := models.InitialState(m)
+			if err != nil {
+				cc.Close()
+				return nil, nil, fmt.Errorf("model %q: initial state: %w", m.Name, err)
+			}
+			cfg.InitialState = init
+		}
 		be, err := tfserving.New(cc, cfg)
 		if err != nil {
 			cc.Close()

@@ -213,6 +213,9 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 		})
 		return d, err
 	}
+	if err := d.startPassThrough(ctx); err != nil {
+		return nil, err
+	}
 	if d.protected() {
 		if d.agent, err = newAgent(d); err != nil {
 			return nil, err
@@ -239,10 +242,13 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	}
 	var insts []instSpec
 	for i, m := range dep.Models {
+		if !hasSidecar(dep, &dep.Models[i]) {
+			continue
+		}
 		insts = append(insts, instSpec{model: m.Name, role: rolePrimary})
 		if hasBackup(dep, &dep.Models[i]) {
 			insts = append(insts, instSpec{model: m.Name, role: roleBackup})
-		} else if d.protected() {
+		} else if d.protected() && dep.HasStandby(m.Name) {
 			insts = append(insts, instSpec{model: m.Name, role: roleStandby})
 		}
 	}
@@ -375,6 +381,9 @@ func (d *deployment) waitTopology(ctx context.Context) error {
 func (d *deployment) missing(t *hamsv1.Topology) []string {
 	var out []string
 	for i, m := range d.dep.Models {
+		if !hasSidecar(d.dep, &d.dep.Models[i]) {
+			continue
+		}
 		if _, _, ok := client.Resolve(t, m.Name); !ok {
 			out = append(out, m.Name)
 		}
@@ -383,7 +392,7 @@ func (d *deployment) missing(t *hamsv1.Topology) []string {
 			if !hasRole(t, m.Name, hamsv1.Role_ROLE_BACKUP) {
 				out = append(out, m.Name+" (backup)")
 			}
-		case d.protected():
+		case d.protected() && d.dep.HasStandby(m.Name):
 			if !hasRole(t, m.Name, hamsv1.Role_ROLE_STANDBY) {
 				out = append(out, m.Name+" (standby)")
 			}
@@ -479,10 +488,13 @@ func sortedModels(dep *config.Deployment) []string {
 }
 
 // instances counts dep's sidecars: one per model, two per replicated one
-// (or replay-mode one with its spare).
+// (or replay-mode one with its spare), none for a pass-through one.
 func instances(dep *config.Deployment) int {
 	n := 0
 	for i := range dep.Models {
+		if !hasSidecar(dep, &dep.Models[i]) {
+			continue
+		}
 		n++
 		if hasBackup(dep, &dep.Models[i]) {
 			n++
