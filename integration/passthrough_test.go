@@ -101,7 +101,9 @@ func TestPassThroughUp(t *testing.T) {
 	}
 	defer kc.Close()
 	tf, ks, fe := tfapis.NewPredictionServiceClient(cc), inference.NewGRPCInferenceServiceClient(kc), hamsv1.NewFrontendClient(cc)
-	ctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 10*time.Second) }
+	ctx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 10*time.Second)
+	}
 
 	// No instance of a pass-through model; the HAMS-path model has its
 	// sidecar and standby.
