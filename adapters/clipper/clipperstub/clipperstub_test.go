@@ -1,4 +1,4 @@
-package main
+package clipperstub
 
 import (
 	"bytes"
@@ -8,10 +8,19 @@ import (
 	"testing"
 
 	"github.com/hams-go/hams/adapters/refserver/models"
+	"github.com/hams-go/hams/internal/config"
 )
 
+const depClassifier = `
+name: c
+models:
+  - {name: c, kind: classifier}
+services:
+  - {name: c, edges: [[frontend, c], [c, frontend]]}
+`
+
 func TestClipperStubPredict(t *testing.T) {
-	d, err := parseDeployment([]byte(depManaged))
+	d, err := config.Parse([]byte(depClassifier))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,18 +28,21 @@ func TestClipperStubPredict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := &stubApp{m: m, in: m.Describe().GetInputs()[0].GetName(), dt: "FP32"}
+	app, err := NewApp(m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	row := make([]float32, 784)
-	outs, err := app.predict([][]float32{row, row})
+	outs, err := app.Predict([][]float32{row, row})
 	if err != nil || len(outs) != 2 || len(outs[0]) != 10 {
 		t.Fatalf("predict: %v %v", outs, err)
 	}
 	for _, bad := range [][][]float32{nil, {{}}, {row, row[:5]}, {row[:5]}} {
-		if _, err := app.predict(bad); err == nil {
+		if _, err := app.Predict(bad); err == nil {
 			t.Fatalf("bad rows %d accepted", len(bad))
 		}
 	}
-	h := stubHandler(map[string]*stubApp{"c": app})
+	h := Handler(map[string]*App{"c": app})
 	post := func(path, body string) (int, map[string]any) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewBufferString(body)))
