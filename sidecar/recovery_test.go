@@ -430,7 +430,9 @@ func TestRollbackRestoresKeptState(t *testing.T) {
 			t.Fatalf("summary after rollback: %v %v (kept seq %d)", sum, err, keptSeq)
 		}
 		r.res.Set("a", prim.addr, 2)
-		// Fully conservative resend: the kept requests come again too.
+		// Fully conservative resend: the kept requests come again too
+		// (all of them acknowledged, so all retained: acks are paced).
+		waitFor(t, "entry edge acknowledged", func() bool { return r.fe["a"].Backlog() == 0 })
 		if n := r.fe["a"].Resend(edge.ResendSpec{After: 0}); n != 20 {
 			t.Fatalf("frontend resent %d", n)
 		}

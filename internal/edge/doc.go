@@ -15,7 +15,10 @@
 // by from_model) go through a Reorder, a pure state machine that releases the
 // in-order run, drops duplicates (edge_seq <= max_in_order, or already
 // pending) and bounds how far ahead of max_in_order it buffers. The in-order
-// items are handed to the deliver callback, then max_in_order is acknowledged.
+// items are handed to the deliver callback, then max_in_order is acknowledged:
+// acks are paced (AckDelay, AckEvery), coalescing several batches into one
+// ForwardAck, because an ack per batch is a write and a read next to every
+// request's processing while nothing waits for it but buffer trimming.
 //
 // Retention and resend: acknowledged items stay with the Sender (bounded by
 // count and bytes) until Complete names their request (the frontend's

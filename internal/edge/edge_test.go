@@ -327,39 +327,56 @@ type lossyAcks struct {
 	r      *Receiver
 	mu     sync.Mutex
 	breaks int
+	wg     sync.WaitGroup // the receivers' Forward calls
 }
 
 type breakingStream struct {
 	hamsv1.Dataplane_ForwardServer
-	n, k int
+	n, k   int
+	broken chan struct{}
 }
 
+// Send fails the k-th ack and marks the stream broken.
 func (b *breakingStream) Send(a *hamsv1.ForwardAck) error {
 	b.n++
 	if b.n == b.k {
+		close(b.broken)
 		return status.Error(codes.Unavailable, "injected ack loss")
 	}
 	return b.Dataplane_ForwardServer.Send(a)
 }
 
+// Forward ends the RPC when the stream breaks, as a transport failure
+// does (the receiver's blocked Recv then fails too).
 func (l *lossyAcks) Forward(st hamsv1.Dataplane_ForwardServer) error {
 	l.mu.Lock()
 	k := 0
 	if l.breaks > 0 {
 		l.breaks--
-		k = 3
+		k = 1
 	}
 	l.mu.Unlock()
-	return l.r.Forward(&breakingStream{Dataplane_ForwardServer: st, k: k})
+	bs := &breakingStream{Dataplane_ForwardServer: st, k: k, broken: make(chan struct{})}
+	done := make(chan error, 1)
+	l.wg.Add(1)
+	go func() { defer l.wg.Done(); done <- l.r.Forward(bs) }()
+	select {
+	case err := <-done:
+		return err
+	case <-bs.broken:
+		return status.Error(codes.Unavailable, "injected ack loss")
+	}
 }
 
 func TestUnackedItemsResentAndDeduplicated(t *testing.T) {
 	sk := newSink()
 	rcv := NewReceiver("b", sk.deliver, nil)
 	srv := grpc.NewServer()
-	hamsv1.RegisterDataplaneServer(srv, &lossyAcks{r: rcv, breaks: 3})
+	la := &lossyAcks{r: rcv, breaks: 3}
+	hamsv1.RegisterDataplaneServer(srv, la)
 	lis := listen(t, "127.0.0.1:0")
 	go func() { _ = srv.Serve(lis) }()
+	defer la.wg.Wait()
 	defer srv.Stop()
 	res := NewStaticResolver(map[string]string{"b": lis.Addr().String()})
 	s, stopS := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res, MaxBatchItems: 5})

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -76,6 +77,8 @@ type Receiver struct {
 	passResends bool
 	epochOf     func(string) (uint64, bool)
 	admit       func(string) error
+	ackDelay    time.Duration
+	ackEvery    int
 	dups        atomic.Uint64
 
 	mu    sync.Mutex
@@ -130,7 +133,7 @@ func NewReceiver(to string, deliver func(from string, items []*hamsv1.Item), log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Receiver{to: to, deliver: deliver, log: log, maxPending: DefaultMaxPending, edges: map[string]*inEdge{}}
+	r := &Receiver{to: to, deliver: deliver, log: log, maxPending: DefaultMaxPending, edges: map[string]*inEdge{}, ackDelay: AckDelay, ackEvery: AckEvery}
 	for _, o := range opts {
 		o(r)
 	}
@@ -237,18 +240,40 @@ func (r *Receiver) Restore(from string, maxInOrder uint64) {
 	e.mu.Unlock()
 }
 
+// Acknowledgement pacing defaults (WithAckPacing). Acks only trim the
+// sender's buffer (delivery never waits for them), so holding them back a
+// little costs nothing on the request path, while one ack per batch puts
+// a write, and the sender's read, next to every request's processing
+// (at batch 1, a third of the writes of a hop). A held ack goes out after
+// AckDelay, or at once when AckEvery items are unacknowledged.
+const (
+	AckDelay = 2 * time.Millisecond
+	AckEvery = 64
+)
+
+// WithAckPacing sets how long acks may be held and after how many
+// unacknowledged items one goes out at once (delay 0: every batch is
+// acknowledged at once, from the stream's goroutine).
+func WithAckPacing(delay time.Duration, every int) ReceiverOption {
+	return func(r *Receiver) { r.ackDelay, r.ackEvery = delay, every }
+}
+
 // Forward serves one inbound stream until the sender closes it or it breaks.
 // Every batch is acknowledged with the edge's max_in_order after its
-// in-order items were delivered.
+// in-order items were delivered (acks coalesce: see AckDelay); a refused
+// batch is answered at once with the error, after any held ack, and a
+// held ack is sent before the stream ends.
 func (r *Receiver) Forward(stream hamsv1.Dataplane_ForwardServer) error {
 	var (
 		from string
 		e    *inEdge
 	)
+	acks := newAckPacer(stream, r.to, r.ackDelay, r.ackEvery)
+	defer acks.stop()
 	for {
 		b, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return nil
+			return acks.stop()
 		}
 		if err != nil {
 			return err
@@ -265,13 +290,141 @@ func (r *Receiver) Forward(stream hamsv1.Dataplane_ForwardServer) error {
 		}
 		ack, err := r.accept(e, from, b)
 		if err != nil {
-			_ = stream.Send(&hamsv1.ForwardAck{ToModel: r.to, MaxInOrder: ack, Error: err.Error()})
+			if serr := acks.stop(); serr == nil {
+				_ = stream.Send(&hamsv1.ForwardAck{ToModel: r.to, MaxInOrder: ack, Error: err.Error()})
+			}
 			return err
 		}
-		if err := stream.Send(&hamsv1.ForwardAck{ToModel: r.to, MaxInOrder: ack}); err != nil {
+		if err := acks.note(ack, len(b.GetItems())); err != nil {
 			return err
 		}
 	}
+}
+
+// ackPacer sends a stream's acks (the latest max_in_order) from its own
+// goroutine, delay after the first held one or at once when every items
+// are held; with delay 0 it sends every ack at once from the caller's.
+type ackPacer struct {
+	stream hamsv1.Dataplane_ForwardServer
+	to     string
+	delay  time.Duration
+	every  int
+	kick   chan struct{}
+	done   chan struct{}
+	exited chan struct{}
+
+	mu      sync.Mutex
+	pending uint64 // latest max_in_order noted
+	held    int    // items acknowledged by pending, not sent yet
+	now     bool   // held reached every: send without waiting
+	err     error  // the stream's send failed
+	stopped bool
+}
+
+func newAckPacer(stream hamsv1.Dataplane_ForwardServer, to string, delay time.Duration, every int) *ackPacer {
+	p := &ackPacer{stream: stream, to: to, delay: delay, every: max(every, 1), kick: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
+	if delay > 0 {
+		go p.run()
+	} else {
+		close(p.exited)
+	}
+	return p
+}
+
+// note holds max_in_order m, which acknowledges n more items; it reports
+// an earlier send failure.
+func (p *ackPacer) note(m uint64, n int) error {
+	if p.delay <= 0 {
+		return p.stream.Send(&hamsv1.ForwardAck{ToModel: p.to, MaxInOrder: m})
+	}
+	p.mu.Lock()
+	p.pending = m
+	p.held += max(n, 1)
+	if p.held >= p.every {
+		p.now = true
+	}
+	err := p.err
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+func (p *ackPacer) run() {
+	defer close(p.exited)
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		select {
+		case <-p.kick:
+		case <-p.done:
+			return
+		}
+		p.mu.Lock()
+		now := p.now
+		p.mu.Unlock()
+		if !now {
+			t.Reset(p.delay)
+		wait:
+			for {
+				select {
+				case <-t.C:
+					break wait
+				case <-p.kick:
+					p.mu.Lock()
+					now = p.now
+					p.mu.Unlock()
+					if now {
+						t.Stop()
+						break wait
+					}
+				case <-p.done:
+					t.Stop()
+					return
+				}
+			}
+		}
+		if p.flush() != nil {
+			return
+		}
+	}
+}
+
+// flush sends the held ack, if any.
+func (p *ackPacer) flush() error {
+	p.mu.Lock()
+	m, held, err := p.pending, p.held, p.err
+	p.held, p.now = 0, false
+	p.mu.Unlock()
+	if held == 0 || err != nil {
+		return err
+	}
+	if err := p.stream.Send(&hamsv1.ForwardAck{ToModel: p.to, MaxInOrder: m}); err != nil {
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// stop ends the pacer's goroutine and sends the held ack (the stream then
+// belongs to the caller again); it reports a send failure. Later calls
+// return the same result without sending.
+func (p *ackPacer) stop() error {
+	p.mu.Lock()
+	if p.stopped {
+		err := p.err
+		p.mu.Unlock()
+		return err
+	}
+	p.stopped = true
+	p.mu.Unlock()
+	close(p.done)
+	<-p.exited
+	return p.flush()
 }
 
 // accept runs one batch through the edge's Reorder and delivers what is
