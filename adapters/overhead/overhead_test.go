@@ -190,7 +190,10 @@ func clipperSetup(b testing.TB, ctx context.Context, d *config.Deployment, wg *s
 	}
 	lis := listen(b)
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = grpcx.ServeHTTP(ctx, clipperstub.Handler(map[string]*clipperstub.App{"fashion": app}), lis) }()
+	go func() {
+		defer wg.Done()
+		_ = grpcx.ServeHTTP(ctx, clipperstub.Handler(map[string]*clipperstub.App{"fashion": app}), lis)
+	}()
 	url := "http://" + lis.Addr().String() + "/fashion/predict"
 	be, err := clipper.New(clipper.Config{Address: lis.Addr().String(), App: "fashion", Input: "images", Output: "scores", Timeout: 5 * time.Second})
 	if err != nil {
