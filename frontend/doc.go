@@ -100,6 +100,16 @@
 // depend on the lost state) to await the re-executed items, and parts of
 // pending requests from the lost state are dropped.
 //
+// Pass-through (passthrough.go, retrofit mode): a stateless ha: off model
+// alone in its service (config.Deployment.PassThrough) has no sidecar and
+// is not among the services above. The TF Serving and KServe v2 endpoints
+// forward calls for it to its backend.address as received (the backend's
+// model name swapped in, the client's metadata but reserved and hams-
+// keys, HAMS's identity added: internal/hamsmd), and hand back the
+// backend's answer, header, trailer and gRPC status unchanged; nothing is
+// logged, gated or recorded. The API the backend does not speak, and the
+// HAMS API, answer Unimplemented for it.
+//
 // Run serves gRPC, HTTP, one sender per entry edge, the expiry loop and,
 // when configured, the durability watch, the completion loop and the audit
 // loop until its context ends, answers what is pending with Unavailable,

@@ -18,6 +18,13 @@
 // Batcher and Lineage are pure state machines (time passed in) tested on
 // their own.
 //
+// Request identity (callid.go): batchRequest notes the requests of the
+// batch it builds and the sidecar is the hamsmd.Source on Run's context, so
+// a backend connection dialled with hamsmd.UnaryClientInterceptor sends
+// each batch call's req_ids and lineages as hams-req-id / hams-lineage-bin
+// metadata (the stateful primary's Compute included: it builds its batch
+// with batchRequest on the goroutine that then calls the backend).
+//
 // Failures are per request: an item with error set passes through without
 // executing; a request that is malformed, past its deadline, or failed by
 // the backend becomes an error item (error, error_code) sent to every
