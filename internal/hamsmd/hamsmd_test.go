@@ -1,6 +1,7 @@
 package hamsmd
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -176,5 +178,40 @@ func TestLineageDropsDigests(t *testing.T) {
 	out := Lineage(in)
 	if len(out) != 1 || out[0].GetOutputDigest() != "" || out[0].GetSeq() != 9 || out[0].GetPredSeq() != 3 || in[0].GetOutputDigest() == "" {
 		t.Fatalf("Lineage %v (input %v)", out, in)
+	}
+}
+
+// TestCallLineageWire pins hams.v1.CallLineage's field numbers and wire
+// types (what backends and proxies in other languages decode from
+// hams-lineage-bin): req_id 1 varint, service 2, stream_id 3, model 4,
+// lineage 5 (LineageEntry: pred_model 1, pred_seq 2, model 3, seq 4).
+func TestCallLineageWire(t *testing.T) {
+	var e []byte
+	e = protowire.AppendTag(e, 1, protowire.BytesType)
+	e = protowire.AppendString(e, "frontend")
+	e = protowire.AppendTag(e, 2, protowire.VarintType)
+	e = protowire.AppendVarint(e, 7)
+	e = protowire.AppendTag(e, 3, protowire.BytesType)
+	e = protowire.AppendString(e, "a")
+	e = protowire.AppendTag(e, 4, protowire.VarintType)
+	e = protowire.AppendVarint(e, 3)
+	var want []byte
+	want = protowire.AppendTag(want, 1, protowire.VarintType)
+	want = protowire.AppendVarint(want, 7)
+	want = protowire.AppendTag(want, 2, protowire.BytesType)
+	want = protowire.AppendString(want, "svc")
+	want = protowire.AppendTag(want, 3, protowire.BytesType)
+	want = protowire.AppendString(want, "st")
+	want = protowire.AppendTag(want, 4, protowire.BytesType)
+	want = protowire.AppendString(want, "b")
+	want = protowire.AppendTag(want, 5, protowire.BytesType)
+	want = protowire.AppendBytes(want, e)
+	got, err := proto.MarshalOptions{Deterministic: true}.Marshal(&hamsv1.CallLineage{ReqId: 7, Service: "svc", StreamId: "st", Model: "b",
+		Lineage: []*hamsv1.LineageEntry{{PredModel: "frontend", PredSeq: 7, Model: "a", Seq: 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("wire bytes\n got %x\nwant %x", got, want)
 	}
 }
