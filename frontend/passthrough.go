@@ -280,7 +280,7 @@ func (f *Frontend) passModelMetadata(ctx context.Context, p *passThrough, req *i
 	return resp, nil
 }
 
-// passUnimplemented answers a HAMS API call (gRPC or HTTP) for a
+// hamsAPI answers a HAMS API call (gRPC or HTTP) for a
 // pass-through service.
 func (p *passThrough) hamsAPI() error {
 	apis := "KServe v2 (inference.GRPCInferenceService)"
