@@ -386,8 +386,41 @@ func (m *Manager) setActive(active bool) {
 				}
 			}
 		}
-		for id := range m.regs {
-			alive, _ := m.members.Alive(id)
+		// Frontends are listed by address only: adopt those no frontend
+		// registration here names, under the placeholder id their
+		// re-registration replaces, so a frontend that died while no
+		// manager was active is still declared dead.
+		for _, a := range t.GetFrontends() {
+			if !m.frontendKnownLocked(a) {
+				id := frontendPlaceholder(a)
+				m.regs[id] = &hamsv1.RegisterRequest{Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: id, Address: a}
+				m.members.Seed(id, true, now)
+			}
+		}
+		// Liveness at takeover: what the previous active manager last
+		// wrote, or a heartbeat received here within a suspicion timeout
+		// (components heartbeat every manager while none is active). A
+		// standby's own membership is not ticked, so its alive flags alone
+		// are stale: a component that died and was failed over while this
+		// manager stood by must not come back alive (and be recovered
+		// again).
+		written := map[string]bool{}
+		for _, p := range t.GetPlacements() {
+			written[p.GetComponentId()] = p.GetAlive()
+		}
+		listed := map[string]bool{}
+		for _, a := range t.GetFrontends() {
+			listed[a] = true
+		}
+		for id, r := range m.regs {
+			alive := m.members.HeardWithin(id, m.cfg.SuspicionTimeout, now)
+			switch w, ok := written[id]; {
+			case alive:
+			case r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND:
+				alive = listed[r.GetAddress()]
+			case ok:
+				alive = w
+			}
 			m.members.Seed(id, alive, now)
 		}
 		m.dirty = true
@@ -398,6 +431,16 @@ func (m *Manager) setActive(active bool) {
 		m.metrics.active.Set(0)
 	}
 	m.active.Store(active)
+}
+
+// frontendKnownLocked reports whether a frontend registration names addr.
+func (m *Manager) frontendKnownLocked(addr string) bool {
+	for _, r := range m.regs {
+		if r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND && r.GetAddress() == addr {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *Manager) seedPlacementLocked(p *hamsv1.Placement, now time.Time) {

@@ -112,6 +112,13 @@ func (ms *Membership) Alive(id string) (alive, known bool) {
 	return m.alive, true
 }
 
+// HeardWithin reports whether id is alive and was last heard from (a
+// registration or heartbeat, or a Seed) no longer than d before now.
+func (ms *Membership) HeardWithin(id string, d time.Duration, now time.Time) bool {
+	m, ok := ms.members[id]
+	return ok && m.alive && now.Sub(m.lastSeen) <= d
+}
+
 // Progress returns what id last reported.
 func (ms *Membership) Progress(id string) (Progress, bool) {
 	m, ok := ms.members[id]

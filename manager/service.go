@@ -7,11 +7,34 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
+
+// RoleMetadata is the gRPC response header with which every manager
+// answers Register, Heartbeat, GetTopology and WatchTopology: RoleActive
+// when it holds the active-manager lease, RoleStandby otherwise. Clients
+// with several manager addresses follow the active one (manager/client).
+const (
+	RoleMetadata = client.RoleMetadata
+	RoleActive   = client.RoleActive
+	RoleStandby  = client.RoleStandby
+)
+
+// setRoleHeader sends the role header with the answer (best effort: a
+// call that already sent its header keeps it).
+func (m *Manager) setRoleHeader(ctx context.Context) {
+	role := RoleStandby
+	if m.active.Load() {
+		role = RoleActive
+	}
+	_ = grpc.SetHeader(ctx, metadata.Pairs(RoleMetadata, role))
+}
 
 // service implements hamsv1.ManagerServer on top of the Manager.
 type service struct {
@@ -96,6 +119,7 @@ func checkHostPort(a string) error {
 
 func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*hamsv1.RegisterResponse, error) {
 	m := s.m
+	defer m.setRoleHeader(ctx)
 	r, err := m.validateRegistration(req)
 	if err != nil {
 		return nil, err
@@ -138,6 +162,7 @@ func sameRegistration(a, b *hamsv1.RegisterRequest) bool {
 
 func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (*hamsv1.HeartbeatResponse, error) {
 	m := s.m
+	defer m.setRoleHeader(ctx)
 	if req.GetId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "id: required")
 	}
@@ -184,7 +209,8 @@ func (s *service) ReportFailure(_ context.Context, req *hamsv1.FailureReport) (*
 	return &hamsv1.FailureReportResponse{Accepted: true}, nil
 }
 
-func (s *service) GetTopology(context.Context, *hamsv1.GetTopologyRequest) (*hamsv1.Topology, error) {
+func (s *service) GetTopology(ctx context.Context, _ *hamsv1.GetTopologyRequest) (*hamsv1.Topology, error) {
+	s.m.setRoleHeader(ctx)
 	t, _ := s.m.hub.get()
 	if t == nil {
 		return nil, status.Error(codes.Unavailable, "deployment state not loaded yet")
@@ -196,6 +222,7 @@ func (s *service) GetTopology(context.Context, *hamsv1.GetTopologyRequest) (*ham
 // change (intermediate revisions may be skipped when several land while a
 // send is in flight; the last one is always sent).
 func (s *service) WatchTopology(_ *hamsv1.GetTopologyRequest, stream hamsv1.Manager_WatchTopologyServer) error {
+	s.m.setRoleHeader(stream.Context())
 	var sent uint64
 	first := true
 	for {

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -39,10 +40,25 @@ const (
 	defaultInterval = 20 * time.Millisecond
 )
 
+// Manager role header (set by package manager on its answers).
+const (
+	// RoleMetadata is the gRPC response header naming the answering
+	// manager's role: RoleActive (it holds the active-manager lease) or
+	// RoleStandby. An answer without it counts as active (one manager).
+	RoleMetadata = "hams-manager-role"
+	RoleActive   = "active"
+	RoleStandby  = "standby"
+)
+
 // Config of a Client.
 type Config struct {
 	// ManagerAddr is host:port of the manager's gRPC server.
 	ManagerAddr string
+	// ManagerAddrs are more managers of the same deployment (an active
+	// one and standbys): the client heartbeats the active one and hunts
+	// for the new one when it fails (follow.go). ManagerAddr, when set,
+	// is the first of the list; at least one address is required.
+	ManagerAddrs []string
 	// Registration is what Run registers (Kind, Id and Address required).
 	Registration *hamsv1.RegisterRequest
 	Logger       *slog.Logger
@@ -58,6 +74,8 @@ type Client struct {
 	log *slog.Logger
 	ran atomic.Bool
 
+	addrs []string // ManagerAddr and ManagerAddrs, deduplicated
+
 	mu       sync.Mutex
 	topo     *hamsv1.Topology // read-only once stored
 	changed  chan struct{}
@@ -68,8 +86,16 @@ type Client struct {
 // New validates cfg; it does no I/O.
 func New(cfg Config) (*Client, error) {
 	var errs []error
-	if _, _, err := net.SplitHostPort(cfg.ManagerAddr); err != nil {
-		errs = append(errs, fmt.Errorf("%w: ManagerAddr %q: %v", ErrConfig, cfg.ManagerAddr, err))
+	var addrs []string
+	for _, a := range append([]string{cfg.ManagerAddr}, cfg.ManagerAddrs...) {
+		if (a == "" && len(cfg.ManagerAddrs) > 0) || slices.Contains(addrs, a) {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("%w: ManagerAddr %q: %v", ErrConfig, a, err))
+			continue
+		}
+		addrs = append(addrs, a)
 	}
 	r := cfg.Registration
 	switch {
@@ -95,6 +121,7 @@ func New(cfg Config) (*Client, error) {
 	cfg.Registration = proto.Clone(cfg.Registration).(*hamsv1.RegisterRequest)
 	return &Client{
 		cfg:      cfg,
+		addrs:    addrs,
 		log:      cfg.Logger.With("component", "manager-client", "id", cfg.Registration.GetId()),
 		changed:  make(chan struct{}),
 		interval: defaultInterval,
@@ -215,20 +242,25 @@ func (c *Client) install(t *hamsv1.Topology, fromStream bool) {
 
 // Run registers, heartbeats at the interval the manager answered and
 // watches the topology until ctx ends; it reconnects with backoff and
-// re-registers when the manager no longer knows the component. Every
+// re-registers when a manager no longer knows the component. With several
+// manager addresses it follows the active manager (follow.go). Every
 // goroutine it starts has returned when it returns: nil once ctx ends, or
-// the error when the manager refuses the registration (InvalidArgument or
+// the error when a manager refuses the registration (InvalidArgument or
 // NotFound: nothing a retry can fix).
 func (c *Client) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRun
 	}
-	cc, err := grpcx.Dial(c.cfg.ManagerAddr, 0, c.cfg.DialOptions...)
-	if err != nil {
-		return fmt.Errorf("client: %w", err)
+	apis := make([]hamsv1.ManagerClient, len(c.addrs))
+	for i, a := range c.addrs {
+		cc, err := grpcx.Dial(a, 0, c.cfg.DialOptions...)
+		if err != nil {
+			return fmt.Errorf("client: %w", err)
+		}
+		defer cc.Close()
+		apis[i] = hamsv1.NewManagerClient(cc)
 	}
-	defer cc.Close()
-	api := hamsv1.NewManagerClient(cc)
+	s := &session{c: c, apis: apis, fol: newFollower(len(apis))}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -236,9 +268,9 @@ func (c *Client) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		c.watchLoop(ctx, api)
+		s.watchLoop(ctx)
 	}()
-	err = c.heartbeatLoop(ctx, api)
+	err := s.heartbeatLoop(ctx)
 	cancel()
 	wg.Wait()
 	if errors.Is(err, errStopped) {
@@ -247,37 +279,145 @@ func (c *Client) Run(ctx context.Context) error {
 	return err
 }
 
-// register retries until the manager accepts the registration (nil) or ctx
-// ends (errStopped). A refusal (InvalidArgument, NotFound: a bad
-// registration or a model the deployment does not have) is permanent and
-// returned.
-func (c *Client) register(ctx context.Context, api hamsv1.ManagerClient) error {
+// session is one Run: the connections to the managers and the follower
+// state (guarded by mu: the heartbeat loop writes it, the watch loop reads
+// it).
+type session struct {
+	c    *Client
+	apis []hamsv1.ManagerClient
+
+	mu  sync.Mutex
+	fol *follower
+}
+
+// target is the manager the watch loop should use: the followed one, or
+// (hunting) the next in turn.
+func (s *session) target(turn int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur := s.fol.current(); cur >= 0 {
+		return cur
+	}
+	return turn % len(s.apis)
+}
+
+// answered feeds one manager's answer to the follower.
+func (s *session) answered(i int, err error, hdr metadata.MD) {
+	active := err == nil && isActive(hdr)
+	s.mu.Lock()
+	changed := s.fol.answered(i, err == nil, active)
+	cur := s.fol.current()
+	s.mu.Unlock()
+	if changed {
+		if cur >= 0 {
+			s.c.log.Info("following the active manager", "manager", s.c.addrs[cur])
+		} else {
+			s.c.log.Info("manager not active or unreachable; looking for the active one", "manager", s.c.addrs[i], "err", err)
+		}
+	}
+}
+
+func isActive(hdr metadata.MD) bool {
+	v := hdr.Get(RoleMetadata)
+	return len(v) == 0 || v[0] != RoleStandby
+}
+
+// targets are the managers to heartbeat this round.
+func (s *session) targets() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fol.targets()
+}
+
+// each calls fn for every index of targets, concurrently when there are
+// several, and waits for all.
+func each(targets []int, fn func(i int)) {
+	if len(targets) == 1 {
+		fn(targets[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, i := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(i)
+		}()
+	}
+	wg.Wait()
+}
+
+// errRefused wraps a permanent refusal of the registration.
+type errRefused struct{ err error }
+
+func (e errRefused) Error() string { return e.err.Error() }
+func (e errRefused) Unwrap() error { return e.err }
+
+// registerOnce registers with manager i once (bounded by timeout). A
+// refusal (InvalidArgument, NotFound: a bad registration or a model the
+// deployment does not have) is returned as errRefused.
+func (s *session) registerOnce(ctx context.Context, i int, timeout time.Duration) error {
+	c := s.c
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	var hdr metadata.MD
+	resp, err := s.apis[i].Register(rctx, c.cfg.Registration, grpc.Header(&hdr))
+	cancel()
+	if err == nil {
+		s.answered(i, nil, hdr)
+		c.install(resp.GetTopology(), false)
+		iv := time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond
+		if iv <= 0 {
+			iv = defaultInterval
+		}
+		c.mu.Lock()
+		c.interval = iv
+		c.mu.Unlock()
+		c.log.Info("registered with manager", "manager", c.addrs[i], "role", hdr.Get(RoleMetadata),
+			"revision", resp.GetTopology().GetRevision(), "heartbeat_interval", iv)
+		return nil
+	}
+	if code := status.Code(err); code == codes.InvalidArgument || code == codes.NotFound {
+		return errRefused{fmt.Errorf("client: manager %s refused registration of %s: %w", c.addrs[i], c.cfg.Registration.GetId(), err)}
+	}
+	s.answered(i, err, nil)
+	return err
+}
+
+// register retries until a manager accepts the registration (nil) or ctx
+// ends (errStopped); a refusal is permanent and returned. While hunting
+// it registers with every manager at once.
+func (s *session) register(ctx context.Context) error {
 	b := newBackoff()
 	for {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		resp, err := api.Register(rctx, c.cfg.Registration)
-		cancel()
-		if err == nil {
-			c.install(resp.GetTopology(), false)
-			iv := time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond
-			if iv <= 0 {
-				iv = defaultInterval
+		var (
+			mu      sync.Mutex
+			ok      bool
+			refused error
+			last    error
+		)
+		each(s.targets(), func(i int) {
+			err := s.registerOnce(ctx, i, 2*time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok = true
+			case errors.As(err, new(errRefused)):
+				refused = err
+			default:
+				last = err
 			}
-			c.mu.Lock()
-			c.interval = iv
-			c.mu.Unlock()
-			c.log.Info("registered with manager", "manager", c.cfg.ManagerAddr,
-				"revision", resp.GetTopology().GetRevision(), "heartbeat_interval", iv)
+		})
+		switch {
+		case ok:
 			return nil
-		}
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return errStopped
-		}
-		if code := status.Code(err); code == codes.InvalidArgument || code == codes.NotFound {
-			return fmt.Errorf("client: manager %s refused registration of %s: %w", c.cfg.ManagerAddr, c.cfg.Registration.GetId(), err)
+		case refused != nil:
+			return refused
 		}
 		d := b.next()
-		c.log.Debug("register with manager", "err", err, "retry_in", d)
+		s.c.log.Debug("register with manager", "err", last, "retry_in", d)
 		if !sleepCtx(ctx, d) {
 			return errStopped
 		}
@@ -287,11 +427,14 @@ func (c *Client) register(ctx context.Context, api hamsv1.ManagerClient) error {
 // errStopped ends the loops when ctx ends; Run then returns nil.
 var errStopped = errors.New("client: stopped")
 
-// heartbeatLoop registers, then heartbeats every interval. When the
-// manager's answers stay ahead of the local topology for two heartbeats in a
-// row (a stalled watch stream), it fetches the topology directly.
-func (c *Client) heartbeatLoop(ctx context.Context, api hamsv1.ManagerClient) error {
-	if err := c.register(ctx, api); err != nil {
+// heartbeatLoop registers, then heartbeats every interval (the followed
+// manager, or every manager while hunting). A manager that does not know
+// the component (NotFound) gets the registration again. When the followed
+// manager's answers stay ahead of the local topology for two heartbeats in
+// a row (a stalled watch stream), it fetches the topology directly.
+func (s *session) heartbeatLoop(ctx context.Context) error {
+	c := s.c
+	if err := s.register(ctx); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -299,7 +442,11 @@ func (c *Client) heartbeatLoop(ctx context.Context, api hamsv1.ManagerClient) er
 	c.mu.Unlock()
 	tk := time.NewTicker(iv)
 	defer tk.Stop()
-	behind := 0
+	var (
+		behind  = make([]int, len(s.apis))
+		fatalMu sync.Mutex
+		fatal   error
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -315,50 +462,75 @@ func (c *Client) heartbeatLoop(ctx context.Context, api hamsv1.ManagerClient) er
 		c.mu.Unlock()
 		// A heartbeat older than a few intervals is worthless: give up on it
 		// and send the next one.
-		hctx, cancel := context.WithTimeout(ctx, max(4*iv, 100*time.Millisecond))
-		resp, err := api.Heartbeat(hctx, req)
-		cancel()
-		switch {
-		case err == nil:
-			if resp.GetTopologyRevision() > local {
-				behind++
-			} else {
-				behind = 0
-			}
-			if behind >= 2 {
-				behind = 0
-				gctx, cancel := context.WithTimeout(ctx, max(4*iv, 100*time.Millisecond))
-				t, err := api.GetTopology(gctx, &hamsv1.GetTopologyRequest{})
-				cancel()
-				if err == nil {
-					c.install(t, false)
+		timeout := max(4*iv, 100*time.Millisecond)
+		each(s.targets(), func(i int) {
+			api := s.apis[i]
+			hctx, cancel := context.WithTimeout(ctx, timeout)
+			var hdr metadata.MD
+			resp, err := api.Heartbeat(hctx, req, grpc.Header(&hdr))
+			cancel()
+			switch {
+			case err == nil:
+				s.answered(i, nil, hdr)
+				if resp.GetTopologyRevision() > local {
+					behind[i]++
+				} else {
+					behind[i] = 0
 				}
+				if behind[i] >= 2 {
+					behind[i] = 0
+					gctx, cancel := context.WithTimeout(ctx, timeout)
+					t, err := api.GetTopology(gctx, &hamsv1.GetTopologyRequest{})
+					cancel()
+					if err == nil {
+						c.install(t, false)
+					}
+				}
+			case ctx.Err() != nil:
+			case status.Code(err) == codes.NotFound:
+				c.log.Info("manager does not know this component; registering again", "manager", c.addrs[i])
+				if err := s.registerOnce(ctx, i, max(timeout, time.Second)); errors.As(err, new(errRefused)) {
+					fatalMu.Lock()
+					fatal = err
+					fatalMu.Unlock()
+				}
+			default:
+				s.answered(i, err, nil)
+				c.log.Debug("heartbeat", "manager", c.addrs[i], "err", err)
 			}
-		case ctx.Err() != nil:
+		})
+		if ctx.Err() != nil {
 			return errStopped
-		case status.Code(err) == codes.NotFound:
-			c.log.Info("manager does not know this component; registering again")
-			if err := c.register(ctx, api); err != nil {
-				return err
-			}
-			c.mu.Lock()
-			if c.interval != iv {
-				iv = c.interval
-				tk.Reset(iv)
-			}
-			c.mu.Unlock()
-		default:
-			c.log.Debug("heartbeat", "err", err)
 		}
+		if fatal != nil {
+			return fatal
+		}
+		c.mu.Lock()
+		if c.interval != iv {
+			iv = c.interval
+			tk.Reset(iv)
+		}
+		c.mu.Unlock()
 	}
 }
 
-// watchLoop keeps a WatchTopology stream open, reconnecting with backoff.
-func (c *Client) watchLoop(ctx context.Context, api hamsv1.ManagerClient) {
+// watchLoop keeps a WatchTopology stream open to the followed manager
+// (any manager's stream is right: they all follow the same stored
+// topology), reconnecting with backoff, to the next manager in turn while
+// none is followed.
+func (s *session) watchLoop(ctx context.Context) {
+	c := s.c
 	b := newBackoff()
-	for {
-		stream, err := api.WatchTopology(ctx, &hamsv1.GetTopologyRequest{})
+	last := -1
+	for turn := 0; ; turn++ {
+		i := s.target(turn)
+		stream, err := s.apis[i].WatchTopology(ctx, &hamsv1.GetTopologyRequest{})
 		if err == nil {
+			// A stream from another manager than the last one may start
+			// behind what the last one sent: its first topology only
+			// replaces an older one.
+			first := i != last
+			last = i
 			for {
 				t, rerr := stream.Recv()
 				if rerr != nil {
@@ -366,14 +538,15 @@ func (c *Client) watchLoop(ctx context.Context, api hamsv1.ManagerClient) {
 					break
 				}
 				b.reset()
-				c.install(t, true)
+				c.install(t, !first)
+				first = false
 			}
 		}
 		if ctx.Err() != nil {
 			return
 		}
 		d := b.next()
-		c.log.Debug("topology watch ended", "err", err, "retry_in", d)
+		c.log.Debug("topology watch ended", "manager", c.addrs[i], "err", err, "retry_in", d)
 		if !sleepCtx(ctx, d) {
 			return
 		}
