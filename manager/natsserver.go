@@ -79,4 +79,3 @@ func (c *natsConn) close() {
 		_ = os.RemoveAll(c.tempDir)
 	}
 }
-
