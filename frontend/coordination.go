@@ -129,9 +129,9 @@ func (f *Frontend) onDurable(n *hamsv1.DurabilityNotice) {
 }
 
 // noteAnsweredLocked queues the req_id of an answered request for its
-// completion notice and, for a reply, its audit record. Called with mu
-// held, once per request (from finishLocked).
-func (f *Frontend) noteAnsweredLocked(reqID uint64, resp *hamsv1.PredictResponse, err error) {
+// completion notice and, for a reply not audited yet, its audit record.
+// Called with mu held, once per request (from finishLocked).
+func (f *Frontend) noteAnsweredLocked(reqID uint64, resp *hamsv1.PredictResponse, err error, audited bool) {
 	if f.cfg.Coord != nil {
 		f.doneIDs = append(f.doneIDs, reqID)
 		switch len(f.doneIDs) {
@@ -141,7 +141,7 @@ func (f *Frontend) noteAnsweredLocked(reqID uint64, resp *hamsv1.PredictResponse
 			signal(f.complFull)
 		}
 	}
-	if f.cfg.AuditDir != "" && err == nil && resp != nil {
+	if f.cfg.AuditDir != "" && err == nil && resp != nil && !audited {
 		f.auditQ = append(f.auditQ, resp)
 	}
 }
@@ -251,6 +251,22 @@ func (f *Frontend) writeAudit(log *audit.Log) {
 			f.m.auditErrors.Inc()
 			f.log.Warn("audit write failed", "req_id", resp.GetReqId(), "err", err)
 		}
+	}
+}
+
+// auditNow writes the audit record of a reply and hands it to the file
+// (one write call) before the reply is released: a frontend killed right
+// after releasing a reply still leaves its record (a SIGKILL loses what
+// a process buffers, not what it wrote). Used for recorded answers (the
+// request log path), whose frontend may die while others go on.
+func (f *Frontend) auditNow(resp *hamsv1.PredictResponse) {
+	err := f.auditLog.Write(auditReply(resp))
+	if err == nil {
+		err = f.auditLog.Flush()
+	}
+	if err != nil {
+		f.m.auditErrors.Inc()
+		f.log.Warn("audit write failed", "req_id", resp.GetReqId(), "err", err)
 	}
 }
 

@@ -179,6 +179,10 @@ type Frontend struct {
 	recQ    []recording
 	recKick chan struct{}
 
+	// auditLog is the replies.jsonl writer (nil without AuditDir), set by
+	// Run before anything is answered.
+	auditLog *audit.Log
+
 	// flowMu guards flow, the lineage index of received sink items.
 	flowMu sync.Mutex
 	flow   *lineage.Flow
@@ -211,6 +215,9 @@ type call struct {
 	// linked are calls merged into this one (joined attempts of a logged
 	// request); they get the same answer.
 	linked []*call
+	// audited: the reply's audit record is written already (recorded
+	// answers are audited before they are released, requestlog.go).
+	audited bool
 }
 
 // New validates cfg and builds the frontend (no I/O).
@@ -380,6 +387,7 @@ func (f *Frontend) Run(ctx context.Context) error {
 			return fmt.Errorf("frontend: %w", err)
 		}
 		auditLog = l
+		f.auditLog = l
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -699,7 +707,7 @@ func (f *Frontend) answerLocked(c *call, resp *hamsv1.PredictResponse, err error
 		}
 	}
 	if own {
-		f.noteAnsweredLocked(c.reqID, resp, err)
+		f.noteAnsweredLocked(c.reqID, resp, err, c.audited)
 	}
 }
 

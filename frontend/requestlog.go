@@ -479,9 +479,15 @@ func (f *Frontend) recordOne(ctx context.Context, r recording) {
 	for {
 		existing, err := f.cfg.Log.RecordReply(ctx, rec)
 		if err == nil {
+			audited := false
+			if existing == nil && f.auditLog != nil && r.err == nil && r.resp != nil {
+				f.auditNow(r.resp)
+				audited = true
+			}
 			f.mu.Lock()
 			if existing == nil {
 				f.m.recorded.WithLabelValues("own").Inc()
+				r.c.audited = audited
 				f.answerLocked(r.c, r.resp, r.err, true, true)
 			} else {
 				f.m.recorded.WithLabelValues("other").Inc()

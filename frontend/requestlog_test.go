@@ -2,7 +2,12 @@ package frontend
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/edge"
@@ -492,5 +498,52 @@ func TestSurvivorStartedBeforeLeaderIsNotFenced(t *testing.T) {
 	eventually(t, "the older frontend leads", e.fe.isLeader)
 	if _, err := e.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", Inputs: echoInputs(1, 2)}); err != nil {
 		t.Fatalf("request through the frontend created first, after takeover: %v", err)
+	}
+}
+
+// TestRecordedReplyAuditedBeforeRelease: with a request log, the frontend
+// that injected a request writes the reply's audit record before the
+// reply leaves (a frontend killed right after answering still leaves the
+// record the consistency checker needs); a follower that releases the
+// recorded answer writes none (one record per request).
+func TestRecordedReplyAuditedBeforeRelease(t *testing.T) {
+	co := openLog(t)
+	dir := t.TempDir()
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "lead"; c.AuditDir = dir }})
+	f2 := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "follow"; c.AuditDir = dir })
+	eventually(t, "leadership settled", func() bool { return e.fe.isLeader() && !f2.fe.isLeader() })
+	records := func(name string) []audit.Reply {
+		b, err := os.ReadFile(filepath.Join(dir, name, audit.RepliesFile))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		var out []audit.Reply
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if l == "" {
+				continue
+			}
+			var r audit.Reply
+			if err := json.Unmarshal([]byte(l), &r); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, r)
+		}
+		return out
+	}
+	for i, fe := range []hamsv1.FrontendClient{e.client, f2.client} {
+		resp, err := fe.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", RequestId: fmt.Sprint("a-", i), Inputs: echoInputs(1, float32(i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// No waiting: the record is in the file when the reply arrives.
+		recs := records("lead")
+		if len(recs) != i+1 || recs[i].ReqID != strconv.FormatUint(resp.GetReqId(), 10) {
+			t.Fatalf("after reply %d (req_id %d): lead's audit records %+v", i, resp.GetReqId(), recs)
+		}
+	}
+	f2.stop(t)
+	if recs := records("follow"); len(recs) != 0 {
+		t.Fatalf("the follower audited %d replies it did not produce", len(recs))
 	}
 }

@@ -283,7 +283,11 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		for i := range dep.Models {
 			dep.Models[i].Batch.Size = o.batch
 		}
-		d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, mode), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion})
+		d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, mode), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion,
+			// One frontend without a request log and one manager: bench
+			// measures the data path, which neither a second frontend nor
+			// a standby manager is on.
+			Frontends: 1, Managers: 1})
 		if err != nil {
 			return nil, fmt.Errorf("start %s deployment: %w", mode, err)
 		}

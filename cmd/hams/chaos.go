@@ -15,8 +15,8 @@ import (
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/integration/consistency"
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -36,9 +36,31 @@ type chaosReport struct {
 	Duplicates int          `json:"duplicates"`
 	// RecoveryP50Ms and RecoveryMaxMs summarise recovery_ms over the kills
 	// that recovered.
-	RecoveryP50Ms float64             `json:"recovery_p50_ms"`
-	RecoveryMaxMs float64             `json:"recovery_max_ms"`
-	Consistency   *consistency.Report `json:"consistency"`
+	RecoveryP50Ms float64 `json:"recovery_p50_ms"`
+	RecoveryMaxMs float64 `json:"recovery_max_ms"`
+	// RecoveryMsByKind: p50 and max recovery_ms per kill kind.
+	RecoveryMsByKind map[string]recoveryStats `json:"recovery_ms_by_kind"`
+	// Frontends and Managers are the deployment's control-plane sizes.
+	Frontends int `json:"frontends"`
+	Managers  int `json:"managers"`
+	// Retried counts requests a client sent again, with the same
+	// request_id, to another frontend (its frontend died).
+	Retried int `json:"retried"`
+	// Reasked counts answered requests sent again after the run, with the
+	// same request_id, to another frontend than the one that answered
+	// (every retried one and a sample of the others); ReaskMismatches
+	// those whose answer differed (req_id or reply digest).
+	Reasked         int                 `json:"reasked"`
+	ReaskMismatches int                 `json:"reask_mismatches"`
+	Consistency     *consistency.Report `json:"consistency"`
+}
+
+// recoveryStats summarises recovery_ms of the kills of one kind.
+type recoveryStats struct {
+	Kills     int     `json:"kills"`
+	Recovered int     `json:"recovered"`
+	P50Ms     float64 `json:"p50_ms"`
+	MaxMs     float64 `json:"max_ms"`
 }
 
 // chaosTarget is one kill candidate: a --kill role and model.
@@ -46,10 +68,9 @@ type chaosTarget struct{ role, model, kind string }
 
 // chaosTargets lists the candidates per kind: primaries and backups of
 // replicated models, stateless models' serving instances (sidecar or
-// model server), and the manager. Frontends are left out: this build runs
-// one frontend per deployment (a killed frontend loses its in-flight
-// requests until the request log lets a replica take over).
-func chaosTargets(dep *config.Deployment, protected bool) map[string][]chaosTarget {
+// model server), every frontend process (leading or not; frontends
+// frontends), and the active manager.
+func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[string][]chaosTarget {
 	out := map[string][]chaosTarget{}
 	for i, m := range dep.Models {
 		own := m.Backend.Address == ""
@@ -74,8 +95,14 @@ func chaosTargets(dep *config.Deployment, protected bool) map[string][]chaosTarg
 		}
 	}
 	out["manager"] = []chaosTarget{{"manager", "", "manager"}}
+	for i := range frontends {
+		out["frontend"] = append(out["frontend"], chaosTarget{"frontend", strconv.Itoa(i), "frontend"})
+	}
 	return out
 }
+
+// chaosKinds are the kill kinds of hams chaos.
+var chaosKinds = []string{"primary", "backup", "stateless", "frontend", "manager"}
 
 func runChaos(args []string) error {
 	fs := newFlagSet("chaos")
@@ -91,7 +118,9 @@ func runChaos(args []string) error {
 	settle := fs.Duration("settle", time.Second, "quiet time after a recovery before the next kill (the kill comes at a random time in [settle, 2*settle])")
 	maxRecovery := fs.Duration("max-recovery", 20*time.Second, "give up waiting for a kill's recovery after this long (no more kills then)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 sidecars, 300ms above)")
-	kinds := fs.String("kinds", "primary,backup,stateless,manager", "kinds of kill targets to draw from")
+	kinds := fs.String("kinds", strings.Join(chaosKinds, ","), "kinds of kill targets to draw from ("+strings.Join(chaosKinds, ", ")+"; manager: the active one)")
+	var cf controlFlags
+	cf.register(fs)
 	var tf taskFlags
 	tf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -126,11 +155,16 @@ func runChaos(args []string) error {
 	if entries, _ := os.ReadDir(*audit); len(entries) > 0 {
 		return usageErr("chaos: --audit %s is not empty (the check reads every log under it)", *audit)
 	}
-	cands := chaosTargets(dep, dep.Mode != "bare")
+	if err := cf.check(); err != nil {
+		return err
+	}
+	opt := cf.options(*mode)
+	nFrontends, nManagers := opt.counts(*mode)
+	cands := chaosTargets(dep, dep.Mode != "bare", nFrontends)
 	var pool []string
 	for _, k := range splitList(*kinds) {
-		if _, known := map[string]bool{"primary": true, "backup": true, "stateless": true, "manager": true}[k]; !known {
-			return usageErr("chaos: --kinds: unknown kind %q (primary, backup, stateless, manager)", k)
+		if !slices.Contains(chaosKinds, k) {
+			return usageErr("chaos: --kinds: unknown kind %q (%s)", k, strings.Join(chaosKinds, ", "))
 		}
 		if len(cands[k]) > 0 {
 			pool = append(pool, k)
@@ -143,7 +177,9 @@ func runChaos(args []string) error {
 	ctx, stop := signalContext()
 	defer stop()
 	fmt.Fprintf(os.Stderr, "hams chaos: starting %s (%d models, mode %s, seed %d) in %s\n", *service, len(dep.Models), *mode, *seed, dir)
-	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: suspicionFor(*suspicion, instances(dep)), Audit: *audit})
+	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
+	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion, instances(dep)), *audit
+	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err
 	}
@@ -154,16 +190,19 @@ func runChaos(args []string) error {
 			return err
 		}
 	}
-	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes)
+	fes, closeFEs, err := d.frontendClients()
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
+	defer closeFEs()
 
 	kt := newKillTracker()
 	var (
 		mu       sync.Mutex
 		accepted []consistency.Accepted
+		retried  int
+		reask    []loadgen.Result // answered requests to send again after the run
+		answered int
 	)
 	rec := loadgen.NewRecorder()
 	loadStart := time.Now()
@@ -188,13 +227,16 @@ func runChaos(args []string) error {
 			kr := &killReport{Target: tg.role, Kind: tg.kind, RecoveryMs: -1, RestartMs: -1, RestoredMs: -1, services: services}
 			if tg.model != "" {
 				kr.Target += ":" + tg.model
+			}
+			if tg.model != "" && tg.kind != "frontend" {
 				kr.services = []string{dep.ServiceOf(tg.model).Name}
 			}
 			recovered := kt.add(kr)
 			wctx, cancel := context.WithTimeout(runCtx, *maxRecovery)
 			waits := d.killNow(wctx, kt, kr, tg.role, tg.model, loadStart)
 			kt.mu.Lock()
-			fmt.Fprintf(os.Stderr, "hams chaos: %7.0f ms  kill %s (%s, %s)%s\n", kr.AtMs, kr.Target, kr.Process, kr.Kind, map[bool]string{true: ": " + kr.Error}[kr.Error != ""])
+			fmt.Fprintf(os.Stderr, "hams chaos: %7.0f ms  kill %s (%s, %s%s)%s\n", kr.AtMs, kr.Target, kr.Process, kr.Kind, map[bool]string{true: ", " + kr.Note}[kr.Note != ""],
+				map[bool]string{true: ": " + kr.Error}[kr.Error != ""])
 			failed := kr.Error != ""
 			kt.mu.Unlock()
 			if failed {
@@ -218,7 +260,7 @@ func runChaos(args []string) error {
 		}
 	}()
 	st, err := loadgen.Run(runCtx, loadgen.RunConfig{
-		Client:       hamsv1.NewFrontendClient(cc),
+		Frontends:    fes,
 		Concurrency:  *conc,
 		Duration:     *duration,
 		Timeout:      *timeout,
@@ -236,10 +278,20 @@ func runChaos(args []string) error {
 			a := consistency.Accepted{ClientRequestID: r.Request.RequestId}
 			if r.Err == nil {
 				a.ReqID = strconv.FormatUint(r.Reply.GetReqId(), 10)
+				a.ReplyDigest = replyDigest(r.Reply)
 				kt.reply(r.Request.Service, r)
 			}
 			mu.Lock()
 			accepted = append(accepted, a)
+			if len(r.Frontends) > 1 {
+				retried++
+			}
+			if r.Err == nil {
+				if len(r.Frontends) > 1 || answered%reaskEvery == 0 {
+					reask = append(reask, r)
+				}
+				answered++
+			}
 			mu.Unlock()
 		},
 	})
@@ -248,6 +300,15 @@ func runChaos(args []string) error {
 	bg.Wait()
 	if err != nil {
 		return err
+	}
+	// Retried request ids get the same answer: send answered requests
+	// again to another frontend than the one that answered.
+	if !opt.RequestLog && nFrontends == 1 {
+		reask = nil // no request log: a restarted frontend forgot its answers
+	}
+	mismatches, mexamples := reaskAll(ctx, fes, reask, *timeout)
+	if len(mexamples) > 0 {
+		fmt.Fprintf(os.Stderr, "hams chaos: re-asked requests answered differently: %s\n", strings.Join(mexamples, "; "))
 	}
 	// Quiescence: give backups a moment to apply what they received (in
 	// replay mode: wait until the primaries checkpointed their idle tail),
@@ -273,6 +334,8 @@ func runChaos(args []string) error {
 		Service: *service, Mode: *mode, Seed: *seed, DurationS: round3(st.ElapsedS), Kills: kt.snapshot(),
 		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors,
 		Conflicts: crep.Conflicts, Lost: crep.Lost, Duplicates: crep.Duplicates, Consistency: crep,
+		Frontends: nFrontends, Managers: nManagers, Retried: retried, Reasked: len(reask), ReaskMismatches: mismatches,
+		RecoveryMsByKind: byKind(kt.snapshot()),
 	}
 	if rep.Kills == nil {
 		rep.Kills = []killReport{}
@@ -290,14 +353,18 @@ func runChaos(args []string) error {
 	}
 	fmt.Printf("\nHAMS-Go chaos: service %s, mode %s, seed %d, %.1fs, %d kills\n", rep.Service, rep.Mode, rep.Seed, rep.DurationS, len(rep.Kills))
 	for _, k := range rep.Kills {
-		fmt.Printf("  %8.0f ms  %-28s %-9s recovery %6.0f ms  restored %6.0f ms%s\n", k.AtMs, k.Target, k.Kind, k.RecoveryMs, k.RestoredMs, map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
+		fmt.Printf("  %8.0f ms  %-28s %-9s %-9s recovery %6.0f ms  restored %6.0f ms%s\n", k.AtMs, k.Target, k.Kind, k.Note, k.RecoveryMs, k.RestoredMs, map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
 	}
 	fmt.Printf("  requests %d  replies %d  errors %d  recovery p50 %.0f ms  max %.0f ms\n", rep.Requests, rep.Replies, rep.Errors, rep.RecoveryP50Ms, rep.RecoveryMaxMs)
+	fmt.Printf("  frontends %d  managers %d  retried on another frontend %d  re-asked %d (%d answered differently)\n", rep.Frontends, rep.Managers, rep.Retried, rep.Reasked, rep.ReaskMismatches)
 	fmt.Printf("  consistency: conflicts %d  lost %d  duplicates %d  (%s)\n", rep.Conflicts, rep.Lost, rep.Duplicates, *audit)
 	if *jsonPath != "" {
 		if err := writeJSON(*jsonPath, rep); err != nil {
 			return err
 		}
+	}
+	if rep.ReaskMismatches > 0 {
+		return &exitError{code: 1, err: fmt.Errorf("chaos: %d re-asked requests answered differently (e.g. %s)", rep.ReaskMismatches, strings.Join(mexamples, "; "))}
 	}
 	if rep.Conflicts > 0 || rep.Lost > 0 {
 		var ex []string
@@ -308,4 +375,85 @@ func runChaos(args []string) error {
 	}
 	ok = true
 	return nil
+}
+
+// reaskEvery: besides every retried request, every reaskEvery-th answered
+// request is asked again after the run.
+const reaskEvery = 25
+
+// replyDigest is the digest the frontend's audit record gives a reply:
+// every output tensor in reply order.
+func replyDigest(r *hamsv1.PredictResponse) string {
+	var ts []*hamsv1.Tensor
+	for _, o := range r.GetOutputs() {
+		ts = append(ts, o.GetTensors()...)
+	}
+	return tensor.Digest(ts...)
+}
+
+// reaskAll sends every answered request of rs again (same request_id and
+// inputs) to another frontend than the one that answered it, and counts
+// the answers that differ from the first one (req_id or reply digest).
+func reaskAll(ctx context.Context, fes []hamsv1.FrontendClient, rs []loadgen.Result, timeout time.Duration) (mismatches int, examples []string) {
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	sem := make(chan struct{}, 8)
+	for k, r := range rs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			to := 0
+			if n := len(fes); n > 1 && len(r.Frontends) > 0 {
+				to = (r.Frontends[len(r.Frontends)-1] + 1 + k%(n-1)) % n
+			}
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			got, err := fes[to].Predict(cctx, r.Request)
+			cancel()
+			var why string
+			switch {
+			case err != nil:
+				why = err.Error()
+			case got.GetReqId() != r.Reply.GetReqId():
+				why = fmt.Sprintf("req_id %d, first answer req_id %d", got.GetReqId(), r.Reply.GetReqId())
+			case replyDigest(got) != replyDigest(r.Reply):
+				why = "another reply digest"
+			}
+			if why != "" {
+				mu.Lock()
+				mismatches++
+				if len(examples) < 3 {
+					examples = append(examples, fmt.Sprintf("%s on frontend %d: %s", r.Request.GetRequestId(), to, why))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return mismatches, examples
+}
+
+// byKind summarises recovery_ms per kill kind.
+func byKind(kills []killReport) map[string]recoveryStats {
+	recs := map[string][]float64{}
+	out := map[string]recoveryStats{}
+	for _, k := range kills {
+		s := out[k.Kind]
+		s.Kills++
+		if k.Recovered {
+			s.Recovered++
+			recs[k.Kind] = append(recs[k.Kind], k.RecoveryMs)
+		}
+		out[k.Kind] = s
+	}
+	for kind, rs := range recs {
+		slices.Sort(rs)
+		s := out[kind]
+		s.P50Ms, s.MaxMs = rs[(len(rs)-1)/2], rs[len(rs)-1]
+		out[kind] = s
+	}
+	return out
 }

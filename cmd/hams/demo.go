@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -51,8 +52,12 @@ func parseKill(s string) (killSpec, error) {
 			return killSpec{}, fmt.Errorf("--kill %q: %s needs a model (%s:MODEL@AFTER)", s, role, role)
 		}
 	case "frontend", "manager":
+		// No model: the leading frontend or the active manager at kill
+		// time; a number: that process (frontend:1, manager:0).
 		if model != "" {
-			return killSpec{}, fmt.Errorf("--kill %q: %s takes no model", s, role)
+			if n, err := strconv.Atoi(model); err != nil || n < 0 {
+				return killSpec{}, fmt.Errorf("--kill %q: %s takes no model, only a process number (%s:N@AFTER)", s, role, role)
+			}
 		}
 	default:
 		return killSpec{}, fmt.Errorf("--kill %q: unknown role %q (one of %s)", s, role, killRoleList())
@@ -199,6 +204,8 @@ func runDemo(args []string) error {
 	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
 	rows := fs.Int("rows", 1, "rows per request")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
+	var cf controlFlags
+	cf.register(fs)
 	var tf taskFlags
 	tf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -210,6 +217,10 @@ func runDemo(args []string) error {
 	if *duration <= 0 || *conc < 1 || *rows < 1 || *timeout <= 0 {
 		return usageErr("demo: --duration, --timeout, --concurrency and --rows must be positive")
 	}
+	if err := cf.check(); err != nil {
+		return err
+	}
+	nFrontends, nManagers := cf.options(*mode).counts(*mode)
 	for _, k := range kills {
 		if k.After >= *duration {
 			return usageErr("demo: --kill %s@%v is not before the end of the run (%v)", k.target(), k.After, *duration)
@@ -230,6 +241,13 @@ func runDemo(args []string) error {
 		return err
 	}
 	for _, k := range kills {
+		if k.Role == "frontend" || k.Role == "manager" {
+			n := map[string]int{"frontend": nFrontends, "manager": nManagers}[k.Role]
+			if i, _ := strconv.Atoi(k.Model); k.Model != "" && i >= n {
+				return usageErr("demo: --kill %s: the deployment has %d %ss (0..%d)", k.target(), n, k.Role, n-1)
+			}
+			continue
+		}
 		if k.Model != "" && dep.Model(k.Model) == nil {
 			return usageErr("demo: --kill %s: model %q is not in service %s (models: %s)", k.target(), k.Model, *service, strings.Join(sortedModels(dep), ", "))
 		}
@@ -250,12 +268,16 @@ func runDemo(args []string) error {
 	defer stop()
 	fmt.Fprintf(os.Stderr, "hams demo: starting %s (%d models, mode %s) in %s\n", *service, len(dep.Models), *mode, dir)
 	t0 := time.Now()
-	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: suspicionFor(*suspicion, instances(dep)), Audit: *audit})
+	opt := cf.options(*mode)
+	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
+	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion, instances(dep)), *audit
+	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	fmt.Fprintf(os.Stderr, "hams demo: deployment ready in %v (frontend %s)\n", time.Since(t0).Round(time.Millisecond), d.FrontendGRPC)
+	fmt.Fprintf(os.Stderr, "hams demo: deployment ready in %v (frontends %s, managers %s)\n", time.Since(t0).Round(time.Millisecond),
+		strings.Join(d.Frontends, " "), strings.Join(d.Managers, " "))
 	descs, err := describeAll(ctx, d)
 	if err != nil {
 		return err
@@ -275,11 +297,11 @@ func runDemo(args []string) error {
 			return err
 		}
 	}
-	cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes)
+	fes, closeFEs, err := d.frontendClients()
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
+	defer closeFEs()
 
 	rec := loadgen.NewRecorder()
 	perSvc := map[string]*loadgen.Recorder{}
@@ -297,7 +319,7 @@ func runDemo(args []string) error {
 	)
 	for i, k := range kills {
 		kr := &killReport{Target: k.target(), Kind: killKind(dep, k), RecoveryMs: -1, RestartMs: -1, RestoredMs: -1}
-		if k.Model != "" {
+		if k.Model != "" && k.Role != "frontend" && k.Role != "manager" {
 			kr.services = []string{dep.ServiceOf(k.Model).Name}
 		} else {
 			kr.services = services
@@ -378,7 +400,7 @@ func runDemo(args []string) error {
 		progress(os.Stderr, rec, *duration, progressDone)
 	}()
 	st, err := loadgen.Run(runCtx, loadgen.RunConfig{
-		Client:       hamsv1.NewFrontendClient(cc),
+		Frontends:    fes,
 		Concurrency:  *conc,
 		Duration:     *duration,
 		Timeout:      *timeout,

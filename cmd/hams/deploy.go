@@ -11,12 +11,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"google.golang.org/grpc"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -63,6 +62,36 @@ type deployOptions struct {
 	// Audit, if set, is the --audit directory of the frontend and the
 	// sidecars (each writes under its own subdirectory).
 	Audit string
+	// Frontends is the number of frontends (0: 2 in the protected modes,
+	// 1 in bare). Several frontends share the JetStream request log.
+	Frontends int
+	// Managers is the number of managers, an active one and standbys
+	// (0: 2 in the protected modes, 1 in bare).
+	Managers int
+	// RequestLog gives a lone frontend the request log too (several
+	// frontends always have it): a frontend restarted in place then
+	// completes what it accepted before it died.
+	RequestLog bool
+}
+
+// counts returns the number of frontends and managers opt asks for in a
+// deployment of mode.
+func (opt deployOptions) counts(mode string) (frontends, managers int) {
+	protected := mode != "" && mode != "bare"
+	frontends, managers = opt.Frontends, opt.Managers
+	if frontends <= 0 {
+		frontends = 1
+		if protected {
+			frontends = 2
+		}
+	}
+	if managers <= 0 {
+		managers = 1
+		if protected {
+			managers = 2
+		}
+	}
+	return frontends, managers
 }
 
 // autoSuspicion is the manager's failure-suspicion timeout for a deployment
@@ -84,10 +113,18 @@ type deployment struct {
 	sup     *launch.Supervisor
 	log     *slog.Logger
 
-	Manager      string
-	NATS         string
-	FrontendGRPC string
-	FrontendHTTP string
+	// Manager is the first manager's gRPC address (the active one at
+	// start), Managers all of them.
+	Manager  string
+	Managers []string
+	NATS     string
+	// FrontendGRPC and FrontendHTTP are the first frontend's addresses;
+	// Frontends and FrontendHTTPs list every frontend's, in start order
+	// (child frontend:i is Frontends[i]).
+	FrontendGRPC  string
+	FrontendHTTP  string
+	Frontends     []string
+	FrontendHTTPs []string
 	// ModelServers maps each model to its (primary) model server address.
 	ModelServers map[string]string
 	// BackupServers maps each replicated model to its backup's model server.
@@ -96,7 +133,7 @@ type deployment struct {
 	opt     deployOptions
 	common  []string
 	agent   *agent
-	mgrConn *grpc.ClientConn
+	mgrs    *managerSet
 	closing atomic.Bool
 
 	mu    sync.Mutex
@@ -221,23 +258,46 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 			return nil, err
 		}
 	}
-	mgrCommon := d.common
+	nFrontends, nManagers := opt.counts(dep.Mode)
+	// The coordination engine first, as a process of its own: it outlives
+	// the managers (a manager kill loses no durability or completion
+	// notice, and the standby finds the deployment state where it was).
+	store := filepath.Join(opt.RunDir, "jetstream")
+	natsArgs := []string{"nats", "--listen", "127.0.0.1:-1", "--store", store, "--log-level", opt.LogLevel}
+	r, err := d.sup.Start(ctx, launch.Spec{Name: childName("nats", ""), Args: natsArgs, Restart: func(last launch.Ready) []string {
+		listen := "127.0.0.1:-1"
+		if u, err := url.Parse(last.String("nats")); err == nil && u.Host != "" {
+			listen = u.Host
+		}
+		return []string{"nats", "--listen", listen, "--store", store, "--log-level", opt.LogLevel}
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("start nats: %w", err)
+	}
+	d.NATS = r.String("nats")
+	mgrCommon := append(slices.Clone(d.common), "--nats", d.NATS)
 	if opt.SuspicionTimeout > 0 {
-		mgrCommon = append(slices.Clone(d.common), "--suspicion-timeout", opt.SuspicionTimeout.String(), "--heartbeat-interval", (opt.SuspicionTimeout / 4).String())
+		mgrCommon = append(mgrCommon, "--suspicion-timeout", opt.SuspicionTimeout.String(), "--heartbeat-interval", (opt.SuspicionTimeout / 4).String())
 	}
 	if d.agent != nil {
-		mgrCommon = append(slices.Clone(mgrCommon), "--starter", d.agent.URL())
+		mgrCommon = append(mgrCommon, "--starter", d.agent.URL())
 	}
-	r, err := d.sup.Start(ctx, launch.Spec{
-		Name:    childName("manager", ""),
-		Args:    append([]string{"manager", "--nats-listen", "127.0.0.1:-1", "--store", filepath.Join(opt.RunDir, "jetstream")}, mgrCommon...),
-		Restart: sameAddrs("manager", mgrCommon, filepath.Join(opt.RunDir, "jetstream")),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("start manager: %w", err)
+	// Managers one after the other: the first takes the lease and is the
+	// active one; the others stand by.
+	for i := range nManagers {
+		name := childName("manager", strconv.Itoa(i))
+		r, err := d.sup.Start(ctx, launch.Spec{
+			Name:    name,
+			Args:    append([]string{"manager", "--id", managerID(i, 1, nManagers)}, mgrCommon...),
+			Restart: restartManager(i, nManagers, mgrCommon),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", name, err)
+		}
+		d.Managers = append(d.Managers, r.String("grpc"))
 	}
-	d.Manager, d.NATS = r.String("grpc"), r.String("nats")
-	if d.mgrConn, err = grpcx.Dial(d.Manager, 0); err != nil {
+	d.Manager = d.Managers[0]
+	if d.mgrs, err = dialManagers(d.Managers); err != nil {
 		return nil, err
 	}
 	var insts []instSpec
@@ -290,12 +350,9 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 			return nil, err
 		}
 	}
-	feArgs := append(append([]string{"frontend", "--manager", d.Manager}, d.common...), d.coordArgs("", d.opt.Audit)...)
-	r, err = d.sup.Start(ctx, launch.Spec{Name: childName("frontend", ""), Args: feArgs, Restart: relisten(feArgs, "http")})
-	if err != nil {
-		return nil, fmt.Errorf("start frontend: %w", err)
+	if err := d.startFrontends(ctx, nFrontends, opt.RequestLog || nFrontends > 1); err != nil {
+		return nil, err
 	}
-	d.FrontendGRPC, d.FrontendHTTP = r.String("grpc"), r.String("http")
 	if err := d.waitTopology(ctx); err != nil {
 		return nil, err
 	}
@@ -324,16 +381,63 @@ func relisten(args []string, extra string) func(launch.Ready) []string {
 	}
 }
 
-// sameAddrs restarts the manager on its gRPC and NATS addresses.
-func sameAddrs(role string, common []string, store string) func(launch.Ready) []string {
+// managerID names manager i's process of generation gen in the lease. A
+// lone manager keeps one id, so restarted in place it takes its lease
+// back at once; with standbys every process gets its own, so a restarted
+// manager stands by and a standby takes over (the lease moves once).
+func managerID(i, gen, n int) string {
+	if n == 1 {
+		return "manager-0"
+	}
+	return fmt.Sprintf("manager-%d.%d", i, gen)
+}
+
+// restartManager restarts manager i on its gRPC address.
+func restartManager(i, n int, common []string) func(launch.Ready) []string {
 	return func(last launch.Ready) []string {
-		nats := "127.0.0.1:-1"
-		if u, err := url.Parse(last.String("nats")); err == nil && u.Host != "" {
-			nats = u.Host
-		}
-		args := append([]string{role, "--nats-listen", nats, "--store", store}, common...)
+		args := append([]string{"manager", "--id", managerID(i, last.Generation+1, n)}, common...)
 		return relisten(args, "")(last)
 	}
+}
+
+// managerList is the --manager value of the components: every manager,
+// the components follow the active one.
+func (d *deployment) managerList() string { return strings.Join(d.Managers, ",") }
+
+// startFrontends starts n frontends (children frontend:0..n-1, restarted
+// in place on their addresses), with the request log when withLog.
+func (d *deployment) startFrontends(ctx context.Context, n int, withLog bool) error {
+	d.Frontends = make([]string, n)
+	d.FrontendHTTPs = make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			args := append([]string{"frontend", "--manager", d.managerList(), "--name", fmt.Sprintf("frontend-%d", i)}, d.common...)
+			if withLog {
+				args = append(args, "--request-log")
+				if !coordinated(d.dep) {
+					args = append(args, "--nats", d.NATS)
+				}
+			}
+			args = append(args, d.coordArgs("", d.opt.Audit)...)
+			name := childName("frontend", strconv.Itoa(i))
+			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "http")})
+			if err != nil {
+				errs[i] = fmt.Errorf("start %s: %w", name, err)
+				return
+			}
+			d.Frontends[i], d.FrontendHTTPs[i] = r.String("grpc"), r.String("http")
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	d.FrontendGRPC, d.FrontendHTTP = d.Frontends[0], d.FrontendHTTPs[0]
+	return nil
 }
 
 // parallel runs f for every item concurrently and joins the errors.
@@ -354,14 +458,15 @@ func parallel(items []string, f func(string) error) error {
 // waitTopology polls the manager until every model resolves to a live
 // sidecar, has its backup or standby, and the frontend is registered.
 func (d *deployment) waitTopology(ctx context.Context) error {
-	api := hamsv1.NewManagerClient(d.mgrConn)
 	var missing []string
 	for {
-		t, err := api.GetTopology(ctx, &hamsv1.GetTopologyRequest{})
+		t, err := d.mgrs.topology(ctx)
 		if err == nil {
 			missing = d.missing(t)
-			if !slices.Contains(t.GetFrontends(), d.FrontendGRPC) {
-				missing = append(missing, "frontend "+d.FrontendGRPC)
+			for _, f := range d.Frontends {
+				if !slices.Contains(t.GetFrontends(), f) {
+					missing = append(missing, "frontend "+f)
+				}
 			}
 			if len(missing) == 0 {
 				return nil
@@ -439,9 +544,8 @@ func (d *deployment) Close() error {
 	if d.sup != nil {
 		err = d.sup.Close()
 	}
-	if d.mgrConn != nil {
-		d.mgrConn.Close()
-		d.mgrConn = nil
+	if d.mgrs != nil {
+		d.mgrs.close()
 	}
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -107,7 +108,7 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	if in.BackendAddr == "" {
 		args, key := backendArgs(m, d.common)
 		if m.Backend.Type != "clipper" {
-			args = append(args, "--role", role, "--manager", d.Manager, "--id", "modelserver/"+model+"/"+role+suffix(n))
+			args = append(args, "--role", role, "--manager", d.managerList(), "--id", "modelserver/"+model+"/"+role+suffix(n))
 		}
 		spec := launch.Spec{Name: in.ModelServer, Args: args, NoRestart: !inPlace}
 		if inPlace {
@@ -129,7 +130,7 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 		audit = filepath.Join(audit, sanitizeKey(in.Sidecar))
 	}
 	args := append([]string{"sidecar", "--model", model, "--role", role, "--id", in.ID, "--epoch", strconv.FormatUint(epoch, 10),
-		"--backend", in.BackendAddr, "--manager", d.Manager}, d.common...)
+		"--backend", in.BackendAddr, "--manager", d.managerList()}, d.common...)
 	args = append(args, d.coordArgs(model, audit)...)
 	r, err := d.sup.Start(ctx, launch.Spec{Name: in.Sidecar, Args: args, NoRestart: !inPlace})
 	if err != nil {
@@ -186,7 +187,7 @@ func (d *deployment) startForRecovery(ctx context.Context, model, role string) (
 	if role != roleBackup && role != roleStandby {
 		return nil, fmt.Errorf("role %q: recovery starts only backups and standbys", role)
 	}
-	t, err := hamsv1.NewManagerClient(d.mgrConn).GetTopology(ctx, &hamsv1.GetTopologyRequest{})
+	t, err := d.mgrs.topology(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read topology: %w", err)
 	}
@@ -208,11 +209,11 @@ func (d *deployment) startForRecovery(ctx context.Context, model, role string) (
 	return in, nil
 }
 
-// topology asks the manager for the current topology.
+// topology asks the managers for the current topology.
 func (d *deployment) topology(ctx context.Context) (*hamsv1.Topology, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return hamsv1.NewManagerClient(d.mgrConn).GetTopology(ctx, &hamsv1.GetTopologyRequest{})
+	return d.mgrs.topology(ctx)
 }
 
 // resolvedTarget is a kill target resolved against the current topology.
@@ -220,6 +221,59 @@ type resolvedTarget struct {
 	Child string // supervised child to signal
 	Kind  string // primary, backup, stateless, standby, manager, frontend
 	Inst  *instance
+	// Index is the manager's or frontend's number (child manager:i,
+	// frontend:i), -1 for model instances.
+	Index int
+	// Note says what the process was doing (the active manager, the
+	// leading frontend).
+	Note string
+}
+
+// resolveControl resolves a manager or frontend kill: index "" means the
+// active manager or the leading frontend (the one the topology names
+// first: it receives the sink edges and injects every request), a number
+// that process.
+func (d *deployment) resolveControl(ctx context.Context, role, index string) (resolvedTarget, error) {
+	n := len(d.Managers)
+	if role == "frontend" {
+		n = len(d.Frontends)
+	}
+	i := -1
+	if index != "" {
+		v, err := strconv.Atoi(index)
+		if err != nil || v < 0 || v >= n {
+			return resolvedTarget{}, fmt.Errorf("%s:%s: no such %s (0..%d)", role, index, role, n-1)
+		}
+		i = v
+	}
+	lead := -1
+	switch role {
+	case "manager":
+		lead = d.mgrs.active(ctx)
+	case "frontend":
+		if t, err := d.topology(ctx); err == nil && len(t.GetFrontends()) > 0 {
+			lead = slices.Index(d.Frontends, t.GetFrontends()[0])
+		}
+	}
+	if i < 0 {
+		if lead < 0 {
+			what := map[string]string{"manager": "no manager is active", "frontend": "no frontend leads"}[role]
+			return resolvedTarget{}, fmt.Errorf("%s: %s now", role, what)
+		}
+		i = lead
+	}
+	rt := resolvedTarget{Child: childName(role, strconv.Itoa(i)), Kind: role, Index: i}
+	switch {
+	case i == lead && role == "manager":
+		rt.Note = "active"
+	case i == lead:
+		rt.Note = "leading"
+	case role == "manager":
+		rt.Note = "standby"
+	default:
+		rt.Note = "follower"
+	}
+	return rt, nil
 }
 
 // resolveTarget maps a --kill role and model to the child that plays it
@@ -228,7 +282,7 @@ type resolvedTarget struct {
 func (d *deployment) resolveTarget(ctx context.Context, role, model string) (resolvedTarget, error) {
 	switch role {
 	case "manager", "frontend":
-		return resolvedTarget{Child: childName(role, ""), Kind: role}, nil
+		return d.resolveControl(ctx, role, model)
 	}
 	t, err := d.topology(ctx)
 	if err != nil {
@@ -266,7 +320,7 @@ func (d *deployment) resolveTarget(ctx context.Context, role, model string) (res
 	if in == nil {
 		return resolvedTarget{}, fmt.Errorf("%s:%s: instance %s was not started by this process", role, model, best.GetComponentId())
 	}
-	rt := resolvedTarget{Child: in.Sidecar, Inst: in}
+	rt := resolvedTarget{Child: in.Sidecar, Inst: in, Index: -1}
 	switch role {
 	case roleModelServer, roleBackupModelServer, roleStandbyModelSrv:
 		if in.ModelServer == "" {

@@ -9,14 +9,20 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/loadgen"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
 // killReport is one entry of the report's kills.
 //
 // recovery_ms is measured at the client: from the SIGKILL to the moment
 // the first reply arrives for a request that was sent at or after the kill
-// and whose lineage names the killed model (any model for a manager or
-// frontend kill). Such a request cannot have been served by the killed
+// and whose lineage names the killed model (any model for a manager
+// kill). For a frontend kill it is the first reply to a request that was
+// sent to the killed frontend and answered after the kill (an attempt in
+// flight there, retried on another frontend, or a later request of a
+// client that sends there first): the time until the dead frontend's
+// clients are served again, which includes the takeover of its requests
+// by the new leading frontend when the killed one led. Such a request cannot have been served by the killed
 // process, so the reply shows the replacement serving: the promoted
 // backup or standby for a primary or stateless kill; for a backup kill,
 // the primary whose outputs became durable again at a new (synced) backup,
@@ -44,10 +50,17 @@ type killReport struct {
 	RestoredMs float64 `json:"restored_ms"`
 	Recovered  bool    `json:"recovered"`
 	Error      string  `json:"error,omitempty"`
+	// Note says what a manager or frontend was doing when it was killed:
+	// active or standby (manager), leading or follower (frontend).
+	Note string `json:"note,omitempty"`
 
 	killAt   time.Time
 	model    string
 	services []string
+	// frontendKill: a frontend was killed, frontend is its index (as in
+	// loadgen.Result.Frontends).
+	frontendKill bool
+	frontend     int
 }
 
 // killTracker matches replies to kills (recovery_ms).
@@ -76,10 +89,17 @@ func (kt *killTracker) reply(svc string, r loadgen.Result) {
 	kt.mu.Lock()
 	defer kt.mu.Unlock()
 	for _, kr := range kt.kills {
-		if kr.killAt.IsZero() || kr.Recovered || r.Sent.Before(kr.killAt) || !slices.Contains(kr.services, svc) {
+		if kr.killAt.IsZero() || kr.Recovered || !slices.Contains(kr.services, svc) {
 			continue
 		}
-		if kr.model != "" && !lineageHas(r, kr.model) {
+		if kr.frontendKill {
+			// Sent to the killed frontend, answered after the kill: sent
+			// after it, or retried away from it.
+			if !slices.Contains(r.Frontends, kr.frontend) || done.Before(kr.killAt) ||
+				(r.Sent.Before(kr.killAt) && len(r.Frontends) < 2) {
+				continue
+			}
+		} else if r.Sent.Before(kr.killAt) || (kr.model != "" && !lineageHas(r, kr.model)) {
 			continue
 		}
 		kr.Recovered = true
@@ -127,9 +147,15 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 	at := time.Now()
 	_, kerr := d.sup.Kill(rt.Child, syscall.SIGKILL)
 	kt.mu.Lock()
-	kr.Kind, kr.Process = rt.Kind, rt.Child
+	kr.Kind, kr.Process, kr.Note = rt.Kind, rt.Child, rt.Note
 	kr.killAt, kr.AtMs = at, msSince(loadStart, at)
 	kr.model = model
+	if role == "frontend" || role == "manager" {
+		kr.model = ""
+	}
+	if role == "frontend" {
+		kr.frontendKill, kr.frontend = true, rt.Index
+	}
 	if kerr != nil {
 		kr.Error = kerr.Error()
 	}
@@ -163,7 +189,7 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 				return
 			}
 			for {
-				if t, err := d.topology(ctx); err == nil && len(d.missing(t)) == 0 {
+				if t, err := d.topology(ctx); err == nil && len(d.missing(t)) == 0 && d.controlRestored(ctx, t, rt.Kind) {
 					if rt.Inst == nil || !aliveID(t, rt.Inst.ID) || !d.protected() {
 						kt.mu.Lock()
 						kr.RestoredMs = msSince(at, time.Now())
@@ -179,6 +205,31 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 		wg.Wait()
 	}()
 	return waits
+}
+
+// controlRestored reports, after a manager or frontend kill, whether the
+// control plane is whole again: a manager answers as active (a standby
+// took the lease over, or the restarted one took it back) and every
+// manager process serves; every frontend is registered again.
+func (d *deployment) controlRestored(ctx context.Context, t *hamsv1.Topology, kind string) bool {
+	switch kind {
+	case "manager":
+		active := false
+		for _, a := range d.mgrs.ask(ctx) {
+			if a.err != nil {
+				return false
+			}
+			active = active || a.active
+		}
+		return active
+	case "frontend":
+		for _, f := range d.Frontends {
+			if !slices.Contains(t.GetFrontends(), f) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -33,6 +33,7 @@ func init() {
 		"modelserver": {"run the reference model server for some models of a deployment", runModelServer},
 		"sidecar":     {"run the sidecar of one model in front of its backend", runSidecar},
 		"frontend":    {"run the client-facing frontend", runFrontend},
+		"nats":        {"run the coordination engine (nats-server with JetStream) as a process of its own", runNATS},
 		"up":          {"start a whole deployment as local processes and keep it running", runUp},
 		"demo":        {"run an example service under load on this machine, optionally killing components", runDemo},
 		"bench":       {"measure latency and throughput of services per fault-tolerance mode", runBench},

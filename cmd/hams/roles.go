@@ -69,7 +69,7 @@ func runManager(args []string) error {
 func runModelServer(args []string) error {
 	rf := newRoleFlags("modelserver")
 	models := rf.fs.String("models", "", "comma-separated models of the deployment to host (required)")
-	mgr := rf.fs.String("manager", "", "manager gRPC address to register with (optional)")
+	mgr := rf.fs.String("manager", "", "manager gRPC address to register with (optional; comma-separated for an active manager and standbys)")
 	instance := rf.fs.String("role", "primary", "instance role registered with the manager: primary, backup (the backup replica of stateful models) or standby (a stateless model's hot standby)")
 	idF := rf.fs.String("id", "", "component id registered with the manager (default modelserver/<model>[/<role>])")
 	if err := rf.parse(args); err != nil {
@@ -121,7 +121,7 @@ func runModelServer(args []string) error {
 					id += "/" + n
 				}
 			}
-			c, err := client.New(client.Config{ManagerAddr: *mgr, Logger: r.log, Registration: &hamsv1.RegisterRequest{
+			c, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, Registration: &hamsv1.RegisterRequest{
 				Kind: hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER, Id: id, Model: n, Role: role,
 				Address: addr, Pid: int32(os.Getpid()),
 			}})
@@ -148,7 +148,7 @@ func runSidecar(args []string) error {
 	rf := newRoleFlags("sidecar")
 	model := rf.fs.String("model", "", "model this sidecar fronts (required)")
 	backend := rf.fs.String("backend", "", "backend address (default: the model's backend.address)")
-	mgr := rf.fs.String("manager", "", "manager gRPC address (required)")
+	mgr := rf.fs.String("manager", "", "manager gRPC address (required; comma-separated for an active manager and standbys: the sidecar follows the active one)")
 	roleF := rf.fs.String("role", sidecar.RolePrimary, "instance role: primary (the serving instance; ACTIVE for a stateless model), backup (a replicated stateful model's backup: serves Replication, applies snapshots; in mode replay the model's idle spare, which replays the input log when promoted) or standby (a stateless model's hot standby: registered STANDBY, promoted by the manager)")
 	idF := rf.fs.String("id", "", "component id registered with the manager (default sidecar/<model>/<role>); every instance of a model needs its own")
 	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine (the manager's ready line has it); required for a replicated stateful model and for a stateful model in mode replay (input log, checkpoints)")
@@ -222,7 +222,7 @@ func runSidecar(args []string) error {
 	if *idF == "" {
 		*idF = fmt.Sprintf("sidecar/%s/%s", *model, roleName(roleV))
 	}
-	mc, err := client.New(client.Config{ManagerAddr: *mgr, Logger: r.log, Registration: &hamsv1.RegisterRequest{
+	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, Id: *idF,
 		Model: *model, Role: roleV, Address: addr, BackendAddress: *backend, Pid: int32(os.Getpid()),
 	}})
@@ -304,16 +304,20 @@ func roleName(r hamsv1.Role) string {
 
 func runFrontend(args []string) error {
 	rf := newRoleFlags("frontend")
-	mgr := rf.fs.String("manager", "", "manager gRPC address (required)")
+	mgr := rf.fs.String("manager", "", "manager gRPC address (required; comma-separated for an active manager and standbys: the frontend follows the active one)")
 	httpAddr := rf.fs.String("http", "127.0.0.1:0", "HTTP/JSON API listen address")
-	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine; required when the deployment replicates a stateful model")
+	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine; required when the deployment replicates a stateful model, and with --request-log")
 	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (<dir>/<name>/replies.jsonl)")
 	name := rf.fs.String("name", "", "name of this frontend in completion notices and its audit subdirectory (default frontend)")
+	requestLog := rf.fs.Bool("request-log", false, "log every accepted request and record every answer in JetStream before it is released (needs --nats): several frontends then share the deployment, a surviving one completes what a dead one accepted, and a retried request_id gets the same reply on any frontend")
 	if err := rf.parse(args); err != nil {
 		return err
 	}
 	if *mgr == "" {
 		return usageErr("frontend: --manager is required")
+	}
+	if *requestLog && *natsURL == "" {
+		return usageErr("frontend: --request-log needs --nats (the log lives in JetStream)")
 	}
 	r, err := setupRole("frontend", rf)
 	if err != nil {
@@ -324,7 +328,7 @@ func runFrontend(args []string) error {
 		return err
 	}
 	addr := r.grpc.Addr().String()
-	mc, err := client.New(client.Config{ManagerAddr: *mgr, Logger: r.log, Registration: &hamsv1.RegisterRequest{
+	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: "frontend/" + addr, Address: addr, Pid: int32(os.Getpid()),
 	}})
 	if err != nil {
@@ -342,7 +346,7 @@ func runFrontend(args []string) error {
 		Name:         *name,
 		AuditDir:     *audit,
 	}
-	if coordinated(r.dep) {
+	if coordinated(r.dep) || *requestLog {
 		if *natsURL == "" {
 			r.close()
 			hl.Close()
@@ -358,6 +362,9 @@ func runFrontend(args []string) error {
 		}
 		defer nc.Close()
 		fcfg.Coord = co
+		if *requestLog {
+			fcfg.Log = co
+		}
 	}
 	fe, err := frontend.New(fcfg)
 	if err != nil {

@@ -15,6 +15,13 @@ type upReady struct {
 	KServeGRPC    string `json:"kserve_grpc,omitempty"`
 	Manager       string `json:"manager"`
 	NATS          string `json:"nats"`
+	// Frontends lists every frontend's gRPC address (frontend_grpc is
+	// the first), FrontendsHTTP their HTTP addresses, Managers every
+	// manager (manager is the first, active at start; the others stand
+	// by).
+	Frontends     []string `json:"frontends"`
+	FrontendsHTTP []string `json:"frontends_http"`
+	Managers      []string `json:"managers"`
 }
 
 // prepareAudit creates the audit directory and returns its absolute path
@@ -75,6 +82,8 @@ func runUp(args []string) error {
 	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
+	var cf controlFlags
+	cf.register(fs)
 	var tf taskFlags
 	tf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -84,6 +93,9 @@ func runUp(args []string) error {
 		return usageErr("up: --config is required")
 	}
 	if err := checkMode(*mode); err != nil {
+		return err
+	}
+	if err := cf.check(); err != nil {
 		return err
 	}
 	dep, err := loadDeployment(*cfgPath)
@@ -105,13 +117,17 @@ func runUp(args []string) error {
 	ctx, stop := signalContext()
 	defer stop()
 	log := taskLogger(tf.verbose)
-	d, err := startDeployment(ctx, dep, deployOptions{RunDir: dir, LogLevel: tf.logLevel, Logger: log, SuspicionTimeout: suspicionFor(*suspicion, instances(dep)), Audit: *audit})
+	opt := cf.options(*mode)
+	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, log
+	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion, instances(dep)), *audit
+	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	tfs, ks := compatEndpoints(ctx, d.FrontendGRPC)
-	b, _ := json.Marshal(upReady{FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS})
+	b, _ := json.Marshal(upReady{FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
+		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers})
 	fmt.Println(string(b))
 	<-ctx.Done()
 	fmt.Fprintln(os.Stderr, "hams up: stopping")

@@ -6,13 +6,18 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/tensor"
@@ -252,5 +257,87 @@ func TestRunErrorBackoff(t *testing.T) {
 	// At most one request per client per backoff period (plus the first).
 	if st.Errors == 0 || st.Errors > 2*(100/25+1) {
 		t.Fatalf("%d errors in 100ms with a 25ms error backoff", st.Errors)
+	}
+}
+
+// fixedFrontend answers every call with err (nil: a reply carrying its
+// name in req_id) and counts the request_ids it saw.
+type fixedFrontend struct {
+	hamsv1.FrontendClient
+	id  uint64
+	err error
+	mu  sync.Mutex
+	ids []string
+}
+
+func (f *fixedFrontend) Predict(_ context.Context, req *hamsv1.PredictRequest, _ ...grpc.CallOption) (*hamsv1.PredictResponse, error) {
+	f.mu.Lock()
+	f.ids = append(f.ids, req.GetRequestId())
+	f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &hamsv1.PredictResponse{ReqId: f.id}, nil
+}
+
+// Clients spread over the frontends; a request that finds its frontend
+// Unavailable is sent again, with the same request_id, to the next one;
+// other errors are not retried.
+func TestRunRetriesUnavailableOnAnotherFrontend(t *testing.T) {
+	dead := &fixedFrontend{id: 0, err: status.Error(codes.Unavailable, "connection refused")}
+	live := &fixedFrontend{id: 1}
+	var mu sync.Mutex
+	var results []Result
+	st, err := Run(context.Background(), RunConfig{
+		Frontends:   []hamsv1.FrontendClient{dead, live},
+		Concurrency: 2,
+		Waves:       true, // 5 requests per client
+		Requests:    10,
+		NewRequest: func(c int, n uint64) *hamsv1.PredictRequest {
+			return &hamsv1.PredictRequest{Service: "s", RequestId: fmt.Sprintf("c%d-%d", c, n)}
+		},
+		OnResult: func(r Result) {
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Errors != 0 || st.Replies != 10 {
+		t.Fatalf("stats %+v: want every request answered by the live frontend", st)
+	}
+	for _, r := range results {
+		want := []int{1}
+		if r.Client == 0 {
+			want = []int{0, 1} // home is the dead frontend
+		}
+		if !slices.Equal(r.Frontends, want) || r.Reply.GetReqId() != 1 {
+			t.Fatalf("client %d request %s: frontends %v reply %v; want %v", r.Client, r.Request.GetRequestId(), r.Frontends, r.Reply, want)
+		}
+	}
+	// The retry carried the same request_id.
+	if len(dead.ids) != 5 {
+		t.Fatalf("dead frontend saw %v; want client 0's 5 requests", dead.ids)
+	}
+	for _, id := range dead.ids {
+		if !slices.Contains(live.ids, id) {
+			t.Fatalf("request %s was not retried on the live frontend", id)
+		}
+	}
+
+	// Not Unavailable: no retry. All Unavailable: Retries bounds it.
+	bad := &fixedFrontend{err: status.Error(codes.InvalidArgument, "bad")}
+	st, err = Run(context.Background(), RunConfig{Frontends: []hamsv1.FrontendClient{bad, live}, Requests: 3,
+		NewRequest: func(int, uint64) *hamsv1.PredictRequest { return &hamsv1.PredictRequest{} }})
+	if err != nil || st.Errors != 3 || len(live.ids) != 10 {
+		t.Fatalf("InvalidArgument retried: stats %+v, live saw %d", st, len(live.ids))
+	}
+	d2 := &fixedFrontend{err: status.Error(codes.Unavailable, "down")}
+	st, err = Run(context.Background(), RunConfig{Frontends: []hamsv1.FrontendClient{dead, d2}, Requests: 1,
+		NewRequest: func(int, uint64) *hamsv1.PredictRequest { return &hamsv1.PredictRequest{} }})
+	if err != nil || st.Errors != 1 || len(d2.ids) != 2 {
+		t.Fatalf("all down: stats %+v, second frontend tried %d times; want 2 (3 retries)", st, len(d2.ids))
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -18,11 +21,28 @@ type Result struct {
 	Err     error
 	Sent    time.Time
 	Latency time.Duration
+	// Frontends are the indexes (into RunConfig.Frontends) of the
+	// frontends the request was sent to, in order: more than one when it
+	// was retried; the last one gave the result. Nil without Frontends.
+	Frontends []int
 }
 
 // RunConfig configures a closed-loop run.
 type RunConfig struct {
+	// Client is the frontend every client sends to, unless Frontends is
+	// set.
 	Client hamsv1.FrontendClient
+	// Frontends, if set, are several frontends of one deployment: client
+	// i sends to Frontends[i mod len] first, and a request that fails
+	// with Unavailable (the frontend died, or shuts down) is sent again,
+	// with the same request_id, to the next frontend, up to Retries times
+	// within its deadline (a frontend with the request log answers a
+	// retried request_id with the answer of the first attempt).
+	Frontends []hamsv1.FrontendClient
+	// Retries bounds the retries of one request on other frontends
+	// (default 2*len(Frontends)-1); between two rounds over all frontends
+	// a client pauses ErrorBackoff.
+	Retries int
 	// NewRequest builds client i's next request (inputs, service, ids); it
 	// is called from client i's goroutine only.
 	NewRequest func(client int, n uint64) *hamsv1.PredictRequest
@@ -52,8 +72,11 @@ type RunConfig struct {
 
 // Run drives closed-loop load and returns the recorder's statistics.
 func Run(ctx context.Context, cfg RunConfig) (Stats, error) {
-	if cfg.Client == nil || cfg.NewRequest == nil {
-		return Stats{}, fmt.Errorf("loadgen: Client and NewRequest are required")
+	if (cfg.Client == nil && len(cfg.Frontends) == 0) || cfg.NewRequest == nil {
+		return Stats{}, fmt.Errorf("loadgen: Client (or Frontends) and NewRequest are required")
+	}
+	if len(cfg.Frontends) > 0 && cfg.Retries == 0 {
+		cfg.Retries = 2*len(cfg.Frontends) - 1
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
@@ -120,7 +143,16 @@ func one(ctx context.Context, cfg *RunConfig, rec *Recorder, i int, n uint64) {
 	rec.Sent(1)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Timeout)
 	start := time.Now()
-	resp, err := cfg.Client.Predict(rctx, req)
+	var (
+		resp  *hamsv1.PredictResponse
+		err   error
+		tried []int
+	)
+	if len(cfg.Frontends) == 0 {
+		resp, err = cfg.Client.Predict(rctx, req)
+	} else {
+		resp, tried, err = predictRetrying(rctx, cfg, i, req)
+	}
 	lat := time.Since(start)
 	cancel()
 	if err != nil {
@@ -129,12 +161,36 @@ func one(ctx context.Context, cfg *RunConfig, rec *Recorder, i int, n uint64) {
 		rec.OK(lat, 1)
 	}
 	if cfg.OnResult != nil {
-		cfg.OnResult(Result{Client: i, Request: req, Reply: resp, Err: err, Sent: start, Latency: lat})
+		cfg.OnResult(Result{Client: i, Request: req, Reply: resp, Err: err, Sent: start, Latency: lat, Frontends: tried})
 	}
 	if err != nil && cfg.ErrorBackoff > 0 {
 		select {
 		case <-ctx.Done():
 		case <-time.After(cfg.ErrorBackoff):
+		}
+	}
+}
+
+// predictRetrying sends req to client i's frontend and, while the answer
+// is Unavailable, to the next ones (the same request: its request_id
+// joins the attempt the request log holds), until an answer, the
+// deadline of ctx, or cfg.Retries retries.
+func predictRetrying(ctx context.Context, cfg *RunConfig, i int, req *hamsv1.PredictRequest) (*hamsv1.PredictResponse, []int, error) {
+	n := len(cfg.Frontends)
+	var tried []int
+	for attempt := 0; ; attempt++ {
+		f := (i + attempt) % n
+		tried = append(tried, f)
+		resp, err := cfg.Frontends[f].Predict(ctx, req)
+		if status.Code(err) != codes.Unavailable || attempt >= cfg.Retries || ctx.Err() != nil {
+			return resp, tried, err
+		}
+		if (attempt+1)%n == 0 && cfg.ErrorBackoff > 0 {
+			select {
+			case <-ctx.Done():
+				return resp, tried, err
+			case <-time.After(cfg.ErrorBackoff):
+			}
 		}
 	}
 }

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/manager/client"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// managerSet is the parent process's connection to the deployment's
+// managers (an active one and standbys): topology polls, the instance
+// agent's epoch look-up, and kill targets ("the active manager").
+type managerSet struct {
+	addrs []string
+	conns []*grpc.ClientConn
+	apis  []hamsv1.ManagerClient
+}
+
+func dialManagers(addrs []string) (*managerSet, error) {
+	ms := &managerSet{addrs: addrs}
+	for _, a := range addrs {
+		cc, err := grpcx.Dial(a, 0)
+		if err != nil {
+			ms.close()
+			return nil, fmt.Errorf("dial manager %s: %w", a, err)
+		}
+		ms.conns = append(ms.conns, cc)
+		ms.apis = append(ms.apis, hamsv1.NewManagerClient(cc))
+	}
+	return ms, nil
+}
+
+func (ms *managerSet) close() {
+	for _, cc := range ms.conns {
+		cc.Close()
+	}
+	ms.conns = nil
+}
+
+// managerAnswer is one manager's answer to GetTopology.
+type managerAnswer struct {
+	t      *hamsv1.Topology
+	active bool
+	err    error
+}
+
+// ask sends GetTopology to every manager at once.
+func (ms *managerSet) ask(ctx context.Context) []managerAnswer {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	out := make([]managerAnswer, len(ms.apis))
+	var wg sync.WaitGroup
+	for i, api := range ms.apis {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var hdr metadata.MD
+			t, err := api.GetTopology(ctx, &hamsv1.GetTopologyRequest{}, grpc.Header(&hdr))
+			role := hdr.Get(client.RoleMetadata)
+			out[i] = managerAnswer{t: t, err: err, active: err == nil && (len(role) == 0 || role[0] == client.RoleActive)}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// topology returns the active manager's topology, or (no manager active:
+// a takeover in progress) the newest any manager has; every manager
+// follows the same stored state.
+func (ms *managerSet) topology(ctx context.Context) (*hamsv1.Topology, error) {
+	var best *hamsv1.Topology
+	var errs []error
+	for _, a := range ms.ask(ctx) {
+		switch {
+		case a.err != nil:
+			errs = append(errs, a.err)
+		case a.active:
+			return a.t, nil
+		case best == nil || a.t.GetRevision() > best.GetRevision():
+			best = a.t
+		}
+	}
+	if best != nil {
+		return best, nil
+	}
+	return nil, fmt.Errorf("no manager answered: %w", errors.Join(errs...))
+}
+
+// active returns the index of the manager that answers as active, or -1.
+func (ms *managerSet) active(ctx context.Context) int {
+	for i, a := range ms.ask(ctx) {
+		if a.active {
+			return i
+		}
+	}
+	return -1
+}
+
+// controlFlags are the control-plane sizes of demo, chaos and up.
+type controlFlags struct{ frontends, managers int }
+
+func (c *controlFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&c.frontends, "frontends", 0, "number of frontends (0: 2 in the protected modes, 1 in bare); they share the JetStream request log, and a surviving one completes what a dead one accepted")
+	fs.IntVar(&c.managers, "managers", 0, "number of managers, one active and the others standing by (0: 2 in the protected modes, 1 in bare)")
+}
+
+// options returns the deployOptions fields the flags set; in the
+// protected modes even a lone frontend gets the request log (restarted
+// in place, it completes what it accepted).
+func (c controlFlags) options(mode string) deployOptions {
+	return deployOptions{Frontends: c.frontends, Managers: c.managers, RequestLog: mode != "bare"}
+}
+
+// frontendClients dials every frontend (the load generators spread their
+// clients over them and retry on another one when one dies).
+func (d *deployment) frontendClients() ([]hamsv1.FrontendClient, func(), error) {
+	var conns []*grpc.ClientConn
+	closeAll := func() {
+		for _, cc := range conns {
+			cc.Close()
+		}
+	}
+	var out []hamsv1.FrontendClient
+	for _, a := range d.Frontends {
+		cc, err := grpcx.Dial(a, d.dep.Limits.MaxMessageBytes)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("dial frontend %s: %w", a, err)
+		}
+		conns = append(conns, cc)
+		out = append(out, hamsv1.NewFrontendClient(cc))
+	}
+	return out, closeAll, nil
+}
+
+// check refuses negative sizes.
+func (c controlFlags) check() error {
+	if c.frontends < 0 || c.managers < 0 {
+		return usageErr("--frontends and --managers must not be negative")
+	}
+	return nil
+}
