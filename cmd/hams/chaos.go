@@ -68,8 +68,9 @@ type chaosTarget struct{ role, model, kind string }
 
 // chaosTargets lists the candidates per kind: primaries and backups of
 // replicated models, stateless models' serving instances (sidecar or
-// model server), every frontend process (leading or not; frontends
-// frontends), and the active manager.
+// model server), the leading frontend and every frontend process (so the
+// leading one, which injects every request, is drawn more often), and the
+// active manager.
 func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[string][]chaosTarget {
 	out := map[string][]chaosTarget{}
 	for i, m := range dep.Models {
@@ -95,6 +96,7 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 		}
 	}
 	out["manager"] = []chaosTarget{{"manager", "", "manager"}}
+	out["frontend"] = []chaosTarget{{"frontend", "", "frontend"}}
 	for i := range frontends {
 		out["frontend"] = append(out["frontend"], chaosTarget{"frontend", strconv.Itoa(i), "frontend"})
 	}
@@ -353,7 +355,8 @@ func runChaos(args []string) error {
 	}
 	fmt.Printf("\nHAMS-Go chaos: service %s, mode %s, seed %d, %.1fs, %d kills\n", rep.Service, rep.Mode, rep.Seed, rep.DurationS, len(rep.Kills))
 	for _, k := range rep.Kills {
-		fmt.Printf("  %8.0f ms  %-28s %-9s %-9s recovery %6.0f ms  restored %6.0f ms%s\n", k.AtMs, k.Target, k.Kind, k.Note, k.RecoveryMs, k.RestoredMs, map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
+		fmt.Printf("  %8.0f ms  %-28s %-9s %-9s recovery %6.0f ms  restored %6.0f ms%s%s\n", k.AtMs, k.Target, k.Kind, k.Note, k.RecoveryMs, k.RestoredMs,
+			map[bool]string{true: "  (now active: " + k.NewActive + ")"}[k.NewActive != ""], map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
 	}
 	fmt.Printf("  requests %d  replies %d  errors %d  recovery p50 %.0f ms  max %.0f ms\n", rep.Requests, rep.Replies, rep.Errors, rep.RecoveryP50Ms, rep.RecoveryMaxMs)
 	fmt.Printf("  frontends %d  managers %d  retried on another frontend %d  re-asked %d (%d answered differently)\n", rep.Frontends, rep.Managers, rep.Retried, rep.Reasked, rep.ReaskMismatches)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/loadgen"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -21,7 +22,13 @@ func TestParseKill(t *testing.T) {
 	if k, err := parseKill("backup-sidecar:ap-route@1s"); err != nil || k.Role != roleBackupSidecar || k.Model != "ap-route" {
 		t.Fatalf("%+v %v", k, err)
 	}
-	for _, bad := range []string{"sidecar:m", "sidecar@1s", "modelserver@1s", "backup-sidecar@1s", "frontend:x@1s", "router:x@1s", "sidecar:m@-1s", "sidecar:m@soon"} {
+	if k, err := parseKill("frontend:1@2s"); err != nil || k.Role != "frontend" || k.Model != "1" || k.target() != "frontend:1" {
+		t.Fatalf("%+v %v", k, err)
+	}
+	if k, err := parseKill("manager:0@2s"); err != nil || k.Role != "manager" || k.Model != "0" {
+		t.Fatalf("%+v %v", k, err)
+	}
+	for _, bad := range []string{"sidecar:m", "sidecar@1s", "modelserver@1s", "backup-sidecar@1s", "frontend:x@1s", "manager:-1@1s", "router:x@1s", "sidecar:m@-1s", "sidecar:m@soon"} {
 		if _, err := parseKill(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -182,5 +189,58 @@ services:
 func TestSuspicionTimeout(t *testing.T) {
 	if suspicionFor(0, 5) != 0 || suspicionFor(0, 23) != 300*time.Millisecond || suspicionFor(time.Second, 5) != time.Second {
 		t.Fatal("suspicion timeout choice")
+	}
+}
+
+// A frontend kill's recovery is the first reply, after the kill, to a
+// request sent to the killed frontend: one sent before the kill counts
+// only if it was retried elsewhere; requests that never went there do not
+// count.
+func TestKillTrackerFrontendRule(t *testing.T) {
+	kill := time.Now()
+	kt := newKillTracker()
+	kr := &killReport{Kind: "frontend", RecoveryMs: -1, services: []string{"s"}, killAt: kill, frontendKill: true, frontend: 1}
+	done := kt.add(kr)
+	res := func(sent time.Duration, lat time.Duration, fes ...int) loadgen.Result {
+		return loadgen.Result{Sent: kill.Add(sent), Latency: lat, Frontends: fes, Reply: &hamsv1.PredictResponse{}}
+	}
+	for _, r := range []loadgen.Result{
+		res(10*time.Millisecond, 5*time.Millisecond, 0),      // never sent to frontend 1
+		res(-50*time.Millisecond, 60*time.Millisecond, 1),    // answered by 1 before it died (not retried)
+		res(-50*time.Millisecond, 20*time.Millisecond, 1, 0), // retried, but answered before the kill
+	} {
+		kt.reply("s", r)
+	}
+	if kr.Recovered {
+		t.Fatalf("recovered by a reply that does not qualify: %+v", kr)
+	}
+	kt.reply("s", res(-20*time.Millisecond, 320*time.Millisecond, 1, 0)) // in flight at the kill, retried on 0
+	select {
+	case <-done:
+	default:
+		t.Fatal("retried request did not end the recovery")
+	}
+	if !kr.Recovered || kr.RecoveryMs != 300 {
+		t.Fatalf("recovery %v ms, want 300", kr.RecoveryMs)
+	}
+}
+
+func TestControlCounts(t *testing.T) {
+	for _, tc := range []struct {
+		opt     deployOptions
+		mode    string
+		fe, mgr int
+	}{
+		{deployOptions{}, "nspb", 2, 2},
+		{deployOptions{}, "bare", 1, 1},
+		{deployOptions{Frontends: 3, Managers: 1}, "nspb", 3, 1},
+		{deployOptions{Frontends: 2}, "bare", 2, 1},
+	} {
+		if fe, mgr := tc.opt.counts(tc.mode); fe != tc.fe || mgr != tc.mgr {
+			t.Errorf("%+v in %s: %d frontends, %d managers; want %d, %d", tc.opt, tc.mode, fe, mgr, tc.fe, tc.mgr)
+		}
+	}
+	if managerID(0, 3, 1) != managerID(0, 1, 1) || managerID(1, 1, 2) == managerID(1, 2, 2) {
+		t.Fatal("a lone manager must keep its lease id across restarts, a manager with standbys must not")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -53,6 +54,10 @@ type killReport struct {
 	// Note says what a manager or frontend was doing when it was killed:
 	// active or standby (manager), leading or follower (frontend).
 	Note string `json:"note,omitempty"`
+	// NewActive: after a manager kill, the manager process that answered
+	// as active when the control plane was whole again (a standby that
+	// took the lease over, or the killed one restarted).
+	NewActive string `json:"new_active,omitempty"`
 
 	killAt   time.Time
 	model    string
@@ -189,10 +194,23 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 				return
 			}
 			for {
-				if t, err := d.topology(ctx); err == nil && len(d.missing(t)) == 0 && d.controlRestored(ctx, t, rt.Kind) {
+				restarted := true
+				if inPlace {
+					r, ok := d.sup.Ready(rt.Child)
+					restarted = ok && r.Generation > before.Generation
+				}
+				if t, err := d.topology(ctx); err == nil && restarted && len(d.missing(t)) == 0 && d.controlRestored(ctx, t, rt.Kind) {
 					if rt.Inst == nil || !aliveID(t, rt.Inst.ID) || !d.protected() {
+						now := time.Now()
+						newActive := ""
+						if rt.Kind == "manager" {
+							if i := d.mgrs.active(ctx); i >= 0 {
+								newActive = childName("manager", strconv.Itoa(i))
+							}
+						}
 						kt.mu.Lock()
-						kr.RestoredMs = msSince(at, time.Now())
+						kr.RestoredMs = msSince(at, now)
+						kr.NewActive = newActive
 						kt.mu.Unlock()
 						return
 					}
