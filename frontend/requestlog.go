@@ -46,6 +46,8 @@ const (
 	takeoverSlack = 2 * time.Second
 	// sinkResendTimeout bounds one Resend call to a sink model.
 	sinkResendTimeout = 5 * time.Second
+	// logAttemptTimeout bounds the logging of an accepted request.
+	logAttemptTimeout = coord.OpTimeout
 )
 
 // startLog allocates this process's incarnation and puts it in the high
@@ -347,7 +349,13 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 	f.mu.Unlock()
 
 	t0 := time.Now()
-	existing, err := f.cfg.Log.LogRequest(ctx, &coord.LoggedRequest{ReqID: c.reqID, Frontend: f.name, Deadline: deadline, Request: req})
+	// One attempt: a log write in flight when NATS dies never gets its
+	// acknowledgement, so it is bounded well inside the client's deadline;
+	// the client's retry (same request_id, on any frontend) finds the
+	// record if it was written after all.
+	lctx, lcancel := context.WithTimeout(ctx, logAttemptTimeout)
+	existing, err := f.cfg.Log.LogRequest(lctx, &coord.LoggedRequest{ReqID: c.reqID, Frontend: f.name, Deadline: deadline, Request: req})
+	lcancel()
 	f.m.logLatency.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		err = status.Errorf(codes.Unavailable, "service %q: request not accepted: request log: %v", svc.name, err)

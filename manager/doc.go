@@ -53,11 +53,18 @@
 //
 // Several managers may share one bucket: the lease (lease.go, key
 // LeaseKey) elects one active manager; only it writes the deployment state,
-// declares components dead and runs recovery. A standby answers Register,
-// Heartbeat and topology calls from what it sees and records them; when it
-// takes over (the lease's revision unchanged for a whole LeaseTTL) it adopts
-// the stored placements, gives every component one suspicion timeout to
-// heartbeat, and writes. A clean stop releases the lease.
+// declares components dead and runs recovery. Every answer to Register,
+// Heartbeat, GetTopology and WatchTopology carries the response header
+// RoleMetadata ("active" or "standby"), which clients with several manager
+// addresses follow (manager/client: they heartbeat the active manager, and
+// every manager while none answers active). A standby answers those calls
+// from what it sees and records them; when it takes over (the lease's
+// revision unchanged for a whole LeaseTTL) it adopts the stored placements
+// and listed frontends, takes each component's liveness from the stored
+// topology unless it heard from it within a suspicion timeout (its own
+// membership is not ticked while it stands by, so it is stale), gives every
+// component one suspicion timeout to heartbeat, and writes. A clean stop
+// releases the lease.
 //
 // # Heartbeats
 //
@@ -69,10 +76,13 @@
 // # Embedded NATS and persistence
 //
 // With Config.NATSURL empty the manager runs nats-server in process with
-// JetStream (R1, file storage in Config.StoreDir, client port on
-// Config.NATSListen so other processes connect over TCP; the manager itself
-// uses an in-process connection). Server logs go to the slog logger:
-// notices at Debug, warnings and errors at their level.
+// JetStream (internal/natsd: R1, file storage in Config.StoreDir, client
+// port on Config.NATSListen so other processes connect over TCP; the
+// manager itself uses an in-process connection). Server logs go to the slog
+// logger: notices at Debug, warnings and errors at their level. Deployments
+// with a standby manager run the server as a process of its own (`hams
+// nats`) and give every manager Config.NATSURL: a manager that dies must not
+// take the coordination engine with it.
 //
 // Persistence: JetStream acknowledges a write once it is in the OS page
 // cache, before fsync, and fsyncs every 2 minutes by default. We keep that

@@ -96,6 +96,7 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 		}
 	}
 	out["manager"] = []chaosTarget{{"manager", "", "manager"}}
+	out["nats"] = []chaosTarget{{"nats", "", "nats"}}
 	out["frontend"] = []chaosTarget{{"frontend", "", "frontend"}}
 	for i := range frontends {
 		out["frontend"] = append(out["frontend"], chaosTarget{"frontend", strconv.Itoa(i), "frontend"})
@@ -103,7 +104,8 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 	return out
 }
 
-// chaosKinds are the kill kinds of hams chaos.
+// chaosKinds are the kill kinds of hams chaos (the default); "nats" (the
+// coordination engine, restarted in place) can be asked for too.
 var chaosKinds = []string{"primary", "backup", "stateless", "frontend", "manager"}
 
 func runChaos(args []string) error {
@@ -165,7 +167,7 @@ func runChaos(args []string) error {
 	cands := chaosTargets(dep, dep.Mode != "bare", nFrontends)
 	var pool []string
 	for _, k := range splitList(*kinds) {
-		if !slices.Contains(chaosKinds, k) {
+		if !slices.Contains(chaosKinds, k) && k != "nats" {
 			return usageErr("chaos: --kinds: unknown kind %q (%s)", k, strings.Join(chaosKinds, ", "))
 		}
 		if len(cands[k]) > 0 {

@@ -51,6 +51,10 @@ func parseKill(s string) (killSpec, error) {
 		if model == "" {
 			return killSpec{}, fmt.Errorf("--kill %q: %s needs a model (%s:MODEL@AFTER)", s, role, role)
 		}
+	case "nats":
+		if model != "" {
+			return killSpec{}, fmt.Errorf("--kill %q: nats takes no model", s)
+		}
 	case "frontend", "manager":
 		// No model: the leading frontend or the active manager at kill
 		// time; a number: that process (frontend:1, manager:0).
@@ -241,6 +245,9 @@ func runDemo(args []string) error {
 		return err
 	}
 	for _, k := range kills {
+		if k.Role == "nats" {
+			continue
+		}
 		if k.Role == "frontend" || k.Role == "manager" {
 			n := map[string]int{"frontend": nFrontends, "manager": nManagers}[k.Role]
 			if i, _ := strconv.Atoi(k.Model); k.Model != "" && i >= n {
@@ -319,7 +326,7 @@ func runDemo(args []string) error {
 	)
 	for i, k := range kills {
 		kr := &killReport{Target: k.target(), Kind: killKind(dep, k), RecoveryMs: -1, RestartMs: -1, RestoredMs: -1}
-		if k.Model != "" && k.Role != "frontend" && k.Role != "manager" {
+		if k.Model != "" && k.Role != "frontend" && k.Role != "manager" && k.Role != "nats" {
 			kr.services = []string{dep.ServiceOf(k.Model).Name}
 		} else {
 			kr.services = services

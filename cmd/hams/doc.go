@@ -10,15 +10,16 @@
 // prints one JSON ready line on stdout once it serves, e.g.
 // {"role":"sidecar","model":"ap-motion","grpc":"127.0.0.1:41234","metrics":"127.0.0.1:41235","pid":123}.
 //
-// Tasks: up, demo and bench write the effective deployment (mode and batch
-// overrides applied) to a run directory and start the roles as child
-// processes of this same executable under internal/launch: the manager
-// (embedded NATS JetStream), one reference model server per model without
-// a backend address, one sidecar per model and a frontend; then they wait
-// until the manager's topology resolves every model and the frontend.
-// The supervisor restarts a child that dies: model servers, the frontend
-// and the manager on the addresses they had, sidecars on a new port (they
-// re-register with the manager and senders re-resolve them). demo drives
+// Tasks: up, demo, chaos and bench write the effective deployment (mode
+// and batch overrides applied) to a run directory and start the roles as
+// child processes of this same executable under internal/launch: the
+// coordination engine (hams nats), the managers (one active, standbys;
+// --managers), one reference model server per model without a backend
+// address, one sidecar per model instance and the frontends (--frontends,
+// sharing the JetStream request log); then they wait until the managers'
+// topology resolves every model and lists every frontend. The supervisor
+// restarts in place NATS, the managers and the frontends (every child in
+// bare mode); model instances are replaced by recovery (docs/recovery.md). demo drives
 // closed-loop load through the frontend, checks every reply with
 // integration/checker, executes --kill specs and measures recovery; bench
 // compares a full bare deployment with the model servers chained directly

@@ -283,6 +283,8 @@ func (d *deployment) resolveTarget(ctx context.Context, role, model string) (res
 	switch role {
 	case "manager", "frontend":
 		return d.resolveControl(ctx, role, model)
+	case "nats":
+		return resolvedTarget{Child: childName("nats", ""), Kind: "nats", Index: -1}, nil
 	}
 	t, err := d.topology(ctx)
 	if err != nil {

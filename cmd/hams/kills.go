@@ -155,7 +155,7 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 	kr.Kind, kr.Process, kr.Note = rt.Kind, rt.Child, rt.Note
 	kr.killAt, kr.AtMs = at, msSince(loadStart, at)
 	kr.model = model
-	if role == "frontend" || role == "manager" {
+	if role == "frontend" || role == "manager" || role == "nats" {
 		kr.model = ""
 	}
 	if role == "frontend" {
@@ -263,7 +263,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // validateKillRole checks a --kill role against the deployment.
 func killRoles() []string {
-	return []string{roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer, roleStandbySidecar, roleStandbyModelSrv, "frontend", "manager"}
+	return []string{roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer, roleStandbySidecar, roleStandbyModelSrv, "frontend", "manager", "nats"}
 }
 
 func killRoleList() string {

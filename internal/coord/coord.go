@@ -47,7 +47,7 @@ func Open(ctx context.Context, nc *nats.Conn, deployment string, replicas int) (
 	if replicas < 1 {
 		replicas = 1
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(OpTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("coord: jetstream context: %w", err)
 	}
