@@ -117,6 +117,43 @@ func TestUpServesCheckedReplies(t *testing.T) {
 		})
 	}()
 
+	// Every frontend and manager is listed; the first ones are those of
+	// frontend_grpc and manager. The second frontend serves too (the
+	// leading one injects its requests from the request log).
+	lists := map[string][]string{}
+	for _, k := range []string{"frontends", "frontends_http", "managers"} {
+		l, _ := up.ready[k].([]any)
+		for _, v := range l {
+			s, _ := v.(string)
+			lists[k] = append(lists[k], s)
+		}
+		if len(lists[k]) != 2 {
+			t.Fatalf("ready line %v: %s has %d addresses, want 2", up.ready, k, len(lists[k]))
+		}
+	}
+	if lists["frontends"][0] != feAddr || lists["managers"][0] != up.str(t, "manager") || lists["frontends_http"][0] != up.str(t, "frontend_http") {
+		t.Fatalf("ready line %v: the first frontend and manager are not frontend_grpc and manager", up.ready)
+	}
+	cc2, err := grpcx.Dial(lists["frontends"][1], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc2.Close()
+	gen2, _ := loadgen.NewGenerator(dep.Service(svc), 77, 1, nil)
+	for i := range 5 {
+		req := &hamsv1.PredictRequest{Service: svc, RequestId: fmt.Sprintf("second-%d", i), Inputs: gen2.Inputs()}
+		chk.Sent(req.RequestId, req)
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := hamsv1.NewFrontendClient(cc2).Predict(c, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("second frontend: %v", err)
+		}
+		if err := chk.Check(req.RequestId, resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	gen, _ := loadgen.NewGenerator(dep.Service(svc), 99, 1, nil)
 	call := func(req *hamsv1.PredictRequest) error {
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -142,7 +179,7 @@ func TestUpServesCheckedReplies(t *testing.T) {
 	wg.Wait()
 	cancel()
 	sum := chk.Finish()
-	if sum.Violations != 0 || sum.Errors != 0 || sum.Correct != 400 || st.Replies != 400 {
+	if sum.Violations != 0 || sum.Errors != 0 || sum.Correct != 405 || st.Replies != 400 {
 		t.Fatalf("stats %+v, check %+v", st, sum)
 	}
 	t.Logf("ap via hams up: %d checked replies, p50 %.2f ms, p99 %.2f ms", sum.Correct, st.P50Ms, st.P99Ms)

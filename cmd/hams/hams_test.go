@@ -119,7 +119,7 @@ func TestDispatch(t *testing.T) {
 	if dispatch([]string{"nope"}) != 2 || dispatch(nil) != 2 {
 		t.Fatal("bad command exit codes")
 	}
-	if dispatch([]string{"chaos", "--mode", "replay", "--checkpoint-every", "-1"}) != 2 || dispatch([]string{"chaos", "--kinds", "frontend"}) != 2 ||
+	if dispatch([]string{"chaos", "--mode", "replay", "--checkpoint-every", "-1"}) != 2 || dispatch([]string{"chaos", "--kinds", "router"}) != 2 || dispatch([]string{"chaos", "--frontends", "-1"}) != 2 ||
 		dispatch([]string{"chaos", "--settle", "0s"}) != 2 {
 		t.Fatal("chaos must refuse a negative checkpoint interval, unknown kinds and a zero settle time")
 	}
