@@ -592,15 +592,29 @@ func (m *Manager) membershipLoop(ctx context.Context) error {
 	period := max(m.cfg.SuspicionTimeout/8, time.Millisecond)
 	tk := time.NewTicker(period)
 	defer tk.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case now := <-tk.C:
+		case <-tk.C:
+			now := time.Now()
+			// A tick far later than the period means this process was not
+			// running (a stall of the manager or of the whole machine):
+			// heartbeats sent meanwhile are queued, unread. Silence over
+			// the stall proves nothing, so it is forgiven before the tick
+			// (docs/recovery.md, blocker 3).
+			stall := now.Sub(last) - period
+			last = now
 			if !m.active.Load() {
 				continue
 			}
 			m.mu.Lock()
+			if stall > m.cfg.SuspicionTimeout/4 {
+				m.members.Pause(stall)
+				m.metrics.stalls.Inc()
+				m.log.Info("manager stalled; silence forgiven", "stall", stall)
+			}
 			acts := m.members.Tick(now)
 			dirty := m.dirty
 			type dead struct {

@@ -11,7 +11,8 @@ import (
 // no clock and no lock; the manager serialises calls.
 //
 // Invariants: a member is alive iff it registered or heartbeated within the
-// last Timeout as of the latest event; every alive->dead and dead->alive
+// last Timeout as of the latest event, not counting the observer's own
+// stalls (Pause); every alive->dead and dead->alive
 // transition is reported exactly once, by the event that caused it.
 type Membership struct {
 	timeout time.Duration
@@ -98,6 +99,19 @@ func (ms *Membership) Tick(now time.Time) []Action {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// Pause forgives d of silence of every member: the observer itself was not
+// running for d (its process was descheduled), so heartbeats sent in that
+// time are still queued in its sockets and silence over d proves nothing.
+// Every lastSeen moves d later; a dead member stays dead.
+func (ms *Membership) Pause(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	for _, m := range ms.members {
+		m.lastSeen = m.lastSeen.Add(d)
+	}
 }
 
 // Remove forgets a member (replaced by another registration).

@@ -127,3 +127,30 @@ func TestMembershipSeedAndRemove(t *testing.T) {
 		t.Fatalf("Tick = %v, want only the remaining member", acts)
 	}
 }
+
+// An observer that did not run for a while forgives that silence: a member
+// heard just before the stall is not declared dead by the first tick after
+// it; one that stays silent past a timeout after the stall is.
+func TestMembershipPauseForgivesTheObserversStall(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := NewMembership(100 * time.Millisecond)
+	ms.Registered("a", t0)
+	ms.Registered("b", t0)
+	ms.Pause(0) // no-op
+	// The observer stalls 500 ms; its first tick after the stall:
+	ms.Pause(500 * time.Millisecond)
+	if acts := ms.Tick(t0.Add(510 * time.Millisecond)); len(acts) != 0 {
+		t.Fatalf("members declared dead by the observer's own stall: %v", acts)
+	}
+	// The queued heartbeat of a arrives; b stays silent.
+	ms.Heartbeat("a", Progress{}, t0.Add(520*time.Millisecond))
+	acts := ms.Tick(t0.Add(601 * time.Millisecond))
+	if len(acts) != 1 || acts[0].ID != "b" || acts[0].Alive {
+		t.Fatalf("after a timeout past the stall: %v, want b dead", acts)
+	}
+	// A dead member stays dead through a pause.
+	ms.Pause(time.Second)
+	if alive, _ := ms.Alive("b"); alive {
+		t.Fatal("pause revived a dead member")
+	}
+}

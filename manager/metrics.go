@@ -10,6 +10,7 @@ type metrics struct {
 	heartbeats    prometheus.Counter
 	failures      prometheus.Counter
 	deaths        prometheus.Counter
+	stalls        prometheus.Counter
 	kvConflicts   prometheus.Counter
 	kvUpdates     prometheus.Counter
 	recoveryTime  prometheus.Histogram
@@ -44,6 +45,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "hams_manager_components_declared_dead_total",
 			Help: "Components declared dead after missing their heartbeats.",
 		}),
+		stalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hams_manager_stalls_total",
+			Help: "Membership ticks that came over a quarter suspicion timeout late (the manager was not running); the silence was forgiven.",
+		}),
 		kvConflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hams_manager_kv_update_conflicts_total",
 			Help: "Compare-and-swap conflicts on the deployment state (each one caused a retry).",
@@ -71,7 +76,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.kvConflicts, m.kvUpdates,
+		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates,
 			m.recoveryTime, m.recoveries, m.unrecoverable, m.active)
 	}
 	return m
