@@ -24,7 +24,7 @@ import (
 // replicaChild reports whether a deployment child belongs on the replica
 // CPUs.
 func replicaChild(name string) bool {
-	return name == "manager" || strings.HasPrefix(name, "manager") || strings.Contains(name, "backup") || strings.Contains(name, "standby")
+	return name == "nats" || strings.HasPrefix(name, "manager") || strings.Contains(name, "backup") || strings.Contains(name, "standby")
 }
 
 // cpuHalves splits the CPUs this process may use into the serving half
