@@ -330,6 +330,10 @@ func New(cfg Config) (*Frontend, error) {
 				// grows with every new one, so a resend position learnt
 				// from the successors' lineage never skips a request.
 				Position: func(it *hamsv1.Item) uint64 { return it.GetReqId() },
+				// Another frontend that believed it led (a stale topology)
+				// sent on this edge: the entry model now refuses this
+				// sender; a leader takes the edge back (requestlog.go).
+				OnStaleIncarnation: func() { f.retakeEntry(e) },
 			})
 			if err != nil {
 				f.closePass()

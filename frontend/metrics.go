@@ -28,6 +28,7 @@ type metrics struct {
 	logged           prometheus.Counter
 	recorded         *prometheus.CounterVec // outcome: own|other|error
 	adopted          prometheus.Counter
+	retakes          prometheus.Counter
 	logLatency       prometheus.Histogram
 	passThrough      *prometheus.CounterVec // model, code
 }
@@ -100,6 +101,10 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 			Namespace: "hams", Subsystem: "frontend", Name: "recorded_answers_total",
 			Help: "Answers recorded before release, by outcome (own: this frontend's answer was recorded; other: another frontend had recorded one; error: recording failed).",
 		}, []string{"outcome"}),
+		retakes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "entry_retakes_total",
+			Help: "Entry edges this leading frontend took back after another frontend's sender fenced it off (a newer sender incarnation).",
+		}),
 		adopted: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "hams", Subsystem: "frontend", Name: "adopted_requests_total",
 			Help: "Logged requests this frontend injected although it did not accept them (taken over from another frontend).",
@@ -114,7 +119,7 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 			Help: "Calls forwarded to the backend of a pass-through (ha: off) model, by model and gRPC status code.",
 		}, []string{"model", "code"}),
 	}
-	for _, c := range []prometheus.Collector{m.passThrough, m.rolledBack, m.logged, m.recorded, m.adopted, m.logLatency, m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
+	for _, c := range []prometheus.Collector{m.passThrough, m.rolledBack, m.logged, m.recorded, m.adopted, m.retakes, m.logLatency, m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
 		m.held, m.gatingWait, m.watchRestarts, m.completions, m.completionErrors, m.auditErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

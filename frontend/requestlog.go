@@ -200,6 +200,27 @@ func (f *Frontend) leadershipLoop(ctx context.Context) {
 	}
 }
 
+// retakeEntry is called when entry model e refused this frontend's sender
+// as stale: another frontend sent on the frontend -> e edge with a newer
+// sender incarnation. Two frontends can both believe they lead for a
+// moment (one of them on a topology that is about to change: a frontend
+// restarted in place registers while the manager declares its previous
+// process dead); once the other stops, the receiver would refuse the
+// real leader forever. A leader therefore starts a newer incarnation (its
+// unacknowledged items are sent again in it); a follower sends nothing
+// and leaves the edge alone. Two frontends that both lead keep taking
+// the edge from each other until the topology settles.
+func (f *Frontend) retakeEntry(e string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.leader || f.closed {
+		return
+	}
+	f.m.retakes.Inc()
+	f.log.Info("entry model refused this frontend's sender as stale; starting a newer incarnation", "model", e)
+	f.senders[e].Resend(edge.ResendSpec{After: ^uint64(0)})
+}
+
 // consumeLog injects logged requests until ctx ends, restarting the watch
 // with backoff (a restart replays from since; injected requests are
 // skipped).
@@ -482,24 +503,33 @@ func (f *Frontend) recordOne(ctx context.Context, r recording) {
 		st := status.Convert(r.err)
 		rec.Response, rec.Code, rec.Error = nil, st.Code(), st.Message()
 	}
+	// The audit record is written before the answer is recorded: other
+	// frontends see a record as NATS routes it, before this one even has
+	// JetStream's acknowledgement, and may release it to their clients at
+	// once; this frontend may die meanwhile (docs/recovery.md).
+	audited := false
+	if f.auditLog != nil && r.err == nil && r.resp != nil {
+		f.auditNow(r.resp)
+		audited = true
+	}
 	giveUp := r.c.deadline.Add(recordGrace)
 	backoff := minBackoff
 	for {
 		existing, err := f.cfg.Log.RecordReply(ctx, rec)
 		if err == nil {
-			audited := false
-			if existing == nil && f.auditLog != nil && r.err == nil && r.resp != nil {
-				f.auditNow(r.resp)
-				audited = true
-			}
 			f.mu.Lock()
+			r.c.audited = audited
 			if existing == nil {
 				f.m.recorded.WithLabelValues("own").Inc()
-				r.c.audited = audited
 				f.answerLocked(r.c, r.resp, r.err, true, true)
 			} else {
 				f.m.recorded.WithLabelValues("other").Inc()
 				resp, aerr := answerOf(existing)
+				if audited && (aerr != nil || auditReply(resp).ReplyDigest != auditReply(r.resp).ReplyDigest) {
+					// Two frontends injected the request and computed
+					// different answers; the checker will see both.
+					f.log.Error("another frontend recorded a different answer than the one audited here", "req_id", r.c.reqID, "recorded_by", existing.Frontend)
+				}
 				f.answerLocked(r.c, resp, aerr, true, false)
 			}
 			f.mu.Unlock()

@@ -547,3 +547,43 @@ func TestRecordedReplyAuditedBeforeRelease(t *testing.T) {
 		t.Fatalf("the follower audited %d replies it did not produce", len(recs))
 	}
 }
+
+// TestLeaderRetakesEntryFencedByAnotherFrontend: a second frontend that
+// believes it leads for a moment (its topology is stale) injects a request
+// with a newer sender incarnation, so the entry model then refuses the
+// real leader's sender as stale. Once the other stops leading, the leader
+// takes the edge back with a newer incarnation and its requests are
+// answered again (without that, never).
+func TestLeaderRetakesEntryFencedByAnotherFrontend(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "a" }})
+	// b has a resolver of its own: the same models, and (below) a view of
+	// the topology in which b leads.
+	resB := newStaticResolver()
+	e.res.mu.Lock()
+	for m, a := range e.res.addrs {
+		resB.addrs[m] = a
+	}
+	e.res.mu.Unlock()
+	fb := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "b"; c.Resolver = resB })
+	eventually(t, "a leads alone", func() bool { return e.fe.isLeader() && !fb.fe.isLeader() })
+	if _, err := e.client.Predict(ctxT(t, 5*time.Second), &hamsv1.PredictRequest{Service: "echo", RequestId: "r-1", Inputs: echoInputs(1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+
+	resB.set(config.Frontend, fb.addr)
+	eventually(t, "b believes it leads", fb.fe.isLeader)
+	// b injects a request: the entry model moves to b's incarnation (the
+	// sink items go to a, which does not wait for them; b's client gives up).
+	_, _ = fb.client.Predict(ctxT(t, 300*time.Millisecond), &hamsv1.PredictRequest{Service: "echo", RequestId: "r-2", Inputs: echoInputs(1, 2)})
+	resB.set(config.Frontend, e.fe.cfg.Address)
+	eventually(t, "b no longer leads", func() bool { return !fb.fe.isLeader() })
+
+	if _, err := e.client.Predict(ctxT(t, 4*time.Second), &hamsv1.PredictRequest{Service: "echo", RequestId: "r-3", Inputs: echoInputs(1, 3)}); err != nil {
+		t.Fatalf("the leader's request after another frontend fenced its entry edge: %v", err)
+	}
+	if got := counterValue(e.fe.m.retakes); got < 1 {
+		t.Fatalf("entry retakes %v, want at least 1", got)
+	}
+}

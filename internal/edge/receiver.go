@@ -427,6 +427,10 @@ func (p *ackPacer) stop() error {
 	return p.flush()
 }
 
+// staleIncarnation names, in a refusal, a sender whose incarnation is
+// older than one the receiver has seen on the edge.
+const staleIncarnation = "stale sender incarnation"
+
 // accept runs one batch through the edge's Reorder and delivers what is
 // released. It returns max_in_order afterwards.
 func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint64, error) {
@@ -453,7 +457,7 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 	}
 	switch inc := b.GetIncarnation(); {
 	case inc < e.incarnation:
-		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale sender incarnation %d < %d", from, r.to, inc, e.incarnation)
+		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: %s %d < %d", from, r.to, staleIncarnation, inc, e.incarnation)
 	case inc > e.incarnation:
 		// A new sender (a restarted process) numbers the edge afresh from
 		// 1: forget the old sequence space, or its items would all be

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,12 @@ type SenderConfig struct {
 	// DefaultMaxRetainedBytes); the oldest are dropped beyond them.
 	MaxRetained      int
 	MaxRetainedBytes int64
+	// OnStaleIncarnation, if set, is called (on Run's goroutine) when the
+	// receiver refused this sender's incarnation because it has seen a
+	// newer one on the edge: another sender of the same edge (another
+	// frontend that believed it led) sent since. The owner may take the
+	// edge back with Resend, which starts a newer incarnation.
+	OnStaleIncarnation func()
 }
 
 // Retention defaults.
@@ -333,6 +340,9 @@ func (s *Sender) Run(ctx context.Context) error {
 		progressed, err := s.stream(ctx, cc, changed)
 		if ctx.Err() != nil {
 			break
+		}
+		if err != nil && s.cfg.OnStaleIncarnation != nil && strings.Contains(err.Error(), staleIncarnation) {
+			s.cfg.OnStaleIncarnation()
 		}
 		s.mu.Lock()
 		s.stats.Reconnects++
