@@ -8,8 +8,8 @@ import (
 // frontend, which injects every request and receives the sink edges, and
 // any frontend process). Clients spread over the two frontends and retry
 // on the other one, with the same request_id, when theirs dies. Every
-// accepted request is answered exactly once (nothing lost, no second
-// reply record for a request), what a client received is what the
+// accepted request is answered exactly once (nothing lost, no request
+// with two different replies), what a client received is what the
 // frontend audited (client-mismatch is a conflict), re-asking answered
 // requests on the other frontend gives the same reply, and the
 // consistency checker passes.
@@ -29,8 +29,12 @@ func TestChaosFrontendKills(t *testing.T) {
 		t.Fatalf("%d frontends, want 2", c.Frontends)
 	case leading == 0:
 		t.Fatalf("no leading frontend was killed: %+v", c.Kills)
-	case *c.Duplicates != 0:
-		t.Fatalf("%d requests answered twice", *c.Duplicates)
+	case *c.Duplicates > leading:
+		// A leading frontend audits an answer before it records it (so
+		// no released reply lacks its record); killed right between, the
+		// next leader's identical answer is a second record (same digest,
+		// never a conflict): at most one per leading kill, usually none.
+		t.Fatalf("%d duplicate reply records after %d leading-frontend kills", *c.Duplicates, leading)
 	case c.Errors != 0:
 		t.Fatalf("%d requests failed (a retry on the surviving frontend should have answered them)", c.Errors)
 	case c.Retried == 0:
