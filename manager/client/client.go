@@ -303,9 +303,17 @@ func (s *session) target(turn int) int {
 
 // answered feeds one manager's answer to the follower.
 func (s *session) answered(i int, err error, hdr metadata.MD) {
-	active := err == nil && isActive(hdr)
+	a := answerFailed
+	switch {
+	case err == nil && isActive(hdr):
+		a = answerActive
+	case err == nil:
+		a = answerStandby
+	case status.Code(err) == codes.DeadlineExceeded:
+		a = answerSlow
+	}
 	s.mu.Lock()
-	changed := s.fol.answered(i, err == nil, active)
+	changed := s.fol.answered(i, a)
 	cur := s.fol.current()
 	s.mu.Unlock()
 	if changed {

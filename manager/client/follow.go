@@ -14,12 +14,33 @@ package client
 // already has fresh membership for every component (a standby gives each
 // component only one suspicion timeout after it takes over).
 //
+// A followed manager that only answers late (a heartbeat timed out: the
+// machine is overloaded, or the manager stalls) is given slowLimit
+// timeouts in a row before the client hunts: hunting doubles the
+// heartbeats, which an overloaded machine can least afford. A refused
+// connection or a standby answer starts the hunt at once.
+//
 // Invariant: cur >= 0 only after the manager at cur answered as active,
-// and no answer since said otherwise.
+// and no answer since said otherwise; slow counts the followed manager's
+// timeouts since its last answer.
 type follower struct {
-	n   int
-	cur int // followed manager, -1 while hunting
+	n    int
+	cur  int // followed manager, -1 while hunting
+	slow int
 }
+
+// answer is what one heartbeat or registration got from a manager.
+type answer int
+
+const (
+	answerActive  answer = iota // answered, as the active manager
+	answerStandby               // answered, as a standby
+	answerSlow                  // timed out
+	answerFailed                // any other error (refused, unavailable)
+)
+
+// slowLimit is how many timeouts in a row make the client hunt.
+const slowLimit = 3
 
 func newFollower(n int) *follower {
 	f := &follower{n: n, cur: -1}
@@ -44,20 +65,29 @@ func (f *follower) targets() []int {
 // current is the followed manager, or -1 while hunting.
 func (f *follower) current() int { return f.cur }
 
-// answered records manager i's answer to a heartbeat or registration:
-// ok=false for an error (unreachable, timed out), active from its role
-// header. It reports whether the followed manager changed.
-func (f *follower) answered(i int, ok, active bool) (changed bool) {
+// answered records manager i's answer. It reports whether the followed
+// manager changed.
+func (f *follower) answered(i int, a answer) (changed bool) {
 	if f.n == 1 {
 		return false
 	}
-	switch {
-	case ok && active && f.cur != i:
-		f.cur = i
-		return true
-	case i == f.cur && (!ok || !active):
-		f.cur = -1
+	if a == answerActive {
+		if f.cur == i {
+			f.slow = 0
+			return false
+		}
+		f.cur, f.slow = i, 0
 		return true
 	}
-	return false
+	if i != f.cur {
+		return false
+	}
+	if a == answerSlow {
+		f.slow++
+		if f.slow < slowLimit {
+			return false
+		}
+	}
+	f.cur, f.slow = -1, 0
+	return true
 }
