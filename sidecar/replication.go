@@ -221,6 +221,15 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			from := max(startSeq, s.lineage.Seq())
 			s.lineage = NewLineage(s.cfg.Model, from)
 			s.epochV.Store(epoch)
+			// New sender incarnations, as a stateful promotion makes: a
+			// receiver follows the newest incarnation of a model's
+			// senders, and the replaced instance may have started one
+			// after this standby's were made (a Resend a frontend asked
+			// for when it took over), which would fence this one off for
+			// good (docs/recovery.md, blocker 4). A standby sent nothing.
+			if err := s.newSenders(); err != nil {
+				return status.Errorf(codes.Internal, "Promote: %v", err)
+			}
 			s.startCollecting()
 			maxSeq = from
 			s.log.Info("promoted: stateless instance takes traffic", "epoch", epoch, "start_seq", from)
