@@ -73,7 +73,14 @@
 // A client request_id claims its key in the log: a retry on any frontend
 // joins the logged attempt and gets its recorded answer; an attempt whose
 // deadline passed unanswered is replaced (the retry executes again). Only
-// the injecting frontend publishes completion notices and audit records.
+// the injecting frontend publishes completion notices and audit records;
+// it writes a reply's audit record before it records the answer (other
+// frontends see the record as NATS routes it and may release it before
+// this one has JetStream's acknowledgement, and this one may die
+// meanwhile). If another frontend's newer sender incarnation fences the
+// leader off an entry edge (two frontends both believed they led for a
+// moment), the leader takes the edge back with a newer incarnation
+// (retakeEntry).
 //
 // Takeover: when the topology names another frontend (the leader died),
 // that frontend scans the log back one request timeout: every request not
