@@ -17,7 +17,7 @@ func TestCLIContractErrors(t *testing.T) {
 		{[]string{}, 2, "usage"},
 		{[]string{"frobnicate"}, 2, "unknown command"},
 		{[]string{"chaos", "--service", "ap", "--mode", "replay", "--checkpoint-every", "-1"}, 2, "must be positive"},
-		{[]string{"chaos", "--service", "ap", "--kinds", "frontend"}, 2, "unknown kind"},
+		{[]string{"chaos", "--service", "ap", "--kinds", "router"}, 2, "unknown kind"},
 		{[]string{"chaos", "--service", "nope"}, 2, "unknown"},
 		{[]string{"demo", "--kill", "standby-sidecar:ap-route@1s", "--duration", "2s"}, 2, "no hot standby"},
 		{[]string{"demo", "--kill", "replica:ap-route@1s"}, 2, "unknown role"},

@@ -25,6 +25,12 @@ const DefaultLeaseTTL = 2 * time.Second
 // two managers never both believe they renewed the same lease; a holder
 // that could not renew for 2/3 ttl steps down before a contender can take
 // over (which needs a full ttl of silence).
+//
+// A manager that just started watches a whole ttl before its observation
+// counts (the silence it needs is measured from started+ttl at the
+// earliest): a manager restarted after a crash then never takes over a
+// lease that a standby, watching since before the crash, is about to
+// take; the standby is the one that moves first, every time.
 type lease struct {
 	kv  jetstream.KeyValue
 	id  string
@@ -40,6 +46,7 @@ type lease struct {
 	renewedAt time.Time // last successful create/renew
 	seenRev   uint64    // other holder's revision
 	seenAt    time.Time // when seenRev was first seen
+	started   time.Time // first step
 }
 
 // run ticks until ctx ends. On a clean stop the lease is released
@@ -83,6 +90,9 @@ func (l *lease) set(active bool) {
 
 // step is one lease round at now.
 func (l *lease) step(ctx context.Context, now time.Time) {
+	if l.started.IsZero() {
+		l.started = now
+	}
 	opCtx, cancel := context.WithTimeout(ctx, max(l.ttl/3, 10*time.Millisecond))
 	defer cancel()
 	if l.active {
@@ -123,7 +133,7 @@ func (l *lease) step(ctx context.Context, now time.Time) {
 		}
 	case e.Revision() != l.seenRev:
 		l.seenRev, l.seenAt = e.Revision(), now
-	case now.Sub(l.seenAt) > l.ttl:
+	case now.Sub(later(l.seenAt, l.started.Add(l.ttl))) > l.ttl:
 		if rev, err := l.kv.Update(opCtx, LeaseKey, []byte(l.id), e.Revision()); err == nil {
 			l.log.Info("manager lease expired; taking over", "previous_holder", string(e.Value()))
 			l.rev, l.renewedAt = rev, now

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/integration/consistency"
 	"github.com/hams-go/hams/internal/config"
@@ -50,9 +52,13 @@ type chaosReport struct {
 	// same request_id, to another frontend than the one that answered
 	// (every retried one and a sample of the others); ReaskMismatches
 	// those whose answer differed (req_id or reply digest).
-	Reasked         int                 `json:"reasked"`
-	ReaskMismatches int                 `json:"reask_mismatches"`
-	Consistency     *consistency.Report `json:"consistency"`
+	Reasked         int `json:"reasked"`
+	ReaskMismatches int `json:"reask_mismatches"`
+	// ErrorsByCode counts the requests that ended in an error by gRPC
+	// code; ErrorExamples has the first few distinct messages.
+	ErrorsByCode  map[string]int      `json:"errors_by_code,omitempty"`
+	ErrorExamples []string            `json:"error_examples,omitempty"`
+	Consistency   *consistency.Report `json:"consistency"`
 }
 
 // recoveryStats summarises recovery_ms of the kills of one kind.
@@ -207,6 +213,8 @@ func runChaos(args []string) error {
 		retried  int
 		reask    []loadgen.Result // answered requests to send again after the run
 		answered int
+		errCodes = map[string]int{}
+		errMsgs  []string
 	)
 	rec := loadgen.NewRecorder()
 	loadStart := time.Now()
@@ -290,6 +298,12 @@ func runChaos(args []string) error {
 			if len(r.Frontends) > 1 {
 				retried++
 			}
+			if r.Err != nil {
+				errCodes[status.Code(r.Err).String()]++
+				if msg := r.Err.Error(); len(errMsgs) < 3 && !slices.Contains(errMsgs, msg) {
+					errMsgs = append(errMsgs, msg)
+				}
+			}
 			if r.Err == nil {
 				if len(r.Frontends) > 1 || answered%reaskEvery == 0 {
 					reask = append(reask, r)
@@ -339,7 +353,7 @@ func runChaos(args []string) error {
 		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors,
 		Conflicts: crep.Conflicts, Lost: crep.Lost, Duplicates: crep.Duplicates, Consistency: crep,
 		Frontends: nFrontends, Managers: nManagers, Retried: retried, Reasked: len(reask), ReaskMismatches: mismatches,
-		RecoveryMsByKind: byKind(kt.snapshot()),
+		RecoveryMsByKind: byKind(kt.snapshot()), ErrorsByCode: errCodes, ErrorExamples: errMsgs,
 	}
 	if rep.Kills == nil {
 		rep.Kills = []killReport{}
@@ -361,6 +375,9 @@ func runChaos(args []string) error {
 			map[bool]string{true: "  (now active: " + k.NewActive + ")"}[k.NewActive != ""], map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
 	}
 	fmt.Printf("  requests %d  replies %d  errors %d  recovery p50 %.0f ms  max %.0f ms\n", rep.Requests, rep.Replies, rep.Errors, rep.RecoveryP50Ms, rep.RecoveryMaxMs)
+	if len(errMsgs) > 0 {
+		fmt.Printf("  errors by code %v, e.g. %s\n", errCodes, strings.Join(errMsgs, "; "))
+	}
 	fmt.Printf("  frontends %d  managers %d  retried on another frontend %d  re-asked %d (%d answered differently)\n", rep.Frontends, rep.Managers, rep.Retried, rep.Reasked, rep.ReaskMismatches)
 	fmt.Printf("  consistency: conflicts %d  lost %d  duplicates %d  (%s)\n", rep.Conflicts, rep.Lost, rep.Duplicates, *audit)
 	if *jsonPath != "" {

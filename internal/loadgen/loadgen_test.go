@@ -334,10 +334,18 @@ func TestRunRetriesUnavailableOnAnotherFrontend(t *testing.T) {
 	if err != nil || st.Errors != 3 || len(live.ids) != 10 {
 		t.Fatalf("InvalidArgument retried: stats %+v, live saw %d", st, len(live.ids))
 	}
+	// All down: retried until the deadline (or Retries).
 	d2 := &fixedFrontend{err: status.Error(codes.Unavailable, "down")}
-	st, err = Run(context.Background(), RunConfig{Frontends: []hamsv1.FrontendClient{dead, d2}, Requests: 1,
+	st, err = Run(context.Background(), RunConfig{Frontends: []hamsv1.FrontendClient{dead, d2}, Requests: 1, Retries: 3,
 		NewRequest: func(int, uint64) *hamsv1.PredictRequest { return &hamsv1.PredictRequest{} }})
 	if err != nil || st.Errors != 1 || len(d2.ids) != 2 {
-		t.Fatalf("all down: stats %+v, second frontend tried %d times; want 2 (3 retries)", st, len(d2.ids))
+		t.Fatalf("all down, 3 retries: stats %+v, second frontend tried %d times; want 2", st, len(d2.ids))
+	}
+	var results2 []Result
+	st, err = Run(context.Background(), RunConfig{Frontends: []hamsv1.FrontendClient{dead, d2}, Requests: 1, Timeout: 100 * time.Millisecond,
+		NewRequest: func(int, uint64) *hamsv1.PredictRequest { return &hamsv1.PredictRequest{} },
+		OnResult:   func(r Result) { results2 = append(results2, r) }})
+	if err != nil || st.Errors != 1 || len(d2.ids) < 5 || len(results2) != 1 || results2[0].Latency < 100*time.Millisecond {
+		t.Fatalf("all down until the deadline: stats %+v, second frontend tried %d times, results %+v", st, len(d2.ids), results2)
 	}
 }

@@ -34,14 +34,14 @@ type RunConfig struct {
 	Client hamsv1.FrontendClient
 	// Frontends, if set, are several frontends of one deployment: client
 	// i sends to Frontends[i mod len] first, and a request that fails
-	// with Unavailable (the frontend died, or shuts down) is sent again,
-	// with the same request_id, to the next frontend, up to Retries times
-	// within its deadline (a frontend with the request log answers a
-	// retried request_id with the answer of the first attempt).
+	// with Unavailable (the frontend died, shuts down, or could not
+	// accept it now) is sent again, with the same request_id, to the next
+	// frontend, until it is answered or its deadline passes (a frontend
+	// with the request log answers a retried request_id with the answer
+	// of the first attempt). Between two rounds over all frontends a
+	// client pauses ErrorBackoff (at least 5 ms).
 	Frontends []hamsv1.FrontendClient
-	// Retries bounds the retries of one request on other frontends
-	// (default 2*len(Frontends)-1); between two rounds over all frontends
-	// a client pauses ErrorBackoff.
+	// Retries, if positive, bounds the retries of one request.
 	Retries int
 	// NewRequest builds client i's next request (inputs, service, ids); it
 	// is called from client i's goroutine only.
@@ -75,9 +75,7 @@ func Run(ctx context.Context, cfg RunConfig) (Stats, error) {
 	if (cfg.Client == nil && len(cfg.Frontends) == 0) || cfg.NewRequest == nil {
 		return Stats{}, fmt.Errorf("loadgen: Client (or Frontends) and NewRequest are required")
 	}
-	if len(cfg.Frontends) > 0 && cfg.Retries == 0 {
-		cfg.Retries = 2*len(cfg.Frontends) - 1
-	}
+
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
 	}
@@ -174,22 +172,26 @@ func one(ctx context.Context, cfg *RunConfig, rec *Recorder, i int, n uint64) {
 // predictRetrying sends req to client i's frontend and, while the answer
 // is Unavailable, to the next ones (the same request: its request_id
 // joins the attempt the request log holds), until an answer, the
-// deadline of ctx, or cfg.Retries retries.
+// deadline of ctx, or cfg.Retries retries. tried lists the frontends in
+// attempt order, consecutive attempts on one frontend once.
 func predictRetrying(ctx context.Context, cfg *RunConfig, i int, req *hamsv1.PredictRequest) (*hamsv1.PredictResponse, []int, error) {
 	n := len(cfg.Frontends)
+	pause := max(cfg.ErrorBackoff, 5*time.Millisecond)
 	var tried []int
 	for attempt := 0; ; attempt++ {
 		f := (i + attempt) % n
-		tried = append(tried, f)
+		if len(tried) == 0 || tried[len(tried)-1] != f {
+			tried = append(tried, f)
+		}
 		resp, err := cfg.Frontends[f].Predict(ctx, req)
-		if status.Code(err) != codes.Unavailable || attempt >= cfg.Retries || ctx.Err() != nil {
+		if status.Code(err) != codes.Unavailable || (cfg.Retries > 0 && attempt >= cfg.Retries) || ctx.Err() != nil {
 			return resp, tried, err
 		}
-		if (attempt+1)%n == 0 && cfg.ErrorBackoff > 0 {
+		if (attempt+1)%n == 0 {
 			select {
 			case <-ctx.Done():
 				return resp, tried, err
-			case <-time.After(cfg.ErrorBackoff):
+			case <-time.After(pause):
 			}
 		}
 	}
