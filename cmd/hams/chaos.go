@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/examples"
@@ -432,8 +433,13 @@ func reaskAll(ctx context.Context, fes []hamsv1.FrontendClient, rs []loadgen.Res
 			if n := len(fes); n > 1 && len(r.Frontends) > 0 {
 				to = (r.Frontends[len(r.Frontends)-1] + 1 + k%(n-1)) % n
 			}
+			// Unavailable (the request log could not be read in time on
+			// an overloaded machine) is asked again until the timeout.
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			got, err := fes[to].Predict(cctx, r.Request)
+			for status.Code(err) == codes.Unavailable && sleepCtx(cctx, 20*time.Millisecond) {
+				got, err = fes[to].Predict(cctx, r.Request)
+			}
 			cancel()
 			var why string
 			switch {
