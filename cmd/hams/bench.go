@@ -50,6 +50,9 @@ type benchRow struct {
 	// Mean time the sidecars spent on lineage per batch, from their
 	// hams_sidecar_lineage_seconds histograms.
 	LineageMsPerBatch *float64 `json:"lineage_ms_per_batch,omitempty"`
+	// GatingMsMean: mean time the frontend held a gated reply, from its
+	// last sink item to its release (the wait for durability).
+	GatingMsMean *float64 `json:"gating_ms_mean,omitempty"`
 	// State replication per replicated stateful model (modes other than
 	// direct and bare), from the primary sidecars' metrics over the
 	// measured rounds.
@@ -367,7 +370,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			}
 		}
 		if r.mode != "direct" {
-			r.m0 = scrapeMetrics(r.d.sidecarMetrics())
+			r.m0 = scrapeMetrics(r.d.benchMetrics())
 		}
 	}
 	per := (o.requests + o.rounds - 1) / o.rounds
@@ -393,7 +396,11 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		row := r.acc.row(o.service, r.mode, o.batch, hops)
 		row.Backends = backends
 		if r.mode != "direct" {
-			m1 := scrapeMetrics(r.d.sidecarMetrics())
+			m1 := scrapeMetrics(r.d.benchMetrics())
+			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && r.mode != "bare" {
+				v := round3((m1["frontend"]["hams_frontend_gating_wait_seconds_sum"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_sum"]) / c * 1000)
+				row.GatingMsMean = &v
+			}
 			sum, cnt := m1.total("hams_sidecar_lineage_seconds_sum")-r.m0.total("hams_sidecar_lineage_seconds_sum"),
 				m1.total("hams_sidecar_lineage_seconds_count")-r.m0.total("hams_sidecar_lineage_seconds_count")
 			if cnt > 0 {
@@ -430,6 +437,17 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	return out, nil
 }
 
+// benchMetrics is sidecarMetrics plus "frontend": the first frontend's.
+func (d *deployment) benchMetrics() map[string]string {
+	out := d.sidecarMetrics()
+	if r, ok := d.sup.Ready(childName("frontend", "0")); ok && r.String("metrics") != "" {
+		out["frontend"] = r.String("metrics")
+	} else if r, ok := d.sup.Ready("frontend"); ok && r.String("metrics") != "" {
+		out["frontend"] = r.String("metrics")
+	}
+	return out
+}
+
 // metricSnap is model -> metric name (with _sum/_count suffix, labels
 // dropped, summed over label sets) -> value, from the sidecars' /metrics.
 type metricSnap map[string]map[string]float64
@@ -458,7 +476,7 @@ func scrapeMetrics(addrs map[string]string) metricSnap {
 		s.Buffer(make([]byte, 1<<20), 1<<20)
 		for s.Scan() {
 			line := s.Text()
-			if !strings.HasPrefix(line, "hams_sidecar_") {
+			if !strings.HasPrefix(line, "hams_sidecar_") && !strings.HasPrefix(line, "hams_frontend_") {
 				continue
 			}
 			name := line
@@ -638,13 +656,16 @@ func (c *directChain) drive(ctx context.Context, gen *loadgen.Generator, batch, 
 }
 
 func printBench(w io.Writer, rows []benchRow) {
-	fmt.Fprintf(w, "\n%-12s %-7s %6s %9s %9s %9s %9s %11s %7s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b")
+	fmt.Fprintf(w, "\n%-12s %-7s %6s %9s %9s %9s %9s %11s %7s %9s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b", "gate_ms")
 	for _, r := range rows {
-		lin := "-"
+		lin, gate := "-", "-"
 		if r.LineageMsPerBatch != nil {
 			lin = fmt.Sprintf("%.4f", *r.LineageMsPerBatch)
 		}
-		fmt.Fprintf(w, "%-12s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin)
+		if r.GatingMsMean != nil {
+			gate = fmt.Sprintf("%.3f", *r.GatingMsMean)
+		}
+		fmt.Fprintf(w, "%-12s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin, gate)
 	}
 	// Sidecar overhead per hop: (bare p50 - direct p50) / (hops + 1).
 	type pair struct{ direct, bare *benchRow }
