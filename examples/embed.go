@@ -1,6 +1,9 @@
 // Package examples embeds the example deployments: the six services of the
-// HAMS paper's Fig. 8/9 (sa, sp, ap, fd, olv, olm, one file each) and
-// retrofit.yaml (one Fashion-MNIST classifier for `hams up`).
+// HAMS paper's Fig. 8/9 (sa, sp, ap, fd, olv, olm, one file each),
+// retrofit.yaml (one Fashion-MNIST classifier for `hams up`), and in
+// paper/ the same six services with paper-scale models (compute per batch
+// of 64 in the tens to hundreds of milliseconds, as the paper's GPU models
+// take; for benchmarks).
 package examples
 
 import (
@@ -10,7 +13,7 @@ import (
 	"github.com/hams-go/hams/internal/config"
 )
 
-//go:embed *.yaml
+//go:embed *.yaml paper/*.yaml
 var files embed.FS
 
 var names = []string{"sa", "sp", "ap", "fd", "olv", "olm"}
@@ -25,6 +28,27 @@ func Raw(name string) ([]byte, error) {
 		return nil, fmt.Errorf("examples: no example %q: %w", name, err)
 	}
 	return b, nil
+}
+
+// Sets of the six services: the default models, and paper-scale ones.
+const (
+	SetDefault = "default"
+	SetPaper   = "paper"
+)
+
+// RawSet returns the YAML of service name in set (SetDefault: Raw).
+func RawSet(set, name string) ([]byte, error) {
+	switch set {
+	case SetDefault, "":
+		return Raw(name)
+	case SetPaper:
+		b, err := files.ReadFile("paper/" + name + ".yaml")
+		if err != nil {
+			return nil, fmt.Errorf("examples: no paper-scale example %q: %w", name, err)
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("examples: unknown set %q (%s or %s)", set, SetDefault, SetPaper)
 }
 
 // Load parses and validates example name.

@@ -130,3 +130,44 @@ func TestLoadErrors(t *testing.T) {
 		t.Fatalf("names %v", Names())
 	}
 }
+
+// The paper-scale set has the default set's services with the same graph
+// (models, kinds, edges, stateful ones), only heavier models, and one
+// request flows through each.
+func TestPaperScaleExamples(t *testing.T) {
+	for _, name := range Names() {
+		t.Run(name, func(t *testing.T) {
+			def, err := Load(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := RawSet(SetPaper, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := config.Parse(b)
+			if err != nil {
+				t.Fatalf("paper/%s.yaml: %v", name, err)
+			}
+			if len(d.Models) != len(def.Models) || fmt.Sprint(d.Services[0].Edges) != fmt.Sprint(def.Services[0].Edges) {
+				t.Fatalf("paper/%s.yaml: graph differs from %s.yaml", name, name)
+			}
+			built := map[string]models.Model{}
+			for i := range d.Models {
+				mc, dm := &d.Models[i], &def.Models[i]
+				if mc.Name != dm.Name || mc.Kind != dm.Kind || mc.Stateful != dm.Stateful {
+					t.Fatalf("model %d: %s %s stateful=%v, default %s %s stateful=%v", i, mc.Name, mc.Kind, mc.Stateful, dm.Name, dm.Kind, dm.Stateful)
+				}
+				m, err := models.New(mc)
+				if err != nil {
+					t.Fatalf("%s: %v", mc.Name, err)
+				}
+				built[mc.Name] = m
+			}
+			flow(t, d, built)
+		})
+	}
+	if _, err := RawSet("huge", "ap"); err == nil {
+		t.Fatal("unknown set accepted")
+	}
+}

@@ -110,6 +110,7 @@ func runBench(args []string) error {
 	rounds := fs.Int("rounds", 4, "rounds per mode (modes alternate round by round)")
 	load := fs.String("load", "closed", "load shape: closed (--batch closed-loop clients: saturates the deployment, latency is batch/throughput) or waves (--batch requests sent together, the next wave after the last reply: the latency of one batch crossing the graph, as the HAMS paper measures)")
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
+	set := fs.String("examples", examples.SetDefault, "example set of --service: default, or paper (the same graphs with paper-scale models: tens to hundreds of ms per batch of 64; examples/paper)")
 	plotPath := fs.String("plot", "", "draw p50 normalised to bare per service and mode into this PNG")
 	isolate := fs.Bool("isolate-replicas", false, "pin the serving path (frontend, serving sidecars and model servers) to half of the CPUs and backups, standbys, the manager and the load generator to the other half, in every mode (the paper's separate hosts; see pin.go)")
 	seed := fs.Uint64("seed", 1, "input seed")
@@ -137,6 +138,9 @@ func runBench(args []string) error {
 	}
 	if *warmup < 0 {
 		*warmup = max(2**batch, 20)
+	}
+	if *set != examples.SetDefault && *set != examples.SetPaper {
+		return usageErr("bench: --examples %q: %s or %s", *set, examples.SetDefault, examples.SetPaper)
 	}
 	if *load != "closed" && *load != "waves" {
 		return usageErr("bench: --load %q: closed or waves", *load)
@@ -181,7 +185,7 @@ func runBench(args []string) error {
 		r, err := benchService(ctx, benchOpts{
 			service: svc, raw: fileRaw, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
 			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: tf, waves: *load == "waves",
-			serving: serving, replicas: replicas,
+			serving: serving, replicas: replicas, set: *set,
 		})
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", svc, err)
@@ -218,6 +222,8 @@ type benchOpts struct {
 	waves                           bool
 	// serving, replicas: CPU halves (--isolate-replicas), nil otherwise.
 	serving, replicas []int
+	// set: the example set (--examples).
+	set string
 	tf                taskFlags
 }
 
@@ -225,7 +231,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	raw := o.raw
 	if raw == nil {
 		var err error
-		if raw, err = examples.Raw(o.service); err != nil {
+		if raw, err = examples.RawSet(o.set, o.service); err != nil {
 			return nil, err
 		}
 	}
