@@ -224,7 +224,7 @@ type benchOpts struct {
 	serving, replicas []int
 	// set: the example set (--examples).
 	set string
-	tf                taskFlags
+	tf  taskFlags
 }
 
 func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
