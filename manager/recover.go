@@ -34,6 +34,13 @@ const StartSeqMetadata = "hams-start-seq"
 // DefaultRPCTimeout bounds one recovery RPC to a sidecar.
 const DefaultRPCTimeout = 500 * time.Millisecond
 
+// StateOrderTimeout bounds a Promote of a stateful backup and a Rollback:
+// they may write a whole state to the model server first (a backup's
+// write-behind catching up, the kept state of a rollback; 512 MB at most).
+// A slow order only delays the recovery; one given up on while it goes on
+// leaves a promoted instance the manager does not count on.
+const StateOrderTimeout = 30 * time.Second
+
 // ReplayAfterMetadata is the gRPC metadata key of a Promote of a spare in
 // replay mode: one "successor=seq" value per successor (the sidecar's
 // sidecar.ReplayAfterMetadata).
@@ -215,6 +222,9 @@ func (d *driver) perform(acts []recovery.Action) {
 			})
 		case recovery.Promote:
 			pto := to
+			if d.m.cfg.Deployment.Model(a.Model).Stateful {
+				pto = max(to, StateOrderTimeout)
+			}
 			if a.ReplayAfter != nil {
 				pto = max(to, ReplayPromoteTimeout)
 			}
@@ -229,7 +239,7 @@ func (d *driver) perform(acts []recovery.Action) {
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.Rollback:
-			d.async(to, func(ctx context.Context) recEvent {
+			d.async(max(to, StateOrderTimeout), func(ctx context.Context) recEvent {
 				_, err := cl.Rollback(ctx, &hamsv1.RollbackRequest{Model: a.Model, Epoch: a.Epoch})
 				return done(a.ID, wrap(a, err))
 			})

@@ -128,7 +128,7 @@ func runChaos(args []string) error {
 	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
 	settle := fs.Duration("settle", time.Second, "quiet time after a recovery before the next kill (the kill comes at a random time in [settle, 2*settle])")
 	maxRecovery := fs.Duration("max-recovery", 20*time.Second, "give up waiting for a kill's recovery after this long (no more kills then)")
-	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 sidecars, 300ms above)")
+	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
 	kinds := fs.String("kinds", strings.Join(chaosKinds, ","), "kinds of kill targets to draw from ("+strings.Join(chaosKinds, ", ")+"; manager: the active one)")
 	var cf controlFlags
 	cf.register(fs)
@@ -189,7 +189,7 @@ func runChaos(args []string) error {
 	defer stop()
 	fmt.Fprintf(os.Stderr, "hams chaos: starting %s (%d models, mode %s, seed %d) in %s\n", *service, len(dep.Models), *mode, *seed, dir)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
-	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion, instances(dep)), *audit
+	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
 	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err

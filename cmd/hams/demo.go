@@ -207,7 +207,7 @@ func runDemo(args []string) error {
 	seed := fs.Uint64("seed", 1, "input seed")
 	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
 	rows := fs.Int("rows", 1, "rows per request")
-	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
+	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
 	var cf controlFlags
 	cf.register(fs)
 	var tf taskFlags
@@ -277,7 +277,7 @@ func runDemo(args []string) error {
 	t0 := time.Now()
 	opt := cf.options(*mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
-	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion, instances(dep)), *audit
+	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
 	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err

@@ -94,17 +94,14 @@ func (opt deployOptions) counts(mode string) (frontends, managers int) {
 	return frontends, managers
 }
 
-// autoSuspicion is the manager's failure-suspicion timeout for a deployment
-// of n sidecars on this machine: the manager's default (tuned for detection
-// under 100 ms) holds for a single service, but with every example running
-// (two processes per model on a small machine) scheduling delays exceed it
-// and live components get declared dead.
-func autoSuspicion(n int) time.Duration {
-	if n <= 8 {
-		return 0
-	}
-	return 300 * time.Millisecond
-}
+// autoSuspicion is the manager's failure-suspicion timeout for the
+// deployments started here. This process supervises every instance and
+// reports a process that exits to the managers at once (reportExit), so
+// heartbeats only have to catch what a supervisor cannot see (a hung
+// process, a lost host): they can wait long enough that scheduling delays
+// of a loaded small machine (a 64 MiB learner, 20 processes on 2 cores)
+// are not taken for failures, which the manager's 70 ms default is not.
+const autoSuspicion = time.Second
 
 // deployment is a running set of child processes.
 type deployment struct {
@@ -591,25 +588,9 @@ func sortedModels(dep *config.Deployment) []string {
 	return out
 }
 
-// instances counts dep's sidecars: one per model, two per replicated one
-// (or replay-mode one with its spare), none for a pass-through one.
-func instances(dep *config.Deployment) int {
-	n := 0
-	for i := range dep.Models {
-		if !hasSidecar(dep, &dep.Models[i]) {
-			continue
-		}
-		n++
-		if hasBackup(dep, &dep.Models[i]) {
-			n++
-		}
-	}
-	return n
-}
-
-func suspicionFor(flag time.Duration, models int) time.Duration {
+func suspicionFor(flag time.Duration) time.Duration {
 	if flag > 0 {
 		return flag
 	}
-	return autoSuspicion(models)
+	return autoSuspicion
 }

@@ -170,12 +170,27 @@ func (d *deployment) pair(in *instance) {
 	case <-sc:
 		if !d.closing.Load() {
 			_, _ = d.sup.Kill(in.ModelServer, syscall.SIGKILL)
+			d.reportExit(in, "sidecar process exited")
 		}
 	case <-ms:
 		if !d.closing.Load() {
 			_, _ = d.sup.Kill(in.Sidecar, syscall.SIGKILL)
+			d.reportExit(in, "model server process exited")
 		}
 	}
+}
+
+// reportExit tells the managers that an instance's process ended: the
+// supervisor sees a crash at once, where heartbeats need the suspicion
+// timeout (the role a kubelet's pod watch plays under Kubernetes). Only
+// the active manager acts on it.
+func (d *deployment) reportExit(in *instance, why string) {
+	if d.mgrs == nil || in.ID == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	d.mgrs.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ID, Model: in.Model, Reason: why})
 }
 
 // startForRecovery is the instance agent's action: a new instance of model

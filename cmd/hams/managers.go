@@ -149,3 +149,17 @@ func (c controlFlags) check() error {
 	}
 	return nil
 }
+
+// reportFailure sends r to every manager at once (only the active one
+// acts on it); failures are ignored: heartbeats still catch the failure.
+func (ms *managerSet) reportFailure(ctx context.Context, r *hamsv1.FailureReport) {
+	var wg sync.WaitGroup
+	for _, api := range ms.apis {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = api.ReportFailure(ctx, r)
+		}()
+	}
+	wg.Wait()
+}

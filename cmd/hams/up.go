@@ -81,7 +81,7 @@ func runUp(args []string) error {
 	cfgPath := fs.String("config", "", "deployment YAML file (required)")
 	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
-	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 70ms for up to 8 models, 300ms above)")
+	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
 	var cf controlFlags
 	cf.register(fs)
 	var tf taskFlags
@@ -119,7 +119,7 @@ func runUp(args []string) error {
 	log := taskLogger(tf.verbose)
 	opt := cf.options(*mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, log
-	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion, instances(dep)), *audit
+	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
 	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err

@@ -454,7 +454,15 @@ func (s *session) heartbeatLoop(ctx context.Context) error {
 		behind  = make([]int, len(s.apis))
 		fatalMu sync.Mutex
 		fatal   error
+		// Heartbeats go out on every tick whatever became of the last
+		// one: a slow answer must not delay the next heartbeat, or a
+		// busy machine turns one late round trip into missed beats. A
+		// target whose previous heartbeat is still in flight is skipped
+		// (that one is late already; behind[i] has one user at a time).
+		inflight = make([]atomic.Bool, len(s.apis))
+		beats    sync.WaitGroup
 	)
+	defer beats.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -471,47 +479,25 @@ func (s *session) heartbeatLoop(ctx context.Context) error {
 		// A heartbeat older than a few intervals is worthless: give up on it
 		// and send the next one.
 		timeout := max(4*iv, 100*time.Millisecond)
-		each(s.targets(), func(i int) {
-			api := s.apis[i]
-			hctx, cancel := context.WithTimeout(ctx, timeout)
-			var hdr metadata.MD
-			resp, err := api.Heartbeat(hctx, req, grpc.Header(&hdr))
-			cancel()
-			switch {
-			case err == nil:
-				s.answered(i, nil, hdr)
-				if resp.GetTopologyRevision() > local {
-					behind[i]++
-				} else {
-					behind[i] = 0
-				}
-				if behind[i] >= 2 {
-					behind[i] = 0
-					gctx, cancel := context.WithTimeout(ctx, timeout)
-					t, err := api.GetTopology(gctx, &hamsv1.GetTopologyRequest{})
-					cancel()
-					if err == nil {
-						c.install(t, false)
-					}
-				}
-			case ctx.Err() != nil:
-			case status.Code(err) == codes.NotFound:
-				c.log.Info("manager does not know this component; registering again", "manager", c.addrs[i])
-				if err := s.registerOnce(ctx, i, max(timeout, time.Second)); errors.As(err, new(errRefused)) {
-					fatalMu.Lock()
-					fatal = err
-					fatalMu.Unlock()
-				}
-			default:
-				s.answered(i, err, nil)
-				c.log.Debug("heartbeat", "manager", c.addrs[i], "err", err)
+		for _, i := range s.targets() {
+			if !inflight[i].CompareAndSwap(false, true) {
+				continue
 			}
-		})
+			beats.Add(1)
+			go func() {
+				defer beats.Done()
+				defer inflight[i].Store(false)
+				s.beat(ctx, i, req, iv, timeout, behind, &fatalMu, &fatal, local)
+			}()
+		}
+		fatalMu.Lock()
+		f := fatal
+		fatalMu.Unlock()
+		if f != nil {
+			return f
+		}
 		if ctx.Err() != nil {
 			return errStopped
-		}
-		if fatal != nil {
-			return fatal
 		}
 		c.mu.Lock()
 		if c.interval != iv {
@@ -519,6 +505,51 @@ func (s *session) heartbeatLoop(ctx context.Context) error {
 			tk.Reset(iv)
 		}
 		c.mu.Unlock()
+	}
+}
+
+// beat sends one heartbeat to manager i and acts on the answer (one beat
+// per manager at a time: behind[i] is this call's).
+func (s *session) beat(ctx context.Context, i int, req *hamsv1.HeartbeatRequest, iv, timeout time.Duration, behind []int,
+	fatalMu *sync.Mutex, fatal *error, local uint64) {
+	c := s.c
+	api := s.apis[i]
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	var hdr metadata.MD
+	t0 := time.Now()
+	resp, err := api.Heartbeat(hctx, req, grpc.Header(&hdr))
+	cancel()
+	if el := time.Since(t0); el > iv {
+		c.log.Info("slow heartbeat", "manager", c.addrs[i], "elapsed", el, "err", err)
+	}
+	switch {
+	case err == nil:
+		s.answered(i, nil, hdr)
+		if resp.GetTopologyRevision() > local {
+			behind[i]++
+		} else {
+			behind[i] = 0
+		}
+		if behind[i] >= 2 {
+			behind[i] = 0
+			gctx, cancel := context.WithTimeout(ctx, timeout)
+			t, err := api.GetTopology(gctx, &hamsv1.GetTopologyRequest{})
+			cancel()
+			if err == nil {
+				c.install(t, false)
+			}
+		}
+	case ctx.Err() != nil:
+	case status.Code(err) == codes.NotFound:
+		c.log.Info("manager does not know this component; registering again", "manager", c.addrs[i])
+		if err := s.registerOnce(ctx, i, max(timeout, time.Second)); errors.As(err, new(errRefused)) {
+			fatalMu.Lock()
+			*fatal = err
+			fatalMu.Unlock()
+		}
+	default:
+		s.answered(i, err, nil)
+		c.log.Debug("heartbeat", "manager", c.addrs[i], "err", err)
 	}
 }
 
