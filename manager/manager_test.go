@@ -622,6 +622,18 @@ func TestReportFailureAndModelServer(t *testing.T) {
 	if again.GetTopology().GetRevision() != reg.GetTopology().GetRevision() {
 		t.Fatalf("identical re-registration wrote a new revision %d (was %d)", again.GetTopology().GetRevision(), reg.GetTopology().GetRevision())
 	}
+	// A supervisor that saw the process end: dead in the topology at once,
+	// long before the suspicion timeout.
+	if _, err := api.ReportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: "modelserver/0", Model: "a", Reason: "process exited", Exited: true}); err != nil {
+		t.Fatal(err)
+	}
+	top, err := api.GetTopology(ctx, &hamsv1.GetTopologyRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := placement(top, "modelserver/0"); p == nil || p.GetAlive() {
+		t.Fatalf("reported exit: placement %v", p)
+	}
 }
 
 func TestManagerConfigAndRunOnce(t *testing.T) {

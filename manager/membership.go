@@ -101,6 +101,17 @@ func (ms *Membership) Tick(now time.Time) []Action {
 	return out
 }
 
+// Dead declares id dead now (its process was seen to end); it reports
+// Alive=false if id was an alive member.
+func (ms *Membership) Dead(id string) []Action {
+	m, ok := ms.members[id]
+	if !ok || !m.alive {
+		return nil
+	}
+	m.alive = false
+	return []Action{{ID: id, Alive: false}}
+}
+
 // Pause forgives d of silence of every member: the observer itself was not
 // running for d (its process was descheduled), so heartbeats sent in that
 // time are still queued in its sockets and silence over d proves nothing.

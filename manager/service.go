@@ -191,7 +191,7 @@ func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (
 	return &hamsv1.HeartbeatResponse{TopologyRevision: cur.GetRevision()}, nil
 }
 
-func (s *service) ReportFailure(_ context.Context, req *hamsv1.FailureReport) (*hamsv1.FailureReportResponse, error) {
+func (s *service) ReportFailure(ctx context.Context, req *hamsv1.FailureReport) (*hamsv1.FailureReportResponse, error) {
 	m := s.m
 	if req.GetSuspect() == "" {
 		return nil, status.Error(codes.InvalidArgument, "suspect: required")
@@ -204,7 +204,23 @@ func (s *service) ReportFailure(_ context.Context, req *hamsv1.FailureReport) (*
 	}
 	m.mu.Unlock()
 	m.metrics.failures.Inc()
-	m.log.Warn("failure reported", "reporter", rec.Reporter, "suspect", rec.Suspect, "model", rec.Model, "reason", rec.Why)
+	m.log.Warn("failure reported", "reporter", rec.Reporter, "suspect", rec.Suspect, "model", rec.Model, "reason", rec.Why, "exited", req.GetExited())
+	if req.GetExited() && m.active.Load() {
+		// Certain: dead now, in the topology before recovery looks.
+		m.mu.Lock()
+		acts := m.members.Dead(rec.Suspect)
+		if len(acts) > 0 {
+			m.metrics.deaths.Inc()
+			m.updateGaugesLocked()
+		}
+		m.mu.Unlock()
+		if len(acts) > 0 {
+			m.log.Info("component declared dead", "id", rec.Suspect, "reported_by", rec.Reporter)
+			if _, err := m.reconcile(ctx); err != nil {
+				m.log.Warn("write liveness to deployment state", "err", err)
+			}
+		}
+	}
 	m.suspect(rec.Suspect, rec.Model, hamsv1.Role_ROLE_UNSPECIFIED, "reported by "+rec.Reporter+": "+rec.Why)
 	return &hamsv1.FailureReportResponse{Accepted: true}, nil
 }

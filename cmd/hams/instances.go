@@ -35,6 +35,9 @@ type instance struct {
 	ID          string
 	Sidecar     string // child names
 	ModelServer string // "" when the backend is external
+	// ModelServerID is the model server's component id ("" when it does
+	// not register).
+	ModelServerID string
 	SidecarAddr string
 	BackendAddr string
 	Epoch       uint64
@@ -108,7 +111,8 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	if in.BackendAddr == "" {
 		args, key := backendArgs(m, d.common)
 		if m.Backend.Type != "clipper" {
-			args = append(args, "--role", role, "--manager", d.managerList(), "--id", "modelserver/"+model+"/"+role+suffix(n))
+			in.ModelServerID = "modelserver/" + model + "/" + role + suffix(n)
+			args = append(args, "--role", role, "--manager", d.managerList(), "--id", in.ModelServerID)
 		}
 		spec := launch.Spec{Name: in.ModelServer, Args: args, NoRestart: !inPlace}
 		if inPlace {
@@ -190,7 +194,10 @@ func (d *deployment) reportExit(in *instance, why string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	d.mgrs.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ID, Model: in.Model, Reason: why})
+	d.mgrs.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ID, Model: in.Model, Reason: why, Exited: true})
+	if in.ModelServer != "" && in.ModelServerID != "" {
+		d.mgrs.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ModelServerID, Model: in.Model, Reason: why, Exited: true})
+	}
 }
 
 // startForRecovery is the instance agent's action: a new instance of model

@@ -400,9 +400,13 @@ type FailureReport struct {
 	// Component that suspects a failure.
 	Reporter string `protobuf:"bytes,1,opt,name=reporter,proto3" json:"reporter,omitempty"`
 	// Suspected component id and model.
-	Suspect       string `protobuf:"bytes,2,opt,name=suspect,proto3" json:"suspect,omitempty"`
-	Model         string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Suspect string `protobuf:"bytes,2,opt,name=suspect,proto3" json:"suspect,omitempty"`
+	Model   string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	Reason  string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The reporter saw the suspect's process end (a supervisor: the parent
+	// process, a kubelet): it is declared dead at once, as if its
+	// heartbeats had timed out, instead of only being suspected.
+	Exited        bool `protobuf:"varint,5,opt,name=exited,proto3" json:"exited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -463,6 +467,13 @@ func (x *FailureReport) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *FailureReport) GetExited() bool {
+	if x != nil {
+		return x.Exited
+	}
+	return false
 }
 
 type FailureReportResponse struct {
@@ -741,12 +752,13 @@ const file_hams_v1_manager_proto_rawDesc = "" +
 	"\vdurable_seq\x18\x04 \x01(\x04R\n" +
 	"durableSeq\"@\n" +
 	"\x11HeartbeatResponse\x12+\n" +
-	"\x11topology_revision\x18\x01 \x01(\x04R\x10topologyRevision\"s\n" +
+	"\x11topology_revision\x18\x01 \x01(\x04R\x10topologyRevision\"\x8b\x01\n" +
 	"\rFailureReport\x12\x1a\n" +
 	"\breporter\x18\x01 \x01(\tR\breporter\x12\x18\n" +
 	"\asuspect\x18\x02 \x01(\tR\asuspect\x12\x14\n" +
 	"\x05model\x18\x03 \x01(\tR\x05model\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"3\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06exited\x18\x05 \x01(\bR\x06exited\"3\n" +
 	"\x15FailureReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\"\x14\n" +
 	"\x12GetTopologyRequest\"\xe5\x01\n" +
