@@ -293,10 +293,10 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			dep.Models[i].Batch.Size = o.batch
 		}
 		d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, mode), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion,
-			// One frontend without a request log and one manager: bench
-			// measures the data path, which neither a second frontend nor
-			// a standby manager is on.
-			Frontends: 1, Managers: 1})
+			// One frontend without a request log, one manager and no
+			// spare backups: bench measures the data path, which neither
+			// a second frontend, a standby manager nor a spare is on.
+			Frontends: 1, Managers: 1, NoSpares: true})
 		if err != nil {
 			return nil, fmt.Errorf("start %s deployment: %w", mode, err)
 		}

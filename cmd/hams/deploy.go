@@ -62,6 +62,9 @@ type deployOptions struct {
 	// Audit, if set, is the --audit directory of the frontend and the
 	// sidecars (each writes under its own subdirectory).
 	Audit string
+	// NoSpares: no spare backups for replicated models (bench: the data
+	// path does not use them).
+	NoSpares bool
 	// Frontends is the number of frontends (0: 2 in the protected modes,
 	// 1 in bare). Several frontends share the JetStream request log.
 	Frontends int
@@ -305,6 +308,11 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 		insts = append(insts, instSpec{model: m.Name, role: rolePrimary})
 		if hasBackup(dep, &dep.Models[i]) {
 			insts = append(insts, instSpec{model: m.Name, role: roleBackup})
+			if replicated(dep, &dep.Models[i]) && !opt.NoSpares {
+				// A spare backup: a lost backup (or one promoted) is
+				// replaced at once, without starting processes.
+				insts = append(insts, instSpec{model: m.Name, role: roleStandby})
+			}
 		} else if d.protected() && dep.HasStandby(m.Name) {
 			insts = append(insts, instSpec{model: m.Name, role: roleStandby})
 		}
@@ -493,6 +501,9 @@ func (d *deployment) missing(t *hamsv1.Topology) []string {
 		case hasBackup(d.dep, &d.dep.Models[i]):
 			if !hasRole(t, m.Name, hamsv1.Role_ROLE_BACKUP) {
 				out = append(out, m.Name+" (backup)")
+			}
+			if replicated(d.dep, &d.dep.Models[i]) && !d.opt.NoSpares && !hasRole(t, m.Name, hamsv1.Role_ROLE_STANDBY) {
+				out = append(out, m.Name+" (spare backup)")
 			}
 		case d.protected() && d.dep.HasStandby(m.Name):
 			if !hasRole(t, m.Name, hamsv1.Role_ROLE_STANDBY) {

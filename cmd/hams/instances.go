@@ -98,8 +98,8 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 			return nil, fmt.Errorf("start instance: model %q has no backup in mode %s", model, d.dep.Mode)
 		}
 	case roleStandby:
-		if m.Stateful {
-			return nil, fmt.Errorf("start instance: model %q is stateful: its spare is a backup, not a standby", model)
+		if m.Stateful && !replicated(d.dep, m) {
+			return nil, fmt.Errorf("start instance: stateful model %q is not replicated in mode %s: it has no spare backup", model, d.dep.Mode)
 		}
 	case rolePrimary:
 	default:

@@ -179,9 +179,9 @@ func runSidecar(args []string) error {
 	}
 	repl := replicated(r.dep, m)
 	spare := spared(r.dep, m)
-	if standby && m.Stateful {
+	if standby && m.Stateful && !repl {
 		r.close()
-		return usageErr("sidecar: --role standby: model %q is stateful (its spare is a backup)", *model)
+		return usageErr("sidecar: --role standby: stateful model %q is not replicated in mode %s: it has no spare backup", *model, r.dep.Mode)
 	}
 	if *roleF == sidecar.RoleBackup && !repl && !spare {
 		r.close()
@@ -207,6 +207,13 @@ func runSidecar(args []string) error {
 	defer closeBE()
 	roleV := hamsv1.Role_ROLE_ACTIVE
 	switch {
+	case standby && m.Stateful:
+		// A spare backup: a backup that follows no primary until the
+		// manager makes it one (after a failover or a lost backup),
+		// registered STANDBY so no primary ships to it before.
+		roleV = hamsv1.Role_ROLE_STANDBY
+		*roleF = sidecar.RoleBackup
+		standby = false
 	case standby:
 		// A hot standby runs the primary request path; it takes traffic
 		// once the manager promotes it (the topology then resolves the

@@ -112,9 +112,12 @@ type round struct {
 	tasks   map[string]*task
 	backupL map[string]bool // models whose backup is lost
 	standL  map[string]int  // models whose standby was lost or used
-	pending map[ActionID]func(err error) []Action
-	queries map[ActionID]*query
-	rewires int
+	// sparesUsed: spare backups (STANDBY placements of stateful models)
+	// this round made a backup.
+	sparesUsed map[string]bool
+	pending    map[ActionID]func(err error) []Action
+	queries    map[ActionID]*query
+	rewires    int
 	// consumed records downstream models found to have consumed beyond a
 	// failed model's max_seq (for tests and logs).
 	consumed map[string]bool
@@ -272,7 +275,7 @@ func (m *Machine) Suspect(model string, role hamsv1.Role, component string) []Ac
 func (m *Machine) startRound() []Action {
 	m.rounds++
 	m.r = &round{id: m.rounds, stage: stQuery, dead: map[string]bool{}, tasks: map[string]*task{},
-		backupL: map[string]bool{}, standL: map[string]int{}, pending: map[ActionID]func(error) []Action{},
+		backupL: map[string]bool{}, standL: map[string]int{}, sparesUsed: map[string]bool{}, pending: map[ActionID]func(error) []Action{},
 		queries: map[ActionID]*query{}, consumed: map[string]bool{}}
 	return nil
 }
@@ -988,6 +991,68 @@ func resendPlan(g *Graph, recovered []string, pos map[string]map[string]uint64) 
 }
 
 func (m *Machine) startBackup(model string) []Action {
+	if sp, prim, epoch := m.spareFor(model); sp != nil {
+		return m.useSpare(model, sp, prim, epoch)
+	}
+	return m.startNewBackup(model)
+}
+
+// spareFor finds a live spare backup of stateful model (a STANDBY
+// placement: started in the backup role, synced to nothing yet, so a lost
+// backup is replaced at once instead of after a process start) and the
+// primary it is to follow with the primary's epoch. Replay mode has no
+// such spares (its spare is the backup).
+func (m *Machine) spareFor(model string) (spare, prim *hamsv1.Placement, epoch uint64) {
+	if m.cfg.Replay || !m.g.Stateful(model) || m.r == nil {
+		return nil, nil, 0
+	}
+	if tk := m.r.tasks[model]; tk != nil && tk.abandoned == "" && (tk.kind == tFailover || tk.kind == tRollback) {
+		prim, epoch = tk.inst, tk.newEpoch
+	} else if prim = m.livePrimary(model, nil); prim != nil {
+		epoch = prim.GetEpoch()
+	}
+	if prim == nil {
+		return nil, nil, 0
+	}
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() != model || p.GetRole() != hamsv1.Role_ROLE_STANDBY || !m.live(p) || m.r.sparesUsed[p.GetComponentId()] {
+			continue
+		}
+		if spare == nil || p.GetComponentId() < spare.GetComponentId() {
+			spare = p
+		}
+	}
+	return spare, prim, epoch
+}
+
+// useSpare makes spare model's backup: one Rewire (the spare becomes
+// BACKUP at the primary's epoch, so the primary resolves it and ships it
+// its state), then SyncBackup, and a new spare is started. Should either
+// fail, a new backup is started the slow way.
+func (m *Machine) useSpare(model string, spare, prim *hamsv1.Placement, epoch uint64) []Action {
+	r := m.r
+	r.sparesUsed[spare.GetComponentId()] = true
+	a := m.act(Action{Kind: Rewire, Changes: []Change{{Component: spare.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_BACKUP, Epoch: epoch}}})
+	r.pending[a.ID] = func(err error) []Action {
+		if err != nil {
+			return m.startNewBackup(model)
+		}
+		s := m.act(Action{Kind: SyncBackup, Model: model, Component: spare.GetComponentId(), Address: spare.GetSidecarAddress(),
+			Epoch: epoch, PrimaryAddress: prim.GetSidecarAddress()})
+		r.pending[s.ID] = func(err error) []Action {
+			if err != nil {
+				return m.startNewBackup(model)
+			}
+			return nil
+		}
+		return []Action{s, m.doneIgnored(Action{Kind: StartInstance, Model: model, Role: hamsv1.Role_ROLE_STANDBY})}
+	}
+	return []Action{a}
+}
+
+// startNewBackup asks for a new backup instance and syncs it once it shows
+// up in the topology.
+func (m *Machine) startNewBackup(model string) []Action {
 	known := map[string]bool{}
 	for _, p := range m.topo.GetPlacements() {
 		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_BACKUP {

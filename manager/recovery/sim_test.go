@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/hams-go/hams/internal/config"
@@ -75,12 +76,20 @@ type sim struct {
 	replayAfter map[string]map[string]uint64
 	// promoteFails, when set, fails the Promotes it reports true for.
 	promoteFails func(Action) bool
+	startedRole  map[hamsv1.Role]int
 }
 
 func newSim(t *testing.T, seed uint64, standby bool) *sim {
+	return newSimSpares(t, seed, standby, false)
+}
+
+// newSimSpares: with spares, every stateful model also has a spare backup
+// (a STANDBY placement of a stateful model).
+func newSimSpares(t *testing.T, seed uint64, standby, spares bool) *sim {
 	s := &sim{t: t, rng: rand.New(rand.NewPCG(seed, seed*7+1)), g: NewGraphFromEdges(simStateful, simEdges),
 		exec: map[string]uint64{}, durable: map[string]uint64{}, applied: map[string]uint64{}, need: map[string]uint64{},
-		dead: map[string]bool{}, part: map[string]bool{}, promoted: map[string]int{}, fmMax: map[string]uint64{}, unrec: map[string]bool{}}
+		dead: map[string]bool{}, part: map[string]bool{}, promoted: map[string]int{}, fmMax: map[string]uint64{}, unrec: map[string]bool{},
+		startedRole: map[hamsv1.Role]int{}}
 	m, err := New(Config{Graph: s.g})
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +108,9 @@ func newSim(t *testing.T, seed uint64, standby bool) *sim {
 			// address: recovery must never aim an RPC at it.
 			s.topo.Placements = append(s.topo.Placements, &hamsv1.Placement{ComponentId: md + "/bms", Model: md,
 				Role: hamsv1.Role_ROLE_BACKUP, BackendAddress: md + "-bms:1", Epoch: 1, Alive: true})
+			if spares {
+				add(md+"/sp", md, hamsv1.Role_ROLE_STANDBY)
+			}
 		} else {
 			add(md+"/a", md, hamsv1.Role_ROLE_ACTIVE)
 			if standby {
@@ -342,6 +354,7 @@ func (s *sim) do(a Action) {
 		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, err)) })
 	case StartInstance:
 		s.started++
+		s.startedRole[a.Role]++
 		id := fmt.Sprintf("%s/new%d", a.Model, s.started)
 		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, nil)) })
 		// The new instance's model server registers first, without a
@@ -490,6 +503,7 @@ type scenario struct {
 	later    []string // killed at a random time during recovery
 	part     []string // partitioned (queries fail) but alive
 	standby  bool
+	spares   bool // stateful models have a spare backup
 	dropP    float64
 	serving  bool // every model must end with a live serving instance
 	check    func(s *sim)
@@ -513,6 +527,13 @@ func TestScenarios(t *testing.T) {
 		{name: "iterative", kill: []string{"b/p"}, later: []string{"c/a", "e/b"}, standby: true, serving: true, promoted: []string{"b"}},
 		{name: "drops", kill: []string{"b/p", "a/a"}, standby: true, dropP: 0.2, serving: true, promoted: []string{"a", "b"}},
 		{name: "partitioned-primary", part: []string{"b/p"}, kill: nil, standby: true, serving: true},
+		{name: "primary-with-spare", kill: []string{"b/p"}, standby: true, spares: true, serving: true, promoted: []string{"b"}, check: spareUsed("b")},
+		{name: "backup-with-spare", kill: []string{"d/b"}, standby: true, spares: true, serving: true, check: spareUsed("d")},
+		{name: "primary-plus-spare", kill: []string{"b/p", "b/sp"}, standby: true, spares: true, serving: true, promoted: []string{"b"}, check: func(s *sim) {
+			if s.startedRole[hamsv1.Role_ROLE_BACKUP] == 0 {
+				s.fail("the spare died with the primary, yet no backup was started")
+			}
+		}},
 		{name: "both-replicas", kill: []string{"b/p", "b/b"}, standby: true, check: func(s *sim) {
 			if !s.unrec["b"] {
 				s.fail("b not reported unrecoverable")
@@ -531,8 +552,27 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
+// spareUsed checks that model's lost backup was replaced by its spare:
+// the spare is its live BACKUP at the primary's epoch, no backup was
+// started the slow way, and a new spare was asked for.
+func spareUsed(model string) func(*sim) {
+	return func(s *sim) {
+		sp := s.pl(model + "/sp")
+		prim := s.serving(model)
+		if sp.Role != hamsv1.Role_ROLE_BACKUP || prim == nil || sp.Epoch != prim.Epoch {
+			s.fail("spare of %s is %s at epoch %d (primary at %v)", model, sp.Role, sp.Epoch, prim)
+		}
+		if n := s.startedRole[hamsv1.Role_ROLE_BACKUP]; n != 0 {
+			s.fail("%d backups started although a spare was there", n)
+		}
+		if s.startedRole[hamsv1.Role_ROLE_STANDBY] == 0 {
+			s.fail("no new spare asked for")
+		}
+	}
+}
+
 func runScenario(t *testing.T, sc scenario, seed uint64) {
-	s := newSim(t, seed, sc.standby)
+	s := newSimSpares(t, seed, sc.standby, sc.spares)
 	s.dropP = sc.dropP
 	initial := map[string]uint64{}
 	for k, v := range s.exec {
@@ -562,7 +602,7 @@ func runScenario(t *testing.T, sc scenario, seed uint64) {
 	if sc.check != nil {
 		sc.check(s)
 	}
-	if len(sc.kill)+len(sc.part) > 0 && s.recov == 0 && len(s.unrec) == 0 && sc.name != "backup" {
+	if len(sc.kill)+len(sc.part) > 0 && s.recov == 0 && len(s.unrec) == 0 && !strings.HasPrefix(sc.name, "backup") {
 		s.fail("no Recovered notice")
 	}
 }
