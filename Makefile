@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # concurrent request path).
 RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/...
 
-.PHONY: all tools proto build test test-race test-rest demo bench chaos docker clean
+.PHONY: all tools proto build test test-race test-rest demo bench bench-paper recovery chaos docker clean
 
 all: build
 
@@ -45,8 +45,32 @@ bench: build
 	$(BIN)/hams bench --service all --modes $(MODES) --batch 16 --requests 1280 --json bench-b16.json
 	$(BIN)/hams bench --service all --modes $(MODES) --batch 64 --requests 2560 --json bench-b64.json
 
+# The issue-3 measurement (docs/measurements.md): paper-scale models, one
+# batch crossing the graph at a time (the paper's latency), backups and the
+# coordination engine on CPUs of their own (the paper's separate hosts).
+PAPER_MODES := bare,nspb,remus,nspb-s1,nspb-s2
+PAPER := --examples paper --load waves --isolate-replicas --modes $(PAPER_MODES)
+
+bench-paper: build
+	$(BIN)/hams bench --service all $(PAPER) --batch 64 --requests 1280 --json bench-paper-b64.json --plot bench-paper-b64.png
+	$(BIN)/hams bench --service all $(PAPER) --batch 16 --requests 320 --json bench-paper-b16.json --plot bench-paper-b16.png
+	$(BIN)/hams bench --service all $(PAPER) --batch 1 --requests 60 --rounds 3 --json bench-paper-b1.json --plot bench-paper-b1.png
+
+# Recovery at the client per service and mode (the shape of the paper's
+# Table II): stateful primary kills only, then one table.
+RECOVERY_SERVICES := sa sp ap fd olv olm
+RECOVERY_MODES := nspb remus replay
+
+recovery: build
+	mkdir -p recovery
+	for s in $(RECOVERY_SERVICES); do for m in $(RECOVERY_MODES); do \
+		$(BIN)/hams chaos --service $$s --mode $$m --kinds primary --duration 40s --seed 1 --json recovery/$$s-$$m.json || true; \
+	done; done
+	$(BIN)/hams report recovery recovery/*.json
+
 chaos: build
 	$(BIN)/hams chaos --service ap --duration 60s --seed 1 --audit chaos-audit --json chaos-ap.json
+	$(BIN)/hams chaos --service olv --duration 60s --seed 1 --audit chaos-audit-olv --json chaos-olv.json
 
 clean:
 	rm -rf $(BIN)
