@@ -286,9 +286,17 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		}
 		s.ship.reset(base, base != nil)
 		s.setRole(RolePrimary)
+		// The outputs this backup applied with its state may never have
+		// left the lost primary (remus releases them only after this
+		// backup had them; any mode can die with them queued on an
+		// edge). Nobody runs those requests again (the state covers
+		// them), so they go out now, on the new senders, ahead of
+		// anything of the new epoch; receivers drop the ones they had by
+		// request key.
+		resent := s.resendOutputLog()
 		maxSeq = seq
 		s.log.Info("promoted: backup becomes the primary", "epoch", epoch, "max_seq", seq, "batch", batch,
-			"pending_snapshots_dropped", pending)
+			"pending_snapshots_dropped", pending, "outputs_resent", resent)
 		return nil
 	})
 	return maxSeq, err
@@ -423,6 +431,22 @@ func (s *Sidecar) announceEpoch(rpc string, epoch, seq, batch uint64) error {
 		s.log.Warn("new-epoch announcement failed, retrying", "rpc", rpc, "epoch", epoch, "attempt", attempt, "err", err)
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// resendOutputLog queues every output kept in the output log on the
+// current senders, each edge its own items, and returns how many. The
+// caller holds the role transition (no traffic runs yet).
+func (s *Sidecar) resendOutputLog() int {
+	senders := s.sendersNow()
+	n := 0
+	for i, snd := range senders {
+		items := s.outlog.ForEdge(s.cfg.Model, i, len(senders))
+		if len(items) == 0 {
+			continue
+		}
+		n += snd.Resend(edge.ResendSpec{Items: items})
+	}
+	return n
 }
 
 // resend sends the saved outputs on the edge to req.ToModel after a

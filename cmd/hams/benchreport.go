@@ -157,7 +157,13 @@ func plotBench(path string, rows []benchRow) error {
 		p.Add(bars)
 		p.Legend.Add(m, bars)
 	}
+	// The legend sits top left, above a headroom band, so that it never
+	// covers the tallest bars (the stateful learners' at the right).
 	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Points(30)
+	p.Y.Min = 0
+	p.Y.Max *= 1.25
 	p.NominalX(names...)
 	one := plotter.NewFunction(func(float64) float64 { return 1 })
 	one.Dashes = []vg.Length{vg.Points(3), vg.Points(3)}
