@@ -38,10 +38,10 @@ type instance struct {
 	// ModelServerID is the model server's component id ("" when it does
 	// not register).
 	ModelServerID string
-	SidecarAddr string
-	BackendAddr string
-	Epoch       uint64
-	StartedAt   time.Time
+	SidecarAddr   string
+	BackendAddr   string
+	Epoch         uint64
+	StartedAt     time.Time
 }
 
 // protected reports whether the deployment's mode recovers failed model
