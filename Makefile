@@ -54,7 +54,8 @@ PAPER := --examples paper --load waves --isolate-replicas --modes $(PAPER_MODES)
 bench-paper: build
 	$(BIN)/hams bench --service all $(PAPER) --batch 64 --requests 1280 --json bench-paper-b64.json --plot bench-paper-b64.png
 	$(BIN)/hams bench --service all $(PAPER) --batch 16 --requests 320 --json bench-paper-b16.json --plot bench-paper-b16.png
-	$(BIN)/hams bench --service all $(PAPER) --batch 1 --requests 60 --rounds 3 --json bench-paper-b1.json --plot bench-paper-b1.png
+	$(BIN)/hams bench --service all $(PAPER) --batch 1 --requests 200 --json bench-paper-b1.json --plot bench-paper-b1.png
+	$(BIN)/hams report bench --plot bench-paper.png bench-paper-b1.json bench-paper-b16.json bench-paper-b64.json
 
 # Recovery at the client per service and mode (the shape of the paper's
 # Table II): stateful primary kills only, then one table.

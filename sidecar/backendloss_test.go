@@ -308,3 +308,66 @@ func TestBackupWritesBehindAndPromotionFlushes(t *testing.T) {
 		t.Fatalf("promoted model server holds %s, the durable state is %s", got, pbe.Digest())
 	}
 }
+
+// heldDeltaWriter is a delta counter whose whole-state writes pass and
+// whose range writes block until release is closed; it counts both.
+type heldDeltaWriter struct {
+	heldRangeWriter
+	full, ranged atomic.Int32
+}
+
+func (h *heldDeltaWriter) WriteState(ctx context.Context, ts []*hamsv1.Tensor, version uint64) error {
+	h.full.Add(1)
+	return h.counterBackend.WriteState(ctx, ts, version)
+}
+
+func (h *heldDeltaWriter) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
+	h.ranged.Add(1)
+	return h.heldRangeWriter.WriteStateRanges(ctx, specs, base, version, ranges)
+}
+
+// A promotion that finds the write-behind interrupted mid range write
+// writes the unwritten deltas only (the interrupted ranges and those
+// after them), not the whole state, and the model server ends at the
+// durable state.
+func TestPromotionFlushWritesOnlyTheUnwrittenDeltas(t *testing.T) {
+	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+	hw := &heldDeltaWriter{heldRangeWriter: heldRangeWriter{counterBackend: newDeltaCounter(8), release: make(chan struct{}), entered: make(chan struct{}, 1)}}
+	back := r.start("a", hw, RoleBackup, 1, false, nil)
+	pbe := newDeltaCounter(8)
+	prim := r.start("a", pbe, RolePrimary, 1, true, nil)
+	r.send(1, 12)
+	waitFor(t, "12 replies", func() bool { return r.sink.count() == 12 })
+	<-hw.entered // the writer's held range write
+	// More deltas pend behind the held write.
+	r.send(13, 24)
+	waitFor(t, "24 replies", func() bool { return r.sink.count() == 24 })
+	waitFor(t, "the backup applied every request", func() bool { return maxSeqOf(back.sc) == 24 })
+	waitFor(t, "the primary knows", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.seq == 24 })
+	if hw.full.Load() != 1 {
+		t.Fatalf("%d whole-state writes before the promotion, want 1 (the base)", hw.full.Load())
+	}
+	prim.kill()
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.client(back.addr).Promote(context.Background(), &hamsv1.PromoteRequest{Model: "a", Epoch: 2})
+		done <- err
+	}()
+	select {
+	case <-hw.entered: // the promotion's flush
+	case err := <-done:
+		t.Fatalf("Promote returned (%v) without a range write (%d whole-state writes)", err, hw.full.Load())
+	case <-time.After(10 * time.Second):
+		t.Fatal("the promotion neither wrote the state nor returned")
+	}
+	close(hw.release)
+	if err := <-done; err != nil {
+		t.Fatalf("Promote: %v", err)
+	}
+	if got := hw.Digest(); got != pbe.Digest() {
+		t.Fatalf("promoted model server holds %s, the durable state is %s", got, pbe.Digest())
+	}
+	if n := hw.full.Load(); n != 1 {
+		t.Fatalf("the promotion wrote the whole state (%d whole-state writes)", n)
+	}
+}

@@ -475,12 +475,25 @@ func (b *backupState) writeInFlight(ctx context.Context) error {
 
 // flush writes whatever the model server lacks of cur (the writer is
 // stopped: a promotion, with the role stage down).
+//
+// An interrupted range write and ranges pending after it go out as one
+// range write on the interrupted write's base (later ranges override
+// earlier ones), which moves the deltas only instead of the whole state
+// (64 MiB for the olv learner: most of a promotion's time). If that write
+// is refused (the interrupted one may have landed after all, moving the
+// model server past the base), cur is written whole.
 func (b *backupState) flush(ctx context.Context) error {
 	b.mu.Lock()
-	if b.inBusy && b.wDirty {
-		// Both a running and a pending write: write cur whole.
+	merged := false
+	switch {
+	case b.inBusy && b.wDirty && b.inFull == nil && b.wFull == nil && b.rangeWriter() != nil:
+		b.inRanges = append(append([]*hamsv1.StateRange(nil), b.inRanges...), b.wRanges...)
+		b.inVersion, merged = b.wVersion, true
+	case b.inBusy && b.wDirty:
+		// Both a running and a pending write, one of them whole: write
+		// cur whole.
 		b.inFull, b.inRanges, b.inVersion, b.shared = b.cur, nil, b.curVersion, true
-	} else if b.wDirty {
+	case b.wDirty:
 		b.inFull, b.inRanges, b.inVersion, b.inBusy = b.wFull, b.wRanges, b.wVersion, true
 	}
 	b.wFull, b.wRanges, b.wDirty = nil, nil, false
@@ -489,6 +502,14 @@ func (b *backupState) flush(ctx context.Context) error {
 	if !busy {
 		return nil
 	}
+	err := b.writeInFlight(ctx)
+	if err == nil || !merged || ctx.Err() != nil {
+		return err
+	}
+	b.s.log.Warn("promotion: range write of the unwritten deltas refused; writing the whole state", "err", err)
+	b.mu.Lock()
+	b.inFull, b.inRanges, b.inVersion, b.shared, b.inBusy = b.cur, nil, b.curVersion, true, true
+	b.mu.Unlock()
 	return b.writeInFlight(ctx)
 }
 

@@ -38,7 +38,7 @@ func init() {
 		"demo":        {"run an example service under load on this machine, optionally killing components", runDemo},
 		"bench":       {"measure latency and throughput of services per fault-tolerance mode", runBench},
 		"chaos":       {"random kills under load, then a global-consistency check of the audit logs", runChaos},
-		"report":      {"print tables from earlier runs' JSON reports (recovery: Table II from hams chaos reports)", runReport},
+		"report":      {"print tables from earlier runs' JSON reports (recovery: Table II from hams chaos reports; bench: Table I and the plot from hams bench reports)", runReport},
 		"help":        {"list commands", nil},
 		// Test support (not listed): a Clipper REST stub over reference models.
 		"clipper-stub": {"", runClipperStub},

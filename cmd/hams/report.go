@@ -14,9 +14,16 @@ import (
 //	hams report recovery CHAOS.json...  the shape of the HAMS paper's
 //	  Table II: per service, the p50 recovery time at the client of each
 //	  mode's kills (one `hams chaos --kinds primary` per service and mode).
+//	hams report bench [--plot PNG] BENCH.json...  the overhead table (the
+//	  shape of Table I) of one or more `hams bench --json` files, and their
+//	  plot in one picture (e.g. batch 1, 16 and 64 side by side).
 func runReport(args []string) error {
+	const usage = "report: usage: hams report recovery CHAOS.json... | hams report bench [--plot PNG] BENCH.json..."
+	if len(args) >= 2 && args[0] == "bench" {
+		return reportBench(args[1:])
+	}
 	if len(args) < 2 || args[0] != "recovery" {
-		return usageErr("report: usage: hams report recovery CHAOS.json...")
+		return usageErr(usage)
 	}
 	var reps []chaosReport
 	for _, p := range args[1:] {
@@ -31,6 +38,35 @@ func runReport(args []string) error {
 		reps = append(reps, r)
 	}
 	printRecoveryTable(os.Stdout, reps)
+	return nil
+}
+
+func reportBench(args []string) error {
+	var plotPath string
+	if len(args) >= 2 && args[0] == "--plot" {
+		plotPath, args = args[1], args[2:]
+	}
+	if len(args) == 0 {
+		return usageErr("report bench: no BENCH.json given")
+	}
+	var rows []benchRow
+	for _, p := range args {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return usageErr("report: %v", err)
+		}
+		var rs []benchRow
+		if err := json.Unmarshal(b, &rs); err != nil {
+			return usageErr("report: %s: %v", p, err)
+		}
+		rows = append(rows, rs...)
+	}
+	printOverheads(os.Stdout, rows)
+	if plotPath != "" {
+		if err := plotBench(plotPath, rows); err != nil {
+			return fmt.Errorf("report: plot: %w", err)
+		}
+	}
 	return nil
 }
 
