@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -591,7 +592,7 @@ func (b *backupState) receiveDelta(stream hamsv1.Replication_ShipSnapshotServer,
 	var (
 		ranges = []*hamsv1.StateRange{}
 		got    uint64
-		sum    = sha256.New()
+		sum    = xxhash.New()
 		digest = first.GetStateDigest()
 	)
 	for {
@@ -626,7 +627,7 @@ func (b *backupState) receiveDelta(stream hamsv1.Replication_ShipSnapshotServer,
 	if got != h.GetDeltaBytes() {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d delta bytes", h.GetBatchId(), got, h.GetDeltaBytes())
 	}
-	if s := hex.EncodeToString(sum.Sum(nil)); s != digest {
+	if s := deltaDigestPrefix + strconv.FormatUint(sum.Sum64(), 16); s != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: delta digest %s does not match the data (%s)", h.GetBatchId(), digest, s)
 	}
 	return &received{header: h, delta: ranges, digest: digest, at: time.Now()}, nil
