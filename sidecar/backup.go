@@ -627,7 +627,7 @@ func (b *backupState) receiveDelta(stream hamsv1.Replication_ShipSnapshotServer,
 	if got != h.GetDeltaBytes() {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d delta bytes", h.GetBatchId(), got, h.GetDeltaBytes())
 	}
-	if s := deltaDigestPrefix + strconv.FormatUint(sum.Sum64(), 16); s != digest {
+	if s := deltaDigest(sum.Sum64()); s != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: delta digest %s does not match the data (%s)", h.GetBatchId(), digest, s)
 	}
 	return &received{header: h, delta: ranges, digest: digest, at: time.Now()}, nil

@@ -574,10 +574,11 @@ func rangesDigest(rs []*hamsv1.StateRange) string {
 	for _, r := range rs {
 		_, _ = h.Write(r.GetData())
 	}
-	return deltaDigestPrefix + strconv.FormatUint(h.Sum64(), 16)
+	return deltaDigest(h.Sum64())
 }
 
-const deltaDigestPrefix = "xxh64:"
+// deltaDigest formats an XXH64 sum as a delta's state_digest.
+func deltaDigest(sum uint64) string { return "xxh64:" + strconv.FormatUint(sum, 16) }
 
 // rebase queues kept again, first, when the backup's address changed since
 // it was acknowledged (a new or demoted backup needs a base state). It

@@ -349,7 +349,7 @@ func TestShipSnapshotRejectsBadInput(t *testing.T) {
 		{"other model", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.Model = "zz" })), data(state.Data, digest)}, codes.InvalidArgument},
 		{"batch 0", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.BatchId = 0 })), data(state.Data, digest)}, codes.InvalidArgument},
 		{"delta before any base", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.Delta, h.DeltaBytes = true, 4 })),
-			deltaChunk(state.Data[:4], 0, deltaDigest(state.Data[:4]))}, codes.FailedPrecondition},
+			deltaChunk(state.Data[:4], 0, deltaDigestOf(state.Data[:4]))}, codes.FailedPrecondition},
 		{"huge", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.StateBytes = 1 << 40 }))}, codes.ResourceExhausted},
 		{"cut", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data[:4], "")}, codes.InvalidArgument},
 		{"too much", []*hamsv1.SnapshotChunk{hdr(good()), data(append(state.Data, 1, 2), digest)}, codes.InvalidArgument},
@@ -366,13 +366,13 @@ func TestShipSnapshotRejectsBadInput(t *testing.T) {
 		// Synced now: a full snapshot without requests is no base any more.
 		{"no requests", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.Requests, h.BatchId = nil, 2 })), data(state.Data, digest)}, codes.InvalidArgument},
 		{"delta without requests", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.Requests, h.BatchId, h.Delta, h.DeltaBytes = nil, 2, true, 4 })),
-			deltaChunk(state.Data[:4], 0, deltaDigest(state.Data[:4]))}, codes.InvalidArgument},
+			deltaChunk(state.Data[:4], 0, deltaDigestOf(state.Data[:4]))}, codes.InvalidArgument},
 		{"delta past the state", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.BatchId, h.Delta, h.DeltaBytes = 2, true, 4 })),
-			deltaChunk(state.Data[:4], 6, deltaDigest(state.Data[:4]))}, codes.InvalidArgument},
+			deltaChunk(state.Data[:4], 6, deltaDigestOf(state.Data[:4]))}, codes.InvalidArgument},
 		{"delta bytes", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.BatchId, h.Delta, h.DeltaBytes = 2, true, 8 })),
-			deltaChunk(state.Data[:4], 0, deltaDigest(state.Data[:4]))}, codes.InvalidArgument},
+			deltaChunk(state.Data[:4], 0, deltaDigestOf(state.Data[:4]))}, codes.InvalidArgument},
 		{"delta digest", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.BatchId, h.Delta, h.DeltaBytes = 2, true, 4 })),
-			deltaChunk(state.Data[:4], 4, deltaDigest([]byte("x")))}, codes.DataLoss},
+			deltaChunk(state.Data[:4], 4, deltaDigestOf([]byte("x")))}, codes.DataLoss},
 	}
 	for _, c := range cases {
 		st, err := rc.ShipSnapshot(context.Background())
@@ -558,7 +558,7 @@ func TestPrimaryReplicationRPCs(t *testing.T) {
 	})
 }
 
-// deltaDigest is the digest a primary sends with a delta of data b.
-func deltaDigest(b []byte) string {
+// deltaDigestOf is the digest a primary sends with a delta of data b.
+func deltaDigestOf(b []byte) string {
 	return rangesDigest([]*hamsv1.StateRange{{Data: b}})
 }
