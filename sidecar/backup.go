@@ -169,7 +169,7 @@ func (b *backupState) run(ctx context.Context) error {
 	var alog *audit.Log
 	if s.cfg.AuditDir != "" {
 		var err error
-		if alog, err = audit.Open(s.cfg.AuditDir, s.auditSubdir(), audit.DurableFile); err != nil {
+		if alog, err = audit.Open(s.cfg.AuditDir, s.auditSubdir("backup"), audit.DurableFile); err != nil {
 			return err
 		}
 		defer alog.Close()
@@ -206,15 +206,15 @@ func (b *backupState) run(ctx context.Context) error {
 }
 
 // auditSubdir is the directory under AuditDir of this instance's
-// durable.jsonl: <model>-backup-<instance id>. Instances never share a
-// file, so a record torn by a killed process is never followed by another
-// process's records.
-func (s *Sidecar) auditSubdir() string {
+// durable.jsonl: <model>-<kind>-<instance id> (kind backup or replay).
+// Instances never share a file, so a record torn by a killed process is
+// never followed by another process's records.
+func (s *Sidecar) auditSubdir(kind string) string {
 	id := s.cfg.ID
 	if id == "" {
 		id = strconv.Itoa(os.Getpid())
 	}
-	return s.cfg.Model + "-backup-" + fileSafe(id)
+	return s.cfg.Model + "-" + kind + "-" + fileSafe(id)
 }
 
 // fileSafe replaces every byte outside [A-Za-z0-9._-] by '_' (a

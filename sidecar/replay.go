@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,8 +112,7 @@ const (
 // replayEnabled reports whether cfg's model runs in replay mode: stateful,
 // ha stateful, deployment mode replay.
 func replayEnabled(cfg Config) bool {
-	m := cfg.Deployment.Model(cfg.Model)
-	return m != nil && m.Stateful && m.HA == "stateful" && cfg.Deployment.Mode == "replay"
+	return cfg.Deployment.Replays(cfg.Deployment.Model(cfg.Model))
 }
 
 // ckptJob is one checkpoint: the state after batch, read by the executor,
@@ -187,11 +185,7 @@ func (rp *replayState) auditLog() (*audit.Log, error) {
 		return nil, errors.New("replay state closed")
 	}
 	if rp.alog == nil {
-		id := s.cfg.ID
-		if id == "" {
-			id = strconv.Itoa(os.Getpid())
-		}
-		l, err := audit.Open(s.cfg.AuditDir, s.cfg.Model+"-replay-"+fileSafe(id), audit.DurableFile)
+		l, err := audit.Open(s.cfg.AuditDir, s.auditSubdir("replay"), audit.DurableFile)
 		if err != nil {
 			return nil, err
 		}

@@ -281,7 +281,7 @@ func TestAuditSubdirPerInstance(t *testing.T) {
 		{"a b/../c", "m-backup-a_b_.._c"},
 	} {
 		s := &Sidecar{cfg: Config{Model: "m", ID: c.id}}
-		if got := s.auditSubdir(); got != c.want {
+		if got := s.auditSubdir("backup"); got != c.want {
 			t.Errorf("id %q: %q, want %q", c.id, got, c.want)
 		}
 	}

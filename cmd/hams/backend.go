@@ -29,9 +29,7 @@ func replicated(dep *config.Deployment, m *config.Model) bool {
 // stateful, mode replay): a primary that logs its inputs and checkpoints
 // to JetStream, plus a spare instance (started in the backup role, with a
 // model server of its own) that replays them when the primary fails.
-func spared(dep *config.Deployment, m *config.Model) bool {
-	return m != nil && m.Stateful && m.HA == "stateful" && dep.Mode == "replay"
-}
+func spared(dep *config.Deployment, m *config.Model) bool { return dep.Replays(m) }
 
 // hasBackup reports whether model m of dep gets a second instance in the
 // backup role: an NSPB-family backup or a replay-mode spare.

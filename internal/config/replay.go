@@ -49,3 +49,10 @@ func (r *Replay) validate() []error {
 	}
 	return errs
 }
+
+// Replays reports whether model m runs in replay mode: stateful, ha
+// stateful, deployment mode replay (a primary that logs its inputs and
+// checkpoints to JetStream, and a spare that replays them on failure).
+func (d *Deployment) Replays(m *Model) bool {
+	return m != nil && m.Stateful && m.HA == "stateful" && d.Mode == "replay"
+}
