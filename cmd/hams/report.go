@@ -99,18 +99,19 @@ func printRecoveryTable(w io.Writer, reps []chaosReport) {
 				fmt.Fprintf(w, " %30s", "-")
 				continue
 			}
-			var lat []float64
+			// The p50 is the run's own (recovery_p50_ms), so the table
+			// and the JSON it reads never disagree.
+			recovered := 0
 			for _, k := range r.Kills {
 				if k.RecoveryMs >= 0 {
-					lat = append(lat, k.RecoveryMs)
+					recovered++
 				}
 			}
 			p50 := "-"
-			if len(lat) > 0 {
-				sort.Float64s(lat)
-				p50 = fmt.Sprintf("%.0f", lat[len(lat)/2])
+			if recovered > 0 {
+				p50 = fmt.Sprintf("%.0f", r.RecoveryP50Ms)
 			}
-			fmt.Fprintf(w, " %30s", fmt.Sprintf("%s (%d/%d; %d, %d)", p50, len(lat), len(r.Kills), r.Conflicts, r.Lost))
+			fmt.Fprintf(w, " %30s", fmt.Sprintf("%s (%d/%d; %d, %d)", p50, recovered, len(r.Kills), r.Conflicts, r.Lost))
 		}
 		fmt.Fprintln(w)
 	}
