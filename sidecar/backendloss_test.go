@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -283,18 +284,15 @@ func TestBackupWritesBehindAndPromotionFlushes(t *testing.T) {
 	}
 	prim.kill()
 	<-hw.entered // the writer's held write
+	canceled := stageCanceled(t, back.sc)
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.client(back.addr).Promote(context.Background(), &hamsv1.PromoteRequest{Model: "a", Epoch: 2})
 		done <- err
 	}()
-	select {
-	case <-hw.entered: // the promotion's flush, with the writer stopped
-	case err := <-done:
-		t.Fatalf("Promote returned (%v) without writing the state to the model server", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the promotion neither wrote the state nor returned")
-	}
+	<-canceled
+	// The promotion waits for the write in progress (a write cut off on
+	// the client side may land later, over the promotion's own).
 	select {
 	case err := <-done:
 		t.Fatalf("Promote returned (%v) before the model server had the state", err)
@@ -309,65 +307,176 @@ func TestBackupWritesBehindAndPromotionFlushes(t *testing.T) {
 	}
 }
 
-// heldDeltaWriter is a delta counter whose whole-state writes pass and
-// whose range writes block until release is closed; it counts the
-// whole-state writes.
-type heldDeltaWriter struct {
-	heldRangeWriter
-	full atomic.Int32
+// stageCanceled returns a channel closed when sc's role stage is
+// canceled (a transition has begun and waits for the stage's goroutines).
+func stageCanceled(t *testing.T, sc *Sidecar) <-chan struct{} {
+	ch := make(chan struct{})
+	var once sync.Once
+	hook := func(s *Sidecar) {
+		if s == sc {
+			once.Do(func() { close(ch) })
+		}
+	}
+	testHookStageCanceled.Store(&hook)
+	t.Cleanup(func() { testHookStageCanceled.Store(nil) })
+	return ch
 }
 
-func (h *heldDeltaWriter) WriteState(ctx context.Context, ts []*hamsv1.Tensor, version uint64) error {
+// A verdict for a gated range write.
+type verdict int
+
+const (
+	// pass: the write goes to the model server and its answer back.
+	pass verdict = iota
+	// landLost: the write lands on the model server, its answer is
+	// lost (the caller gets Unavailable).
+	landLost
+)
+
+// gatedDeltaWriter is a delta counter whose whole-state writes pass (and
+// are counted) and whose range writes each report on entered and wait
+// for a verdict on gate. A range write whose caller gives up (ctx ends)
+// is still carried out with the verdict it gets later, as a write cut
+// off on the client side may land on a model server.
+type gatedDeltaWriter struct {
+	*counterBackend
+	entered chan struct{}
+	gate    chan verdict
+	full    atomic.Int32
+}
+
+func newGatedDeltaWriter() *gatedDeltaWriter {
+	return &gatedDeltaWriter{counterBackend: newDeltaCounter(8), entered: make(chan struct{}, 16), gate: make(chan verdict)}
+}
+
+func (h *gatedDeltaWriter) WriteState(ctx context.Context, ts []*hamsv1.Tensor, version uint64) error {
 	h.full.Add(1)
 	return h.counterBackend.WriteState(ctx, ts, version)
 }
 
-func (h *heldDeltaWriter) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
-	return h.heldRangeWriter.WriteStateRanges(ctx, specs, base, version, ranges)
+func (h *gatedDeltaWriter) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
+	h.entered <- struct{}{}
+	carry := func(v verdict) error {
+		err := h.counterBackend.WriteStateRanges(context.Background(), specs, base, version, ranges)
+		if err == nil && v == landLost {
+			return status.Error(codes.Unavailable, "connection reset (the write landed)")
+		}
+		return err
+	}
+	select {
+	case v := <-h.gate:
+		return carry(v)
+	case <-ctx.Done():
+		go func() { _ = carry(<-h.gate) }()
+		return ctx.Err()
+	}
 }
 
-// A promotion that finds the write-behind interrupted mid range write
-// writes the unwritten deltas only (the interrupted ranges and those
-// after them), not the whole state, and the model server ends at the
-// durable state.
-func TestPromotionFlushWritesOnlyTheUnwrittenDeltas(t *testing.T) {
-	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
-	hw := &heldDeltaWriter{heldRangeWriter: heldRangeWriter{counterBackend: newDeltaCounter(8), release: make(chan struct{}), entered: make(chan struct{}, 1)}}
-	back := r.start("a", hw, RoleBackup, 1, false, nil)
-	pbe := newDeltaCounter(8)
-	prim := r.start("a", pbe, RolePrimary, 1, true, nil)
+// enter waits for the next range write to reach the model server.
+func (h *gatedDeltaWriter) enter(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no range write reached the model server (%d whole-state writes)", h.full.Load())
+	}
+}
+
+// oneStatefulPair runs the primary and the backup of a stateful model a
+// with delta snapshots; the backup writes to w. It returns them after
+// requests 1..12 were answered and the backup's writer is in its first
+// range write, with requests 13..24 applied behind it.
+func oneStatefulPair(t *testing.T, w *gatedDeltaWriter) (r *rig, prim, back *inst, pbe *counterBackend) {
+	r = newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+	back = r.start("a", w, RoleBackup, 1, false, nil)
+	pbe = newDeltaCounter(8)
+	prim = r.start("a", pbe, RolePrimary, 1, true, nil)
 	r.send(1, 12)
 	waitFor(t, "12 replies", func() bool { return r.sink.count() == 12 })
-	<-hw.entered // the writer's held range write
-	// More deltas pend behind the held write.
+	w.enter(t) // the writer's first range write, held
 	r.send(13, 24)
 	waitFor(t, "24 replies", func() bool { return r.sink.count() == 24 })
 	waitFor(t, "the backup applied every request", func() bool { return maxSeqOf(back.sc) == 24 })
 	waitFor(t, "the primary knows", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.seq == 24 })
-	if hw.full.Load() != 1 {
-		t.Fatalf("%d whole-state writes before the promotion, want 1 (the base)", hw.full.Load())
+	if w.full.Load() != 1 {
+		t.Fatalf("%d whole-state writes before the promotion, want 1 (the base)", w.full.Load())
 	}
-	prim.kill()
+	return r, prim, back, pbe
+}
+
+// promote asks back to become the primary at epoch 2, in the background.
+func (r *rig) promoteAsync(back *inst) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.client(back.addr).Promote(context.Background(), &hamsv1.PromoteRequest{Model: "a", Epoch: 2})
 		done <- err
 	}()
-	select {
-	case <-hw.entered: // the promotion's flush
-	case err := <-done:
-		t.Fatalf("Promote returned (%v) without a range write (%d whole-state writes)", err, hw.full.Load())
-	case <-time.After(10 * time.Second):
-		t.Fatal("the promotion neither wrote the state nor returned")
-	}
-	close(hw.release)
+	return done
+}
+
+// A promotion that finds the write-behind in the middle of a range write
+// lets it finish, then writes the deltas applied after it as a range
+// write: the model server ends at the durable state without a
+// whole-state write.
+func TestPromotionFlushWritesOnlyTheUnwrittenDeltas(t *testing.T) {
+	w := newGatedDeltaWriter()
+	r, prim, back, pbe := oneStatefulPair(t, w)
+	prim.kill()
+	canceled := stageCanceled(t, back.sc)
+	done := r.promoteAsync(back)
+	<-canceled
+	w.gate <- pass // the writer's write completes
+	w.enter(t)     // the promotion's flush of the later deltas
+	w.gate <- pass
 	if err := <-done; err != nil {
 		t.Fatalf("Promote: %v", err)
 	}
-	if got := hw.Digest(); got != pbe.Digest() {
+	if got := w.Digest(); got != pbe.Digest() {
 		t.Fatalf("promoted model server holds %s, the durable state is %s", got, pbe.Digest())
 	}
-	if n := hw.full.Load(); n != 1 {
+	if n := w.full.Load(); n != 1 {
 		t.Fatalf("the promotion wrote the whole state (%d whole-state writes)", n)
+	}
+}
+
+// A range write that landed on the model server but whose answer was
+// lost, with the role changing meanwhile: the promotion's range write on
+// the old base is refused, and the promotion writes the whole state.
+func TestPromotionFlushAfterALostAnswerWritesTheWholeState(t *testing.T) {
+	w := newGatedDeltaWriter()
+	r, prim, back, pbe := oneStatefulPair(t, w)
+	prim.kill()
+	canceled := stageCanceled(t, back.sc)
+	done := r.promoteAsync(back)
+	<-canceled
+	w.gate <- landLost // the writer's write lands; the writer stops without retrying
+	w.enter(t)         // the flush: failed and pending ranges on the old base
+	w.gate <- pass     // refused: the model server is past that base
+	if err := <-done; err != nil {
+		t.Fatalf("Promote: %v", err)
+	}
+	if got := w.Digest(); got != pbe.Digest() {
+		t.Fatalf("promoted model server holds %s, the durable state is %s", got, pbe.Digest())
+	}
+	if n := w.full.Load(); n != 2 {
+		t.Fatalf("%d whole-state writes, want 2 (the base and the promotion's)", n)
+	}
+}
+
+// A range write that landed but whose answer was lost, in steady state:
+// the retry on the same base is refused, and the writer writes the whole
+// state instead of failing the backup.
+func TestBackupWriteWhoseAnswerWasLostTurnsWhole(t *testing.T) {
+	w := newGatedDeltaWriter()
+	_, _, back, pbe := oneStatefulPair(t, w)
+	w.gate <- landLost
+	w.enter(t) // the retry
+	w.gate <- pass
+	waitFor(t, "the backup's model server at the durable state", func() bool { return w.Digest() == pbe.Digest() })
+	if d := bkStateDigest(back.sc); d != pbe.Digest() {
+		t.Fatalf("backup applied %s, primary is at %s", d, pbe.Digest())
+	}
+	if n := w.full.Load(); n != 2 {
+		t.Fatalf("%d whole-state writes, want 2 (the base and the one after the refusal)", n)
 	}
 }

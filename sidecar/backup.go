@@ -105,7 +105,10 @@ type backupState struct {
 	wVersion          uint64
 	inVersion         uint64
 	wDirty, inBusy    bool
-	writeWake         chan struct{}
+	// inFailed: an attempt of the running write failed (it may have
+	// landed all the same).
+	inFailed  bool
+	writeWake chan struct{}
 }
 
 func newBackupState(s *Sidecar) *backupState {
@@ -405,11 +408,17 @@ func (b *backupState) rangeWriter() StateRangeWriter {
 // applies, until ctx ends. A write that keeps failing stops the backup
 // (fail-stop: a backup whose model server cannot take the state cannot
 // be promoted).
+//
+// ctx ending (a role change) does not cut the write in progress: a write
+// cut off on the client side may still land on the model server, after
+// the writes that follow it (a whole write is not fenced by a base
+// version), so a promotion waits for it and flush starts from what the
+// model server answered.
 func (b *backupState) writer(ctx context.Context) error {
-	for {
+	for ctx.Err() == nil {
 		b.mu.Lock()
 		if !b.inBusy && b.wDirty {
-			b.inFull, b.inRanges, b.inVersion, b.inBusy = b.wFull, b.wRanges, b.wVersion, true
+			b.inFull, b.inRanges, b.inVersion, b.inBusy, b.inFailed = b.wFull, b.wRanges, b.wVersion, true, false
 			b.wFull, b.wRanges, b.wDirty = nil, nil, false
 		}
 		busy := b.inBusy
@@ -422,54 +431,78 @@ func (b *backupState) writer(ctx context.Context) error {
 				return nil
 			}
 		}
-		if err := b.writeInFlight(ctx); err != nil {
+		if err := b.writeInFlight(ctx, b.s.runCtx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 	}
+	return nil
 }
 
-// writeInFlight writes the taken write (retrying; caller: the writer, or
-// flush with the writer stopped).
-func (b *backupState) writeInFlight(ctx context.Context) error {
+// takeWholeLocked makes the taken write cur whole at curVersion and drops
+// the pending write, which cur covers (caller holds mu).
+func (b *backupState) takeWholeLocked() {
+	b.inFull, b.inRanges, b.inVersion, b.inBusy, b.shared = b.cur, nil, b.curVersion, true, true
+	b.wFull, b.wRanges, b.wDirty = nil, nil, false
+}
+
+// writeInFlight writes the taken write, retrying while ctx lasts; each
+// attempt runs under wctx (bounded by stateWriteTimeout), which the
+// writer does not end with ctx. Caller: the writer, or flush with the
+// writer stopped.
+//
+// A range write that failed may have landed all the same (its answer
+// lost): the model server is then past the base the write names, and
+// every range write on that base is refused. So once a range write has
+// failed, a failure of the next one turns the write into cur whole.
+func (b *backupState) writeInFlight(ctx, wctx context.Context) error {
 	s := b.s
-	b.mu.Lock()
-	full, ranges, version, base, specs := b.inFull, b.inRanges, b.inVersion, b.written, b.curSpecs
-	digest := ""
-	if len(full) > 0 && len(b.cur) > 0 && &full[0] == &b.cur[0] {
-		digest = b.curDigest
-	}
-	b.mu.Unlock()
 	var err error
 	for attempt := 0; attempt < stateOpAttempts; attempt++ {
 		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
 			return ctx.Err()
 		}
+		b.mu.Lock()
+		full, ranges, version, base, specs := b.inFull, b.inRanges, b.inVersion, b.written, b.curSpecs
+		digest := ""
+		if len(full) > 0 && len(b.cur) > 0 && &full[0] == &b.cur[0] {
+			digest = b.curDigest
+		}
+		b.mu.Unlock()
+		actx, cancel := context.WithTimeout(wctx, stateWriteTimeout)
 		if full != nil {
 			var ts []*hamsv1.Tensor
 			if ts, err = tensor.SplitBySpecs(specs, full); err != nil {
+				cancel()
 				return fmt.Errorf("write state version %d: %w", version, err)
 			}
 			if dw, ok := s.sbe.(DigestStateWriter); ok && digest != "" {
-				err = dw.WriteStateDigest(ctx, ts, version, digest)
+				err = dw.WriteStateDigest(actx, ts, version, digest)
 			} else {
-				err = s.sbe.WriteState(ctx, ts, version)
+				err = s.sbe.WriteState(actx, ts, version)
 			}
 		} else {
-			err = b.rangeWriter().WriteStateRanges(ctx, specs, base, version, mergeRanges(ranges))
+			err = b.rangeWriter().WriteStateRanges(actx, specs, base, version, mergeRanges(ranges))
 		}
+		cancel()
 		if err == nil {
 			break
 		}
-		s.log.Warn("write state to the model server failed", "version", version, "attempt", attempt+1, "err", err)
+		s.log.Warn("write state to the model server failed", "version", version, "ranges", full == nil, "attempt", attempt+1, "err", err)
+		b.mu.Lock()
+		if full == nil && b.inFailed {
+			b.takeWholeLocked()
+		}
+		b.inFailed = true
+		b.mu.Unlock()
 	}
 	if err != nil {
-		return fmt.Errorf("write state version %d to the model server: %w", version, err)
+		return fmt.Errorf("write state version %d to the model server: %w", b.inVersion, err)
 	}
 	b.mu.Lock()
-	b.written, b.inFull, b.inRanges, b.inBusy = version, nil, nil, false
+	b.written, b.inFull, b.inRanges, b.inBusy, b.inFailed = b.inVersion, nil, nil, false, false
 	b.mu.Unlock()
 	return nil
 }
@@ -477,41 +510,32 @@ func (b *backupState) writeInFlight(ctx context.Context) error {
 // flush writes whatever the model server lacks of cur (the writer is
 // stopped: a promotion, with the role stage down).
 //
-// An interrupted range write and ranges pending after it go out as one
-// range write on the interrupted write's base (later ranges override
-// earlier ones), which moves the deltas only instead of the whole state
-// (64 MiB for the olv learner: most of a promotion's time). If that write
-// is refused (the interrupted one may have landed after all, moving the
-// model server past the base), cur is written whole.
+// A failed range write and ranges pending after it go out as one range
+// write on the failed write's base (later ranges override earlier ones),
+// which moves the deltas only instead of the whole state (64 MiB for the
+// olv learner: most of a promotion's time). If the failed write landed
+// after all, that write is refused and writeInFlight writes cur whole.
 func (b *backupState) flush(ctx context.Context) error {
 	b.mu.Lock()
-	merged := false
 	switch {
 	case b.inBusy && b.wDirty && b.inFull == nil && b.wFull == nil && b.rangeWriter() != nil:
 		b.inRanges = append(append([]*hamsv1.StateRange(nil), b.inRanges...), b.wRanges...)
-		b.inVersion, merged = b.wVersion, true
+		b.inVersion = b.wVersion
+		b.wFull, b.wRanges, b.wDirty = nil, nil, false
 	case b.inBusy && b.wDirty:
-		// Both a running and a pending write, one of them whole: write
-		// cur whole.
-		b.inFull, b.inRanges, b.inVersion, b.shared = b.cur, nil, b.curVersion, true
+		// A failed and a pending write, one of them whole: write cur
+		// whole.
+		b.takeWholeLocked()
 	case b.wDirty:
-		b.inFull, b.inRanges, b.inVersion, b.inBusy = b.wFull, b.wRanges, b.wVersion, true
+		b.inFull, b.inRanges, b.inVersion, b.inBusy, b.inFailed = b.wFull, b.wRanges, b.wVersion, true, false
+		b.wFull, b.wRanges, b.wDirty = nil, nil, false
 	}
-	b.wFull, b.wRanges, b.wDirty = nil, nil, false
 	busy := b.inBusy
 	b.mu.Unlock()
 	if !busy {
 		return nil
 	}
-	err := b.writeInFlight(ctx)
-	if err == nil || !merged || ctx.Err() != nil {
-		return err
-	}
-	b.s.log.Warn("promotion: range write of the unwritten deltas refused; writing the whole state", "err", err)
-	b.mu.Lock()
-	b.inFull, b.inRanges, b.inVersion, b.shared, b.inBusy = b.cur, nil, b.curVersion, true, true
-	b.mu.Unlock()
-	return b.writeInFlight(ctx)
+	return b.writeInFlight(ctx, ctx)
 }
 
 // receive reads one snapshot from a ShipSnapshot stream and checks it:

@@ -550,9 +550,16 @@ func (s *Sidecar) stopStage() {
 		return
 	}
 	s.stage.cancel()
+	if hook := testHookStageCanceled.Load(); hook != nil {
+		(*hook)(s)
+	}
 	s.stage.wg.Wait()
 	s.stage = nil
 }
+
+// testHookStageCanceled, set by tests only, is called when a role's stage
+// is canceled, before its goroutines are waited for.
+var testHookStageCanceled atomic.Pointer[func(*Sidecar)]
 
 // loop owns the Joiner and Batcher: it accepts items, forms requests, and
 // hands a batch to the executor whenever the executor is idle and no
