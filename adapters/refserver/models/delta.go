@@ -124,6 +124,7 @@ func (k *olearn) delta(staged any) []Range {
 // patch copies every block it writes first (captures hold block
 // pointers; installed blocks are never written in place).
 func (k *olearn) patch(ranges []Range) error {
+	k.ready()
 	parts := k.parts()
 	per := make([]int, len(parts))
 	sizes := make([]int, len(parts))

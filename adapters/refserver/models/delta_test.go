@@ -161,3 +161,34 @@ func TestComputeInstallsStagedBatch(t *testing.T) {
 		t.Fatal("install-on-compute reached another state than compute/update")
 	}
 }
+
+// The online learner draws its seeded initial weights on first use: two
+// fresh instances hold the same state, and one whose state is written
+// whole before any use never draws them (a spare or a backup starts cheap)
+// and holds exactly what was written.
+func TestOLearnInitialWeightsDrawnOnFirstUseOnly(t *testing.T) {
+	p := map[string]any{"in_dim": 8, "state_mb": 1}
+	a, b := mk(t, "olearn", p), mk(t, "olearn", p)
+	want := stateBytes(t, a)
+	if !bytes.Equal(want, stateBytes(t, b)) {
+		t.Fatal("two fresh instances hold different initial weights")
+	}
+	c := mk(t, "olearn", p)
+	k := c.(*core).k.(*olearn)
+	drawn := false
+	draw := k.initFn
+	k.initFn = func() { drawn = true; draw() }
+	written := applyRanges(want, []Range{{Off: 0, Data: []byte{1, 2, 3, 4}}})
+	if _, err := c.WriteState(7, written); err != nil {
+		t.Fatal(err)
+	}
+	if got := stateBytes(t, c); !bytes.Equal(got, written) {
+		t.Fatal("state read back differs from the state written")
+	}
+	if _, err := c.Compute(&Batch{Inputs: []*hamsv1.Tensor{randT("x", 2, 8, 1)}, Rows: []uint32{2}, BatchID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if drawn {
+		t.Fatal("the initial weights were drawn although the state was written whole first")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/nn"
@@ -28,9 +29,19 @@ type olearn struct {
 	experts            []*expert
 	inName, labelsName string
 	outName            string
+	// The seeded initial weights are drawn on first use (initOnce runs
+	// initFn), not at construction: a model server that starts as a spare
+	// or a backup gets its state overwritten whole before any use (load
+	// skips the draw), and drawing 64 MiB of normals costs ~0.4 s of CPU
+	// that a failover's state transfer would otherwise compete with.
+	initOnce sync.Once
+	initFn   func()
 }
 
 type expert struct{ w1, b1, w2, b2 []float32 } // w1 [d,he], b1 [he], w2 [he,c], b2 [c]
+
+// ready draws the initial weights unless they were drawn or loaded.
+func (k *olearn) ready() { k.initOnce.Do(k.initFn) }
 
 func (k *olearn) expertFloats() int { return k.d*k.he + k.he + k.he*k.c + k.c }
 
@@ -53,6 +64,7 @@ func (k *olearn) route(x []float32, n int) []int {
 }
 
 func (k *olearn) compute(in *inputs) ([]*hamsv1.Tensor, any, error) {
+	k.ready()
 	x := in.float(k.inName)
 	var labels []int64
 	if lt := in.byName[k.labelsName]; lt != nil {
@@ -180,6 +192,7 @@ func (k *olearn) parts() []func(*expert) []float32 {
 }
 
 func (k *olearn) writeTo(w io.Writer) error {
+	k.ready()
 	for _, part := range k.parts() {
 		for _, ex := range k.experts {
 			if err := writeF32(w, part(ex)); err != nil {
@@ -194,6 +207,7 @@ func (k *olearn) writeTo(w io.Writer) error {
 // they are installed (install swaps in fresh copies, load allocates fresh
 // blocks), so the captured version stays intact while later updates run.
 func (k *olearn) capture() func(io.Writer) error {
+	k.ready()
 	experts := append([]*expert(nil), k.experts...)
 	return func(w io.Writer) error {
 		for _, part := range k.parts() {
@@ -219,6 +233,7 @@ func (k *olearn) load(data []byte) error {
 			data = readF32(part(ex), data)
 		}
 	}
+	k.initOnce.Do(func() {})
 	k.experts = fresh
 	return nil
 }
@@ -245,12 +260,14 @@ func init() {
 		rng := nn.NewRand(uint64(seed))
 		k.proj = make([]float32, d*16)
 		nn.FillNormal(k.proj, 1, rng)
-		k.experts = make([]*expert, k.e)
-		for i := range k.experts {
-			ex := &expert{w1: make([]float32, d*he), b1: make([]float32, he), w2: make([]float32, he*c), b2: make([]float32, c)}
-			nn.FillNormal(ex.w1, math.Sqrt(2/float64(d)), rng)
-			nn.FillNormal(ex.w2, nn.Glorot(he, c), rng)
-			k.experts[i] = ex
+		k.initFn = func() {
+			k.experts = make([]*expert, k.e)
+			for i := range k.experts {
+				ex := &expert{w1: make([]float32, d*he), b1: make([]float32, he), w2: make([]float32, he*c), b2: make([]float32, c)}
+				nn.FillNormal(ex.w1, math.Sqrt(2/float64(d)), rng)
+				nn.FillNormal(ex.w2, nn.Glorot(he, c), rng)
+				k.experts[i] = ex
+			}
 		}
 		ls := &hamsv1.TensorSpec{Name: labels, Datatype: tensor.Int64, Shape: []int64{-1}}
 		return &core{ins: []inputSpec{{spec: fp32Spec(inName, int64(d))}, {spec: ls, optional: true}},
