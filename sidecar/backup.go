@@ -1,7 +1,6 @@
 package sidecar
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/audit"
+	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/sidecar/nspb"
@@ -302,8 +302,9 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 			// goroutine).
 			stateDigest = r.digest
 			if r.delta != nil {
-				sum := sha256.Sum256(b.cur)
-				stateDigest = hex.EncodeToString(sum[:])
+				h := sha256.New()
+				bigmem.Write(h, b.cur)
+				stateDigest = hex.EncodeToString(h.Sum(nil))
 			}
 		}
 		s.idx.executed(recordsOf(s.cfg.Model, h.GetRequests(), s.isStateful))
@@ -382,7 +383,7 @@ func (b *backupState) install(r *received) error {
 			return err
 		}
 		if b.shared {
-			b.cur, b.shared = bytes.Clone(b.cur), false
+			b.cur, b.shared = bigmem.Clone(b.cur), false
 		}
 		patchRanges(b.cur, r.delta)
 		b.curVersion = h.GetStateVersion()
@@ -595,8 +596,9 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if uint64(len(data)) != h.GetStateBytes() {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(data), h.GetStateBytes())
 	}
-	sum := sha256.Sum256(data)
-	if got := hex.EncodeToString(sum[:]); got != digest {
+	sum := sha256.New()
+	bigmem.Write(sum, data)
+	if got := hex.EncodeToString(sum.Sum(nil)); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}
 	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), data); err != nil {

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"fmt"
 
+	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -69,7 +70,7 @@ func checkRanges(rs []*hamsv1.StateRange, total uint64) error {
 // patchRanges writes rs into state (checked by checkRanges).
 func patchRanges(state []byte, rs []*hamsv1.StateRange) {
 	for _, r := range rs {
-		copy(state[r.GetOffset():], r.GetData())
+		bigmem.Copy(state[r.GetOffset():], r.GetData())
 	}
 }
 
@@ -79,9 +80,10 @@ func joinState(ts []*hamsv1.Tensor) []byte {
 	for _, t := range ts {
 		n += len(t.GetData())
 	}
-	out := make([]byte, 0, n)
+	out := make([]byte, n)
+	off := 0
 	for _, t := range ts {
-		out = append(out, t.GetData()...)
+		off += bigmem.Copy(out[off:], t.GetData())
 	}
 	return out
 }
