@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/adapters/refserver/models"
+	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
@@ -173,7 +174,7 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		ot := wire.InferOutput(o)
 		data := o.Data
 		if u := shmOut[o.Name]; u != nil {
-			copy(u.buf, o.Data)
+			bigmem.Copy(u.buf, o.Data)
 			ot.Parameters = map[string]*inference.InferParameter{
 				wire.ParamShmRegion: wire.StrParam(u.r.name), wire.ParamShmByteSize: wire.I64Param(int64(len(o.Data))),
 			}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/shm"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -174,7 +175,7 @@ func (m *shmManager) input(in *inference.ModelInferRequest_InferInputTensor, raw
 		return nil, err
 	}
 	defer m.release(u)
-	t, err := wire.FromKServe(in.Name, in.Datatype, in.Shape, nil, append([]byte{}, u.buf...), true)
+	t, err := wire.FromKServe(in.Name, in.Datatype, in.Shape, nil, bigmem.Clone(u.buf), true)
 	return t, wireStatus(err)
 }
 

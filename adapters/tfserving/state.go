@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -93,7 +94,7 @@ func (b *Backend) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, vers
 		if err := tensor.Validate(t); err != nil {
 			return status.Errorf(codes.InvalidArgument, "tfserving %s write state: %v", b.label, err)
 		}
-		cp[i] = &hamsv1.Tensor{Name: sp.Name, Datatype: sp.Datatype, Shape: sp.Shape, Data: append([]byte(nil), t.GetData()...)}
+		cp[i] = &hamsv1.Tensor{Name: sp.Name, Datatype: sp.Datatype, Shape: sp.Shape, Data: bigmem.Clone(t.GetData())}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

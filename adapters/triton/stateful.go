@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/shm"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
@@ -242,7 +243,7 @@ func (s *Stateful) seed(bufs []*stateBuf) error {
 		return status.Errorf(codes.FailedPrecondition, "triton %s: initial state: %v", s.cfg.Model, err)
 	}
 	for i, sb := range bufs {
-		copy(sb.regs[0].Bytes(), init[i].GetData())
+		bigmem.Copy(sb.regs[0].Bytes(), init[i].GetData())
 	}
 	return nil
 }
@@ -419,7 +420,7 @@ func (s *Stateful) ReadState(ctx context.Context) ([]*hamsv1.Tensor, uint64, err
 	out := make([]*hamsv1.Tensor, len(s.bufs))
 	for i, sb := range s.bufs {
 		d := make([]byte, sb.bytes)
-		copy(d, sb.regs[s.cur].Bytes())
+		bigmem.Copy(d, sb.regs[s.cur].Bytes())
 		out[i] = &hamsv1.Tensor{Name: sb.spec.Name, Datatype: sb.spec.Datatype, Shape: sb.spec.Shape, Data: d}
 	}
 	return out, s.version, nil
@@ -439,7 +440,7 @@ func (s *Stateful) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, ver
 	s.flipMu.Lock()
 	defer s.flipMu.Unlock()
 	for i, sb := range s.bufs {
-		copy(sb.regs[s.cur].Bytes(), tensors[i].GetData())
+		bigmem.Copy(sb.regs[s.cur].Bytes(), tensors[i].GetData())
 	}
 	s.version, s.staged = version, false
 	return nil
