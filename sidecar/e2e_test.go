@@ -108,6 +108,15 @@ func (c *collector) count() int {
 	return c.n
 }
 
+// distinct counts the requests with at least one reply: after a
+// promotion the new primary resends its output log under a new sender
+// incarnation, and this bare sink (unlike a frontend) keeps duplicates.
+func (c *collector) distinct() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.items)
+}
+
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
