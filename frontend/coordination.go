@@ -83,31 +83,37 @@ func (f *Frontend) onDurable(n *hamsv1.DurabilityNotice) {
 		// durable_seq: what the model produced beyond it is lost. Parts
 		// that came from it are dropped; rolled-back replies go back to
 		// the table to await the re-executed items.
-		dropped := f.table.dropParts(n.GetModel(), n.GetDurableSeq())
+		model, seq, epoch := n.GetModel(), n.GetDurableSeq(), n.GetEpoch()
+		dropped := f.table.dropParts(model, seq, epoch)
+		var again []*completion
 		for _, r := range rolled {
 			keep := map[string]*hamsv1.Item{}
 			for s, it := range r.comp.parts {
-				if !namesBeyond(it.GetLineage(), n.GetModel(), n.GetDurableSeq()) {
+				if !namesLost(it.GetLineage(), model, seq, epoch) {
 					keep[s] = it
 				}
 			}
-			f.table.readd(r.comp, keep)
 			f.m.rolledBack.Inc()
+			if c := f.table.readd(r.comp, keep); c != nil {
+				again = append(again, c)
+				continue
+			}
 			// Items kept aside while the reply was held: copies of the
-			// lost execution (same seq and output of the model) go; a
-			// re-execution that overtook this notice completes the request.
+			// lost execution (its seq, output and epoch) go; a
+			// re-execution that overtook this notice completes the
+			// request, even one that repeats the lost seq and output.
 			lost := map[string]bool{}
 			for _, it := range r.comp.parts {
 				for _, l := range it.GetLineage() {
-					if l.GetModel() == n.GetModel() && l.GetSeq() > n.GetDurableSeq() {
-						lost[fmt.Sprint(l.GetSeq(), "/", l.GetOutputDigest())] = true
+					if lostEntry(l, model, seq, epoch) {
+						lost[fmt.Sprint(l.GetSeq(), "/", l.GetOutputDigest(), "/", l.GetEpoch())] = true
 					}
 				}
 			}
 			for _, o := range f.orphans.take(r.reqID) {
 				old := false
 				for _, l := range o.it.GetLineage() {
-					if l.GetModel() == n.GetModel() && lost[fmt.Sprint(l.GetSeq(), "/", l.GetOutputDigest())] {
+					if l.GetModel() == model && lost[fmt.Sprint(l.GetSeq(), "/", l.GetOutputDigest(), "/", l.GetEpoch())] {
 						old = true
 					}
 				}
@@ -115,6 +121,9 @@ func (f *Frontend) onDurable(n *hamsv1.DurabilityNotice) {
 					f.deliverLocked(o.from, o.it)
 				}
 			}
+		}
+		for _, c := range again {
+			f.completeLocked(c)
 		}
 		f.log.Info("stateful model failed over: replies depending on lost state rolled back",
 			"model", n.GetModel(), "epoch", n.GetEpoch(), "durable_seq", n.GetDurableSeq(), "rolled_back", len(rolled), "parts_dropped", dropped)

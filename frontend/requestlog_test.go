@@ -469,6 +469,56 @@ func TestRolledBackItemThatArrivedEarlyIsUsed(t *testing.T) {
 	}
 }
 
+// TestEarlyReExecutionRepeatingTheLostOneIsUsed: as above, but the new
+// primary's re-execution repeats the lost execution's seq and output (the
+// same durable state, the request first in line); only its epoch tells it
+// apart. It must complete the request, not be discarded as a copy of the
+// lost execution (that left the request unanswered until its deadline).
+func TestEarlyReExecutionRepeatingTheLostOneIsUsed(t *testing.T) {
+	co := newFakeCoord()
+	e := newGateEnv(t, "nspb", "5s", co, map[string]uint64{"s1": 4}, nil)
+	c := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "one", Inputs: vec(1)})
+	eventually(t, "reply held", func() bool { return e.held() == 1 })
+	var id uint64
+	var lost *hamsv1.LineageEntry
+	var out []*hamsv1.Tensor
+	e.fe.mu.Lock()
+	for k, r := range e.fe.holds.byID {
+		id = k
+		out = r.resp.Outputs[0].Tensors
+		for _, l := range r.resp.Lineage {
+			if l.Model == "s1" {
+				lost = proto.Clone(l).(*hamsv1.LineageEntry)
+			}
+		}
+	}
+	e.fe.mu.Unlock()
+	if lost == nil || lost.Seq != 5 {
+		t.Fatalf("held reply's s1 entry %v, want seq 5", lost)
+	}
+	again := proto.Clone(lost).(*hamsv1.LineageEntry)
+	again.Epoch = 2
+	e.models["s1"].senders[config.Frontend].Send(&hamsv1.Item{ReqId: id, Service: "one", StreamId: "x", Tensors: out,
+		Lineage: []*hamsv1.LineageEntry{again}})
+	eventually(t, "early item kept aside", func() bool {
+		e.fe.mu.Lock()
+		defer e.fe.mu.Unlock()
+		return len(e.fe.orphans.byID[id]) == 1
+	})
+	co.announce(t, "s1", 1)
+	co.durable <- &hamsv1.DurabilityNotice{Model: "s1", Epoch: 2, DurableSeq: 4}
+	eventually(t, "re-executed reply held", func() bool {
+		e.fe.mu.Lock()
+		defer e.fe.mu.Unlock()
+		r := e.fe.holds.byID[id]
+		return r != nil && r.deps["s1"] == 5 && r.resp.Lineage[0].GetEpoch() == 2
+	})
+	co.durable <- &hamsv1.DurabilityNotice{Model: "s1", Epoch: 2, DurableSeq: 5}
+	if r := await(t, "reply", c); r.err != nil {
+		t.Fatalf("reply %v %v", r.resp, r.err)
+	}
+}
+
 // counterValue reads a counter.
 func counterValue(c prometheus.Counter) float64 {
 	m := &dto.Metric{}

@@ -141,22 +141,30 @@ func (t *table) deliver(from string, it *hamsv1.Item) (deliverResult, *completio
 }
 
 // readd puts a request back that left the table as a reply (its reply was
-// held and a dependency was rolled back), with the parts that survive.
-func (t *table) readd(c *completion, keep map[string]*hamsv1.Item) {
+// held and a dependency was rolled back), with the parts that survive. When
+// every part survives (they all came from the new epoch, ahead of its
+// notice) the request completes again at once: the completion is returned.
+func (t *table) readd(c *completion, keep map[string]*hamsv1.Item) *completion {
 	t.addID(c.reqID, c.service, c.requestID, c.sinks, c.deadline)
 	e := t.pending[c.reqID]
 	for s, it := range keep {
 		e.parts[s] = it
 	}
+	if len(e.parts) < len(e.sinks) {
+		return nil
+	}
+	t.drop(e)
+	return &completion{reqID: e.reqID, resp: e.reply(), deadline: e.deadline,
+		service: e.service, requestID: e.requestID, sinks: e.sinks, parts: e.parts}
 }
 
-// dropParts forgets every arrived part whose lineage names model with a
-// seq above seq (it came from state that was rolled back).
-func (t *table) dropParts(model string, seq uint64) int {
+// dropParts forgets every arrived part that names an execution of model
+// lost in the failover to epoch (see namesLost).
+func (t *table) dropParts(model string, seq, epoch uint64) int {
 	n := 0
 	for _, e := range t.pending {
 		for s, it := range e.parts {
-			if namesBeyond(it.GetLineage(), model, seq) {
+			if namesLost(it.GetLineage(), model, seq, epoch) {
 				delete(e.parts, s)
 				n++
 			}
@@ -165,14 +173,21 @@ func (t *table) dropParts(model string, seq uint64) int {
 	return n
 }
 
-// namesBeyond reports whether lineage names model with a seq above seq.
-func namesBeyond(lineage []*hamsv1.LineageEntry, model string, seq uint64) bool {
+// namesLost reports whether lineage names an execution of model that the
+// failover to epoch (durable up to seq) lost: a seq above seq, executed
+// before epoch. An entry of epoch or later is a re-execution that overtook
+// the failover's notice; an unstamped entry (epoch 0) counts as lost.
+func namesLost(lineage []*hamsv1.LineageEntry, model string, seq, epoch uint64) bool {
 	for _, l := range lineage {
-		if l.GetModel() == model && l.GetSeq() > seq {
+		if lostEntry(l, model, seq, epoch) {
 			return true
 		}
 	}
 	return false
+}
+
+func lostEntry(l *hamsv1.LineageEntry, model string, seq, epoch uint64) bool {
+	return l.GetModel() == model && l.GetSeq() > seq && (l.GetEpoch() == 0 || l.GetEpoch() < epoch)
 }
 
 // has reports whether reqID is pending.

@@ -45,7 +45,7 @@ func BenchmarkLineageBatch64(b *testing.B) {
 	for _, jp := range []int{1, 2} {
 		b.Run(fmt.Sprintf("preds=%d", jp), func(b *testing.B) {
 			parts, outs := lineageBatch(64, jp)
-			l := NewLineage("me", 0)
+			l := NewLineage("me", 0, 0)
 			b.ReportAllocs()
 			for b.Loop() {
 				l.RecordBatch(parts, outs)

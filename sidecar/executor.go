@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -301,6 +302,7 @@ func (s *Sidecar) finish(ctx context.Context, reqs []request, outs [][]*hamsv1.T
 	}
 	seqs, lineages := s.lineage.RecordBatch(parts, outs)
 	s.idx.executed(s.execRecs(parts, seqs, lineages))
+	s.logExecuted(parts, seqs)
 	if s.rp != nil {
 		s.rp.executed(ctx, reqs, seqs, lineages)
 	}
@@ -313,4 +315,19 @@ func (s *Sidecar) finish(ctx context.Context, reqs []request, outs [][]*hamsv1.T
 			Tensors: outs[i], Lineage: lineages[i], DeadlineUnixNano: r.j.Deadline,
 		})
 	}
+}
+
+// logExecuted logs, at Debug, which requests a batch ran and the seqs they
+// got (tracing a request across a failover).
+func (s *Sidecar) logExecuted(parts [][]*hamsv1.Item, seqs []uint64) {
+	if len(parts) == 0 || !s.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	ids := make([]uint64, len(parts))
+	for i, p := range parts {
+		if len(p) > 0 && p[0] != nil {
+			ids[i] = p[0].GetReqId()
+		}
+	}
+	s.log.Debug("batch executed", "req_ids", ids, "seqs", seqs)
 }

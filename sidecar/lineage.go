@@ -19,15 +19,18 @@ import (
 type Lineage struct {
 	model string
 	seq   uint64
+	// epoch is stamped on every entry (0: none; see stampEpoch).
+	epoch uint64
 	h     hash.Hash
 	sum   [sha256.Size]byte
 	hex   [2 * sha256.Size]byte
 }
 
 // NewLineage starts numbering after lastSeq (0 for a fresh model; a
-// promoted backup resumes after its max_seq).
-func NewLineage(model string, lastSeq uint64) *Lineage {
-	return &Lineage{model: model, seq: lastSeq, h: sha256.New()}
+// promoted backup resumes after its max_seq) and stamps epoch on the
+// entries it writes (0: none).
+func NewLineage(model string, lastSeq, epoch uint64) *Lineage {
+	return &Lineage{model: model, seq: lastSeq, epoch: epoch, h: sha256.New()}
 }
 
 // Seq is the last seq assigned.
@@ -121,9 +124,22 @@ func (l *Lineage) RecordBatch(parts [][]*hamsv1.Item, outputs [][]*hamsv1.Tensor
 			e.Model = l.model
 			e.Seq = l.seq
 			e.OutputDigest = digest
+			e.Epoch = l.epoch
 			ptrs = append(ptrs, e)
 		}
 		lineages[i] = ptrs[start:len(ptrs):len(ptrs)]
 	}
 	return seqs, lineages
+}
+
+// stampEpoch is the epoch a new Lineage of this sidecar stamps: a
+// replicated stateful model's, so that a re-execution after a failover
+// that repeats the lost execution's seq and output is still a new item
+// downstream (edge.DedupKey); 0 for stateless models and the replay
+// baseline, whose re-executions must stay duplicates of the originals.
+func (s *Sidecar) stampEpoch(epoch uint64) uint64 {
+	if s.replicated && s.rp == nil {
+		return epoch
+	}
+	return 0
 }

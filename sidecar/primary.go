@@ -531,6 +531,7 @@ func (p *primary) record(ev opDone) *computedBatch {
 	}
 	seqs, lineages := s.lineage.RecordBatch(parts, ev.outs)
 	s.idx.executed(s.execRecs(parts, seqs, lineages))
+	s.logExecuted(parts, seqs)
 	b := &computedBatch{id: ev.batch, outputs: ev.resp.GetOutputs(), rows: ev.resp.GetRows(),
 		items: make([]*hamsv1.Item, len(ev.reqs)), records: make([]*hamsv1.RequestRecord, len(ev.reqs)),
 		delta: ev.resp.GetStateDelta(), version: ev.resp.GetNextStateVersion()}

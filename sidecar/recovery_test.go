@@ -493,6 +493,23 @@ func TestDemotedPrimarySyncsFromNewPrimary(t *testing.T) {
 		// Not count: the promoted primary resent replies 1-20, which
 		// this sink keeps, so the total passes 40 once 21-40 arrive.
 		waitFor(t, "replies to all 40 requests", func() bool { return r.sink.distinct() == 40 })
+		// Each execution names the epoch of the instance that ran it (a
+		// re-execution after a failover is a new item downstream even
+		// when it repeats seq and output).
+		r.sink.mu.Lock()
+		for id, its := range r.sink.items {
+			want := uint64(1)
+			if id > 20 {
+				want = 2
+			}
+			for _, it := range its {
+				if ep := it.GetLineage()[len(it.GetLineage())-1].GetEpoch(); ep != want {
+					r.sink.mu.Unlock()
+					t.Fatalf("req %d executed at epoch %d, want %d", id, ep, want)
+				}
+			}
+		}
+		r.sink.mu.Unlock()
 		waitFor(t, "demoted primary in sync", func() bool {
 			s, _ := b1.sc.backupNow().MaxSeq()
 			return s == 40 && be1.Digest() == be2.Digest()

@@ -618,7 +618,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 		// The primary failed before its initial checkpoint: this spare's
 		// own state is the initial one.
 		s.idx.reset()
-		s.lineage = NewLineage(s.cfg.Model, 0)
+		s.lineage = NewLineage(s.cfg.Model, 0, 0)
 		rp.batch = 0
 		s.log.Warn("replay: no checkpoint; re-executing the whole log from this instance's state")
 	case err != nil:
@@ -636,7 +636,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 		for _, d := range ck.GetDedup() {
 			keys[d.GetFromModel()] = append(keys[d.GetFromModel()], d.GetKeys()...)
 		}
-		s.lineage = NewLineage(s.cfg.Model, ck.GetSeq())
+		s.lineage = NewLineage(s.cfg.Model, ck.GetSeq(), 0)
 		rp.batch, ckEpoch = ck.GetBatchId(), ck.GetEpoch()
 		st.ckptBatch, st.ckptSeq = ck.GetBatchId(), ck.GetSeq()
 		// Its records may not have been written (the primary failed

@@ -219,7 +219,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 				return nil // repeated order
 			}
 			from := max(startSeq, s.lineage.Seq())
-			s.lineage = NewLineage(s.cfg.Model, from)
+			s.lineage = NewLineage(s.cfg.Model, from, 0)
 			s.epochV.Store(epoch)
 			// New sender incarnations, as a stateful promotion makes: a
 			// receiver follows the newest incarnation of a model's
@@ -266,7 +266,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			return err
 		}
 		s.baseBatch, s.baseSeq = batch, seq
-		s.lineage = NewLineage(s.cfg.Model, seq)
+		s.lineage = NewLineage(s.cfg.Model, seq, s.stampEpoch(epoch))
 		s.epochV.Store(epoch)
 		s.recoveredEpoch.Store(epoch)
 		s.receiver.SeedDedup(s.idx.cut(seq))
@@ -390,7 +390,7 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 			return status.Errorf(codes.Unavailable, "Rollback: write kept state of batch %d: %v", target.batch, err)
 		}
 		s.baseBatch, s.baseSeq = target.batch, target.seq
-		s.lineage = NewLineage(s.cfg.Model, target.seq)
+		s.lineage = NewLineage(s.cfg.Model, target.seq, s.stampEpoch(epoch))
 		s.epochV.Store(epoch)
 		s.recoveredEpoch.Store(epoch)
 		s.outlog.DropAfter(s.cfg.Model, target.seq)

@@ -240,7 +240,6 @@ func New(cfg Config) (*Sidecar, error) {
 		maxMsg:  cfg.Deployment.Limits.MaxMessageBytes,
 		metrics: newMetrics(reg, cfg.Model),
 		batcher: NewBatcher[*Joined](m.Batch.Size, m.Batch.MaxWait.D()),
-		lineage: NewLineage(cfg.Model, 0),
 		inbox:   make(chan *hamsv1.Item, inboxSize),
 		done:    make(chan struct{}), collecting: make(chan struct{}),
 		role: role, mode: mode, replicated: replicated, sbe: sbe,
@@ -275,6 +274,7 @@ func New(cfg Config) (*Sidecar, error) {
 	} else {
 		s.rp = rp
 	}
+	s.lineage = NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch))
 	if role == RoleBackup && s.rp == nil {
 		s.bk = newBackupState(s)
 	}

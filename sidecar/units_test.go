@@ -33,7 +33,7 @@ func TestPredSeq(t *testing.T) {
 }
 
 func TestLineageChain(t *testing.T) {
-	l := NewLineage("b", 0)
+	l := NewLineage("b", 0, 0)
 	out := []*hamsv1.Tensor{tensor.FromFloat32("y", []int64{1, 1}, []float32{1})}
 	in1 := &hamsv1.Item{FromModel: "a", Lineage: []*hamsv1.LineageEntry{le("frontend", 4, "a", 2)}}
 	in2 := &hamsv1.Item{FromModel: "a", Lineage: []*hamsv1.LineageEntry{le("frontend", 3, "a", 1)}}
@@ -68,7 +68,7 @@ func TestLineageJoinMergesWithoutDuplicates(t *testing.T) {
 	fromB := &hamsv1.Item{FromModel: "b", Lineage: []*hamsv1.LineageEntry{le("frontend", 9, "a", 5), le("a", 5, "b", 4)}}
 	fromC := &hamsv1.Item{FromModel: "c", Lineage: []*hamsv1.LineageEntry{le("frontend", 9, "a", 5), le("a", 5, "c", 8)}}
 	fromF := &hamsv1.Item{FromModel: config.Frontend, EdgeSeq: 3, ReqId: 12}
-	l := NewLineage("d", 10)
+	l := NewLineage("d", 10, 0)
 	seqs, lins := l.RecordBatch([][]*hamsv1.Item{{fromB, fromC, fromF}}, [][]*hamsv1.Tensor{nil})
 	if seqs[0] != 11 {
 		t.Fatalf("seq %d", seqs[0])

@@ -484,6 +484,9 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 			continue
 		}
 		it.FromModel = from
+		if s := it.GetEdgeSeq(); s != 0 && s <= e.reorder.MaxInOrder() {
+			r.log.Debug("edge item dropped: edge_seq already received", "from", from, "to", r.to, "req_id", it.GetReqId(), "edge_seq", s)
+		}
 		var err error
 		ready, err = e.reorder.Append(ready, it)
 		if err != nil {
@@ -498,6 +501,7 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 				kept = append(kept, it)
 			} else {
 				r.dups.Add(1)
+				r.log.Debug("edge item dropped: request key seen", "from", from, "to", r.to, "req_id", it.GetReqId(), "edge_seq", it.GetEdgeSeq())
 			}
 		}
 		clear(ready[len(kept):])

@@ -164,6 +164,13 @@ func TestDedupKey(t *testing.T) {
 	if DedupKey(1, []*hamsv1.LineageEntry{e("frontend", 1, "s", 7, "w"), e("s", 7, "p", 3, "y")}, st) == k {
 		t.Fatal("stateful re-execution with another output has the same key")
 	}
+	// A stateful re-execution by a promoted instance (another epoch) that
+	// repeats seq and output exactly.
+	again := []*hamsv1.LineageEntry{e("frontend", 1, "s", 7, "x"), e("s", 7, "p", 3, "y")}
+	again[0].Epoch = 2
+	if DedupKey(1, again, st) == k {
+		t.Fatal("stateful re-execution in a new epoch has the key of the lost execution")
+	}
 	if DedupKey(2, base, st) == k || DedupKey(1, base[:1], st) == k {
 		t.Fatal("other request or path has the same key")
 	}
@@ -202,5 +209,51 @@ func TestResendPassThrough(t *testing.T) {
 		if got := sk.count("q"); got != c.want {
 			t.Fatalf("step %d: %d delivered, want %d", i, got, c.want)
 		}
+	}
+}
+
+// The failure olv chaos runs showed (about one kill in 15): a stateful
+// model s re-executes request 1 after its failover from the same durable
+// state, alone and first in line, so it repeats the lost execution's seq
+// and output; the stateless first hop q in front of s ran the request again
+// (a frontend resend), so the exact lineage is new while the stateful path
+// is not. A stateless model p after s must run it (the frontend rolled the
+// lost reply back and waits for this one): the promoted instance's epoch
+// makes it a new path. Unstamped, it is dropped as a stateless re-run.
+func TestStatefulReExecutionRepeatingSeqAndOutputPassesStatelessHop(t *testing.T) {
+	st := func(m string) bool { return m == "s" }
+	lin := func(qseq, epoch uint64) []*hamsv1.LineageEntry {
+		return []*hamsv1.LineageEntry{
+			{PredModel: "frontend", PredSeq: 1, Model: "q", Seq: qseq},
+			{PredModel: "q", PredSeq: qseq, Model: "s", Seq: 1063, OutputDigest: "x", Epoch: epoch},
+		}
+	}
+	batch := func(inc, qseq, epoch uint64) *hamsv1.ForwardBatch {
+		return &hamsv1.ForwardBatch{FromModel: "s", ToModel: "p", Incarnation: inc,
+			Items: []*hamsv1.Item{{ReqId: 1, EdgeSeq: 1, Lineage: lin(qseq, epoch)}}}
+	}
+	for _, c := range []struct {
+		name                  string
+		lostEpoch, againEpoch uint64
+		want                  int
+	}{
+		{"stamped", 18, 19, 2},
+		{"unstamped", 0, 0, 1}, // the old behaviour: the re-execution is lost
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sk := newSink()
+			r := NewReceiver("p", sk.deliver, nil, WithDedup(0, st), WithResendPassThrough())
+			e := r.edge("s")
+			if _, err := r.accept(e, "s", batch(1, 1148, c.lostEpoch)); err != nil {
+				t.Fatal(err)
+			}
+			// The promoted s sends on a new incarnation.
+			if _, err := r.accept(e, "s", batch(2, 1149, c.againEpoch)); err != nil {
+				t.Fatal(err)
+			}
+			if got := sk.count("s"); got != c.want {
+				t.Fatalf("%d delivered, want %d", got, c.want)
+			}
+		})
 	}
 }

@@ -111,7 +111,14 @@ type LineageEntry struct {
 	// Hex SHA-256 of the output tensors model produced for this request. Set
 	// by the model's sidecar; used by the audit log and the consistency
 	// checker.
-	OutputDigest  string `protobuf:"bytes,5,opt,name=output_digest,json=outputDigest,proto3" json:"output_digest,omitempty"`
+	OutputDigest string `protobuf:"bytes,5,opt,name=output_digest,json=outputDigest,proto3" json:"output_digest,omitempty"`
+	// Epoch of the instance of a stateful model that executed the request
+	// (0: not stamped, stateless models and the replay baseline). A
+	// re-execution after a failover can repeat seq and output exactly (the
+	// same state, the same request first in line); the epoch keeps it apart
+	// from the lost execution, which receivers may have seen and a frontend
+	// has rolled back.
+	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -179,6 +186,13 @@ func (x *LineageEntry) GetOutputDigest() string {
 		return x.OutputDigest
 	}
 	return ""
+}
+
+func (x *LineageEntry) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 // TensorSpec describes a tensor without its data.
@@ -252,14 +266,15 @@ const file_hams_v1_tensor_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bdatatype\x18\x02 \x01(\tR\bdatatype\x12\x14\n" +
 	"\x05shape\x18\x03 \x03(\x03R\x05shape\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"\x95\x01\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"\xab\x01\n" +
 	"\fLineageEntry\x12\x1d\n" +
 	"\n" +
 	"pred_model\x18\x01 \x01(\tR\tpredModel\x12\x19\n" +
 	"\bpred_seq\x18\x02 \x01(\x04R\apredSeq\x12\x14\n" +
 	"\x05model\x18\x03 \x01(\tR\x05model\x12\x10\n" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12#\n" +
-	"\routput_digest\x18\x05 \x01(\tR\foutputDigest\"R\n" +
+	"\routput_digest\x18\x05 \x01(\tR\foutputDigest\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"R\n" +
 	"\n" +
 	"TensorSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
