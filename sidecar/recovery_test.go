@@ -3,6 +3,8 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"log/slog"
 	"os"
 	"sync"
@@ -533,6 +535,40 @@ func TestDemotedPrimarySyncsFromNewPrimary(t *testing.T) {
 	})
 }
 
+// A promoted backup's shipper does not ship to itself while the topology
+// still names it as the backup (before the manager rewires): it waits for
+// the change, where it used to stream the whole state to itself and be
+// refused (FailedPrecondition, a retry, tens of ms of every failover).
+func TestPromotedBackupWaitsForRewireInsteadOfShippingToItself(t *testing.T) {
+	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+	be1, be2 := newCounter(8), newCounter(8)
+	b2 := r.start("a", be2, RoleBackup, 1, false, nil)
+	b1 := r.start("a", be1, RolePrimary, 1, true, nil)
+	r.send(1, 20)
+	waitFor(t, "backup durable", func() bool { s, _ := b2.sc.bk.MaxSeq(); return s == 20 })
+	ctx := context.Background()
+	if _, err := r.client(b2.addr).Promote(ctx, &hamsv1.PromoteRequest{Model: "a", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// The backup resolver still names b2 itself.
+	r.res.Set("a", b2.addr, 2)
+	r.send(21, 30)
+	waitFor(t, "the new primary's replies", func() bool { return r.sink.distinct() == 30 })
+	waitFor(t, "shipper waiting for the rewire", func() bool { return counterOf(b2.sc.metrics.shipSelf) > 0 })
+	if n := counterOf(b2.sc.metrics.shipRetries); n != 0 {
+		t.Fatalf("%v shipments failed before the rewire (shipped to itself)", n)
+	}
+	// Rewired: the old primary becomes the backup and catches up.
+	if _, err := r.client(b1.addr).Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
+		t.Fatal(err)
+	}
+	r.setBackup("a", b1.addr)
+	waitFor(t, "demoted primary in sync", func() bool {
+		s, _ := b1.sc.backupNow().MaxSeq()
+		return s == 30 && be1.Digest() == be2.Digest()
+	})
+}
+
 // (e) Stale epochs: once the topology knows a model at a newer epoch, the
 // deposed instance's batches are refused; the promoted one's (stamped with
 // the new epoch) pass.
@@ -733,4 +769,13 @@ func TestResendThroughStatelessFirstHop(t *testing.T) {
 	if d := b2.sc.receiver.Duplicates(); d < pos.MaxInByPred["a"]-after {
 		t.Fatalf("promoted b dropped %d covered requests, want >= %d", d, pos.MaxInByPred["a"]-after)
 	}
+}
+
+// counterOf reads a counter.
+func counterOf(c prometheus.Counter) float64 {
+	m := &dto.Metric{}
+	if err := c.Write(m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -408,6 +408,17 @@ func (sh *shipper) run(ctx context.Context) error {
 			return nil
 		}
 		addr, _, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model)
+		if ok && addr == s.cfg.GRPCListener.Addr().String() {
+			// The topology still names this instance as the backup: it
+			// was just promoted and the manager has not rewired yet.
+			// Shipping would stream the whole state to itself only to be
+			// refused (tens of ms of a failover, for a 64 MiB state).
+			s.metrics.shipSelf.Inc()
+			if !sh.backoff(ctx, shipIdleCheck) {
+				return nil
+			}
+			continue
+		}
 		if ok && sh.rebase(addr) {
 			continue
 		}
