@@ -570,6 +570,9 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	}
 	data := make([]byte, 0, h.GetStateBytes())
 	digest := first.GetStateDigest()
+	// Hashed as the chunks arrive (overlapping the transfer), not in a
+	// pass over the whole state after the last one.
+	sum := sha256.New()
 	for {
 		ch, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -588,6 +591,7 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d state bytes", h.GetBatchId(), h.GetStateBytes())
 		}
 		data = append(data, ch.GetData()...)
+		sum.Write(ch.GetData())
 		digest = ch.GetStateDigest()
 	}
 	if digest == "" {
@@ -596,8 +600,6 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if uint64(len(data)) != h.GetStateBytes() {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(data), h.GetStateBytes())
 	}
-	sum := sha256.New()
-	bigmem.Write(sum, data)
 	if got := hex.EncodeToString(sum.Sum(nil)); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}

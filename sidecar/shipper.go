@@ -2,7 +2,10 @@ package sidecar
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"hash"
 	"slices"
 	"strconv"
 	"strings"
@@ -508,11 +511,17 @@ func (sh *shipper) backoff(ctx context.Context, d time.Duration) bool {
 // shipChunkBytes (a delta's ranges, each chunk with its offset), the
 // digest on the last chunk.
 func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) (applied bool, err error) {
+	// A full state's SHA-256 (tensor.Digest) is computed chunk by chunk
+	// as the chunks go out, not in a pass of its own before the first:
+	// that pass took ~40 ms of a 64 MiB base on the failover path.
+	var stateSum hash.Hash
 	if sn.digest == "" {
 		if sn.isDelta() {
 			sn.digest = rangesDigest(sn.delta)
-		} else {
+		} else if len(sn.state) == 0 || sn.header.GetStateBytes() == 0 {
 			sn.digest = tensor.Digest(sn.state...)
+		} else {
+			stateSum = sha256.New()
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, shipTimeout)
@@ -540,7 +549,13 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 			ch := &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: d[:k]}, Offset: off}
 			d, off = d[k:], off+uint64(k)
 			sent += uint64(k)
+			if stateSum != nil {
+				stateSum.Write(ch.GetData())
+			}
 			if sent == size {
+				if stateSum != nil {
+					sn.digest = hex.EncodeToString(stateSum.Sum(nil))
+				}
 				ch.StateDigest = sn.digest
 			}
 			if err := st.Send(ch); err != nil {
