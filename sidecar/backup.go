@@ -2,8 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +36,10 @@ type received struct {
 	data   []byte
 	delta  []*hamsv1.StateRange
 	digest string
-	at     time.Time
+	// hash: the full state's running hash, kept as the backup's cur
+	// hash when installed (stateHash).
+	hash *stateHash
+	at   time.Time
 }
 
 // backupState is a backup sidecar's state manager: it buffers snapshots
@@ -98,6 +99,9 @@ type backupState struct {
 	// curDigest: the SHA-256 of cur when it is a received full state not
 	// patched since ("" otherwise); a whole-state write passes it on.
 	curDigest string
+	// curHash hashes cur for the audit's state digests, resuming at the
+	// lowest change of each delta (only the apply goroutine uses it).
+	curHash *stateHash
 	// Write-behind to the model server.
 	written           uint64
 	wFull, inFull     []byte
@@ -302,9 +306,10 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 			// goroutine).
 			stateDigest = r.digest
 			if r.delta != nil {
-				h := sha256.New()
-				bigmem.Write(h, b.cur)
-				stateDigest = hex.EncodeToString(h.Sum(nil))
+				if b.curHash == nil {
+					b.curHash = newStateHash()
+				}
+				stateDigest = b.curHash.Sum(b.cur)
 			}
 		}
 		s.idx.executed(recordsOf(s.cfg.Model, h.GetRequests(), s.isStateful))
@@ -373,6 +378,7 @@ func (b *backupState) install(r *received) error {
 	defer b.mu.Unlock()
 	if r.delta == nil {
 		b.cur, b.curSpecs, b.curVersion, b.shared, b.curDigest = r.data, h.GetStateTensors(), h.GetStateVersion(), true, r.digest
+		b.curHash, r.hash = r.hash, nil // it follows cur's patches from now on
 		b.wFull, b.wRanges = r.data, nil
 	} else {
 		b.curDigest = ""
@@ -386,6 +392,11 @@ func (b *backupState) install(r *received) error {
 			b.cur, b.shared = bigmem.Clone(b.cur), false
 		}
 		patchRanges(b.cur, r.delta)
+		if b.curHash != nil {
+			for _, d := range r.delta {
+				b.curHash.Changed(int(d.GetOffset()))
+			}
+		}
 		b.curVersion = h.GetStateVersion()
 		if b.wFull == nil {
 			b.wRanges = append(b.wRanges, r.delta...)
@@ -571,8 +582,9 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	data := make([]byte, 0, h.GetStateBytes())
 	digest := first.GetStateDigest()
 	// Hashed as the chunks arrive (overlapping the transfer), not in a
-	// pass over the whole state after the last one.
-	sum := sha256.New()
+	// pass over the whole state after the last one; the hash is kept for
+	// the audit digests of the deltas applied on top (stateHash).
+	sum := newStateHash()
 	for {
 		ch, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -600,13 +612,13 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if uint64(len(data)) != h.GetStateBytes() {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(data), h.GetStateBytes())
 	}
-	if got := hex.EncodeToString(sum.Sum(nil)); got != digest {
+	if got := sum.Sum(data); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}
 	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), data); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
 	}
-	return &received{header: h, data: data, digest: digest, at: time.Now()}, nil
+	return &received{header: h, data: data, digest: digest, hash: sum, at: time.Now()}, nil
 }
 
 // receiveDelta reads the ranges of a delta snapshot: data chunks with

@@ -490,6 +490,14 @@ func TestBackupConvergesToPrimary(t *testing.T) {
 						t.Fatalf("bad or duplicate audit record %+v", r)
 					}
 					seen[r.Seq] = true
+					// The state digest after each batch is a state the
+					// primary had (for deltas: the backup's resumed hash).
+					if _, ok := prim.history[r.StateDigest]; !ok {
+						t.Fatalf("audit record of seq %d: state %s, which the primary never had", r.Seq, r.StateDigest)
+					}
+					if r.Seq == n && r.StateDigest != prim.Digest() {
+						t.Fatalf("audit record of seq %d: state %s, primary ends at %s", n, r.StateDigest, prim.Digest())
+					}
 				}
 				if len(seen) != n {
 					t.Fatalf("%d audit records, want %d", len(seen), n)
