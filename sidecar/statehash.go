@@ -8,9 +8,9 @@ import (
 )
 
 // stateHashMark is the spacing of the saved intermediate states of a
-// stateHash (and the most it hashes between two yields of the scheduler:
-// a state-sized write in one call would hold off a GC's stop, see
-// internal/bigmem).
+// stateHash, and the most it hashes in one call into the assembly block
+// function (not preemptible: a state-sized write in one call would hold
+// off a GC's stop-the-world, see internal/bigmem).
 const stateHashMark = 1 << 20
 
 // stateHash is the SHA-256 of a state that is patched in place (a backup's
