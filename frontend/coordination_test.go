@@ -161,6 +161,20 @@ func (e *env) held() int {
 	return e.fe.holds.len()
 }
 
+// onlyHeld is the req_id and reply of the one reply in the hold area (the
+// caller waited for held() == 1).
+func (e *env) onlyHeld() (uint64, *hamsv1.PredictResponse) {
+	e.fe.mu.Lock()
+	defer e.fe.mu.Unlock()
+	if n := e.fe.holds.len(); n != 1 {
+		e.t.Fatalf("%d held replies, want 1", n)
+	}
+	for id, r := range e.fe.holds.byID {
+		return id, r.resp
+	}
+	return 0, nil
+}
+
 type result struct {
 	resp *hamsv1.PredictResponse
 	err  error

@@ -391,12 +391,7 @@ func TestHeldReplyOfRolledBackStateIsNotReleased(t *testing.T) {
 	}
 	second := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "one", Inputs: vec(2)})
 	eventually(t, "second reply held", func() bool { return e.held() == 1 })
-	var id uint64
-	e.fe.mu.Lock()
-	for k := range e.fe.holds.byID {
-		id = k
-	}
-	e.fe.mu.Unlock()
+	id, _ := e.onlyHeld()
 
 	// Failover of s1: epoch 2, durable 1. The held reply (s1 seq 2) is
 	// rolled back, not released; the request waits in the table again.
@@ -440,12 +435,7 @@ func TestRolledBackItemThatArrivedEarlyIsUsed(t *testing.T) {
 	e := newGateEnv(t, "nspb", "5s", co, map[string]uint64{"s1": 4}, nil)
 	c := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "one", Inputs: vec(1)})
 	eventually(t, "reply held", func() bool { return e.held() == 1 })
-	var id uint64
-	e.fe.mu.Lock()
-	for k := range e.fe.holds.byID {
-		id = k
-	}
-	e.fe.mu.Unlock()
+	id, _ := e.onlyHeld()
 	out := vec(7)
 	e.models["s1"].senders[config.Frontend].Send(&hamsv1.Item{ReqId: id, Service: "one", StreamId: "x", Tensors: out,
 		Lineage: []*hamsv1.LineageEntry{{PredModel: config.Frontend, PredSeq: 1, Model: "s1", Seq: 5, OutputDigest: "new"}}})
@@ -479,20 +469,14 @@ func TestEarlyReExecutionRepeatingTheLostOneIsUsed(t *testing.T) {
 	e := newGateEnv(t, "nspb", "5s", co, map[string]uint64{"s1": 4}, nil)
 	c := e.predictAsync(ctxT(t, 10*time.Second), &hamsv1.PredictRequest{Service: "one", Inputs: vec(1)})
 	eventually(t, "reply held", func() bool { return e.held() == 1 })
-	var id uint64
+	id, held := e.onlyHeld()
+	out := held.Outputs[0].Tensors
 	var lost *hamsv1.LineageEntry
-	var out []*hamsv1.Tensor
-	e.fe.mu.Lock()
-	for k, r := range e.fe.holds.byID {
-		id = k
-		out = r.resp.Outputs[0].Tensors
-		for _, l := range r.resp.Lineage {
-			if l.Model == "s1" {
-				lost = proto.Clone(l).(*hamsv1.LineageEntry)
-			}
+	for _, l := range held.Lineage {
+		if l.Model == "s1" {
+			lost = proto.Clone(l).(*hamsv1.LineageEntry)
 		}
 	}
-	e.fe.mu.Unlock()
 	if lost == nil || lost.Seq != 5 {
 		t.Fatalf("held reply's s1 entry %v, want seq 5", lost)
 	}

@@ -135,8 +135,14 @@ func (t *table) deliver(from string, it *hamsv1.Item) (deliverResult, *completio
 	if len(e.parts) < len(e.sinks) {
 		return partStored, nil
 	}
+	return completed, t.complete(e)
+}
+
+// complete takes e, whose every sink part arrived, out of the table as a
+// reply.
+func (t *table) complete(e *entry) *completion {
 	t.drop(e)
-	return completed, &completion{reqID: e.reqID, resp: e.reply(), deadline: e.deadline,
+	return &completion{reqID: e.reqID, resp: e.reply(), deadline: e.deadline,
 		service: e.service, requestID: e.requestID, sinks: e.sinks, parts: e.parts}
 }
 
@@ -153,9 +159,7 @@ func (t *table) readd(c *completion, keep map[string]*hamsv1.Item) *completion {
 	if len(e.parts) < len(e.sinks) {
 		return nil
 	}
-	t.drop(e)
-	return &completion{reqID: e.reqID, resp: e.reply(), deadline: e.deadline,
-		service: e.service, requestID: e.requestID, sinks: e.sinks, parts: e.parts}
+	return t.complete(e)
 }
 
 // dropParts forgets every arrived part that names an execution of model
@@ -186,6 +190,7 @@ func namesLost(lineage []*hamsv1.LineageEntry, model string, seq, epoch uint64) 
 	return false
 }
 
+// lostEntry is namesLost for one entry.
 func lostEntry(l *hamsv1.LineageEntry, model string, seq, epoch uint64) bool {
 	return l.GetModel() == model && l.GetSeq() > seq && (l.GetEpoch() == 0 || l.GetEpoch() < epoch)
 }
