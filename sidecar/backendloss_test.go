@@ -1,9 +1,11 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,7 +192,7 @@ func TestBackupAckAppliedMeansRecorded(t *testing.T) {
 		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: hdr}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: state.Data}, StateDigest: hamsDigest(state.Data)}); err != nil {
+		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: state.Data}, StateDigest: deltaDigestOf(state.Data)}); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := st.CloseAndRecv()
@@ -496,4 +498,88 @@ func TestBackupWriteWhoseAnswerWasLostTurnsWhole(t *testing.T) {
 	if n := w.full.Load(); n != 2 {
 		t.Fatalf("%d whole-state writes, want 2 (the base and the one after the refusal)", n)
 	}
+}
+
+// A backup with no base yet (a spare) prefaults two state-sized buffers:
+// the base it receives lands in one, and the first delta, arriving while
+// the base is being written to the model server, patches a copy made in
+// the other. Neither faults fresh pages on the failover path.
+func TestSpareReceivesIntoWarmBuffers(t *testing.T) {
+	const width = warmMinBytes / 4 // FP32 elements: a 4 MiB state
+	hw := &heldRangeWriter{counterBackend: newDeltaCounter(width), release: make(chan struct{}), entered: make(chan struct{}, 1)}
+	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), nil, map[string]Backend{"a": hw}, replOpts{})
+	defer h.stop()
+	bk := h.backups["a"].backupNow()
+	var warm [][]byte
+	waitFor(t, "two warm buffers", func() bool {
+		bk.mu.Lock()
+		defer bk.mu.Unlock()
+		warm = slices.Clone(bk.warm)
+		return len(warm) == 2
+	})
+	cc, err := grpcx.Dial(h.backups["a"].cfg.GRPCListener.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	rc := hamsv1.NewReplicationClient(cc)
+	ship := func(hdr *hamsv1.SnapshotHeader, off uint64, data []byte) {
+		t.Helper()
+		st, err := rc.ShipSnapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: hdr}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: data}, Offset: off, StateDigest: deltaDigestOf(data)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.CloseAndRecv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	specs := []*hamsv1.TensorSpec{{Name: "counter", Datatype: "FP32", Shape: []int64{width}}}
+	base := make([]byte, 4*width)
+	for i := range base {
+		base[i] = byte(i * 7)
+	}
+	ship(&hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: 1, StateBytes: uint64(len(base)), StateTensors: specs,
+		Requests: []*hamsv1.RequestRecord{{ReqId: 1, Seq: 1}}}, 0, base)
+	waitFor(t, "the base applied", func() bool { return maxSeqOf(h.backups["a"]) == 1 })
+	inWarm := func(b []byte) int {
+		for i, w := range warm {
+			if aliases(b, w) {
+				return i
+			}
+		}
+		return -1
+	}
+	bk.mu.Lock()
+	first := inWarm(bk.cur)
+	bk.mu.Unlock()
+	if first < 0 {
+		t.Fatal("the base was not received into a warm buffer")
+	}
+	<-hw.entered // the base is being written to the model server (held)
+	patch := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	ship(&hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: 2, StateBytes: uint64(len(base)), StateTensors: specs, Delta: true,
+		DeltaBytes: uint64(len(patch)), Requests: []*hamsv1.RequestRecord{{ReqId: 2, Seq: 2}}}, 64, patch)
+	waitFor(t, "the delta applied", func() bool { return maxSeqOf(h.backups["a"]) == 2 })
+	want := slices.Clone(base)
+	copy(want[64:], patch)
+	bk.mu.Lock()
+	second, left, cur := inWarm(bk.cur), len(bk.warm), slices.Clone(bk.cur)
+	bk.mu.Unlock()
+	if second < 0 || second == first || left != 0 {
+		t.Fatalf("the delta's copy of cur: warm buffer %d (base in %d), %d warm left; want the other one, none left", second, first, left)
+	}
+	if !bytes.Equal(cur, want) {
+		t.Fatal("the backup's state is not the base with the delta patched in")
+	}
+	if !bytes.Equal(warm[first], base) {
+		t.Fatal("the base being written was patched under the write")
+	}
+	close(hw.release)
+	waitFor(t, "the model server at the applied state", func() bool { return hw.Digest() == hamsDigest(want) })
 }

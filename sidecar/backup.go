@@ -29,12 +29,15 @@ const maxSnapshotBytes = 1 << 34
 const errNeedBase = "needs a full base state first"
 
 // received is a snapshot buffered by the backup until it is applied:
-// the full state (data, never written after receipt) or, for a delta
-// snapshot, the ranges to patch into the previous one's state.
+// the full state (data: it becomes cur when installed, and later deltas
+// may patch it in place) or, for a delta snapshot, the ranges to patch
+// into the previous one's state.
 type received struct {
 	header *hamsv1.SnapshotHeader
 	data   []byte
 	delta  []*hamsv1.StateRange
+	// digest: a full state's SHA-256 (the audit contract's) when the
+	// backup computed it ("" otherwise); a delta's wire digest.
 	digest string
 	// hash: the full state's running hash, kept as the backup's cur
 	// hash when installed (stateHash).
@@ -63,8 +66,10 @@ type received struct {
 // the applier has not performed yet, in the order returned. doneBatch and
 // doneSeq advance only after the applier installed a state in cur and
 // wrote its audit records. cur is the state after doneBatch (specs
-// curSpecs, version curVersion); shared marks cur as read by the writer
-// (a pending or running full write), so a delta patches a copy instead.
+// curSpecs, version curVersion); while the running write streams cur
+// whole (inFull aliases it), a delta patches a copy of cur instead, and a
+// pending whole write (wFull) follows cur's patches. warm holds
+// prefaulted state-sized buffers for the first base and its first copy.
 // The model server holds version written plus the pending write (wFull,
 // then wRanges, up to wVersion) and the one the writer is running
 // (inFull, inRanges, up to inVersion).
@@ -95,7 +100,9 @@ type backupState struct {
 	cur        []byte
 	curSpecs   []*hamsv1.TensorSpec
 	curVersion uint64
-	shared     bool
+	// warm: buffers of the state's size whose pages are mapped already
+	// (warmUp), taken by the base received and the first copy of cur.
+	warm [][]byte
 	// curDigest: the SHA-256 of cur when it is a received full state not
 	// patched since ("" otherwise); a whole-state write passes it on.
 	curDigest string
@@ -185,7 +192,11 @@ func (b *backupState) run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
-	wg.Add(1)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		b.warmUp(ctx)
+	}()
 	go func() {
 		defer wg.Done()
 		if err := b.writer(ctx); err != nil && ctx.Err() == nil {
@@ -377,7 +388,7 @@ func (b *backupState) install(r *received) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if r.delta == nil {
-		b.cur, b.curSpecs, b.curVersion, b.shared, b.curDigest = r.data, h.GetStateTensors(), h.GetStateVersion(), true, r.digest
+		b.cur, b.curSpecs, b.curVersion, b.curDigest = r.data, h.GetStateTensors(), h.GetStateVersion(), r.digest
 		b.curHash, r.hash = r.hash, nil // it follows cur's patches from now on
 		b.wFull, b.wRanges = r.data, nil
 	} else {
@@ -388,8 +399,16 @@ func (b *backupState) install(r *received) error {
 		if err := checkRanges(r.delta, uint64(len(b.cur))); err != nil {
 			return err
 		}
-		if b.shared {
-			b.cur, b.shared = bigmem.Clone(b.cur), false
+		if b.inBusy && aliases(b.inFull, b.cur) {
+			// The running write streams cur: patch a copy. A pending
+			// whole write (wFull == cur) is not started and takes cur
+			// as patched.
+			cp := b.takeWarmLocked(len(b.cur))
+			if cp == nil {
+				cp = make([]byte, len(b.cur))
+			}
+			bigmem.Copy(cp, b.cur)
+			b.cur = cp
 		}
 		patchRanges(b.cur, r.delta)
 		if b.curHash != nil {
@@ -404,10 +423,70 @@ func (b *backupState) install(r *received) error {
 		if b.wFull != nil || b.rangeWriter() == nil {
 			// The model server takes whole states only; or a full
 			// write is pending anyway: write cur whole.
-			b.wFull, b.wRanges, b.shared = b.cur, nil, true
+			b.wFull, b.wRanges = b.cur, nil
 		}
 	}
 	b.wVersion, b.wDirty = b.curVersion, true
+	return nil
+}
+
+// aliases reports whether x and y start at the same byte.
+func aliases(x, y []byte) bool { return len(x) > 0 && len(y) > 0 && &x[0] == &y[0] }
+
+// warmMinBytes is the smallest state warmUp prefaults buffers for: below
+// it the faults cost less than a millisecond.
+const warmMinBytes = 4 << 20
+
+// warmUp prefaults two buffers of the state's size while this backup has
+// no base yet (a spare, or a backup before its first snapshot): the base
+// it will receive, and the copy of cur its first delta patches while the
+// base is being written to the model server. Both would otherwise take a
+// page fault per page on the failover path (~40 ms each for the 64 MiB
+// olv learner on the development machine; BenchmarkFirstCopy in
+// internal/bigmem).
+func (b *backupState) warmUp(ctx context.Context) {
+	wait := describeRetry
+	var n uint64
+	for {
+		d, err := b.s.cfg.Backend.Describe(ctx)
+		if err == nil {
+			n = d.GetStateBytes()
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+	if n < warmMinBytes || n > maxSnapshotBytes {
+		return
+	}
+	b.mu.Lock()
+	need := !b.synced && len(b.warm) == 0
+	b.mu.Unlock()
+	if !need {
+		return
+	}
+	bufs := [][]byte{bigmem.Prefaulted(int(n)), bigmem.Prefaulted(int(n))}
+	b.mu.Lock()
+	if !b.synced && len(b.warm) == 0 {
+		b.warm = bufs
+	}
+	b.mu.Unlock()
+	b.s.log.Debug("state buffers prefaulted", "bytes", n, "buffers", len(bufs))
+}
+
+// takeWarmLocked hands out a warm buffer of exactly n bytes, nil if there
+// is none (caller holds mu).
+func (b *backupState) takeWarmLocked(n int) []byte {
+	for i, w := range b.warm {
+		if len(w) == n {
+			b.warm = append(b.warm[:i], b.warm[i+1:]...)
+			return w
+		}
+	}
 	return nil
 }
 
@@ -456,7 +535,7 @@ func (b *backupState) writer(ctx context.Context) error {
 // takeWholeLocked makes the taken write cur whole at curVersion and drops
 // the pending write, which cur covers (caller holds mu).
 func (b *backupState) takeWholeLocked() {
-	b.inFull, b.inRanges, b.inVersion, b.inBusy, b.shared = b.cur, nil, b.curVersion, true, true
+	b.inFull, b.inRanges, b.inVersion, b.inBusy = b.cur, nil, b.curVersion, true
 	b.wFull, b.wRanges, b.wDirty = nil, nil, false
 }
 
@@ -479,7 +558,7 @@ func (b *backupState) writeInFlight(ctx, wctx context.Context) error {
 		b.mu.Lock()
 		full, ranges, version, base, specs := b.inFull, b.inRanges, b.inVersion, b.written, b.curSpecs
 		digest := ""
-		if len(full) > 0 && len(b.cur) > 0 && &full[0] == &b.cur[0] {
+		if aliases(full, b.cur) {
 			digest = b.curDigest
 		}
 		b.mu.Unlock()
@@ -579,12 +658,22 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if h.GetDelta() {
 		return b.receiveDelta(stream, first)
 	}
-	data := make([]byte, 0, h.GetStateBytes())
+	b.mu.Lock()
+	data := b.takeWarmLocked(int(h.GetStateBytes()))[:0]
+	b.mu.Unlock()
+	if data == nil {
+		data = make([]byte, 0, h.GetStateBytes())
+	}
 	digest := first.GetStateDigest()
-	// Hashed as the chunks arrive (overlapping the transfer), not in a
-	// pass over the whole state after the last one; the hash is kept for
-	// the audit digests of the deltas applied on top (stateHash).
-	sum := newStateHash()
+	// Checked with the wire's XXH64 as the chunks arrive. With audit logs
+	// on, the contract's SHA-256 is computed as they arrive too (overlapping
+	// the transfer, not in a pass after the last chunk) and kept for the
+	// digests of the deltas applied on top (stateHash).
+	check := xxhash.New()
+	var sum *stateHash
+	if s.cfg.AuditDir != "" {
+		sum = newStateHash()
+	}
 	for {
 		ch, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -603,7 +692,10 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d state bytes", h.GetBatchId(), h.GetStateBytes())
 		}
 		data = append(data, ch.GetData()...)
-		sum.Write(ch.GetData())
+		_, _ = check.Write(ch.GetData())
+		if sum != nil {
+			sum.Write(ch.GetData())
+		}
 		digest = ch.GetStateDigest()
 	}
 	if digest == "" {
@@ -612,11 +704,16 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if uint64(len(data)) != h.GetStateBytes() {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(data), h.GetStateBytes())
 	}
-	if got := sum.Sum(data); got != digest {
+	if got := deltaDigest(check.Sum64()); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}
 	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), data); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
+	}
+	// digest: the contract's SHA-256 of the state where it is known.
+	digest = ""
+	if sum != nil {
+		digest = sum.Sum(data)
 	}
 	return &received{header: h, data: data, digest: digest, hash: sum, at: time.Now()}, nil
 }

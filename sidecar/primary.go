@@ -62,7 +62,6 @@ type opDone struct {
 	outs    [][]*hamsv1.Tensor
 	state   []*hamsv1.Tensor
 	version uint64
-	digest  string
 	pinned  bool // evCopied: an evPinned preceded it
 	attempt int
 	dur     time.Duration
@@ -102,7 +101,7 @@ type snapshot struct {
 	// since the previous snapshot's state.
 	state    []*hamsv1.Tensor
 	delta    []*hamsv1.StateRange
-	digest   string // of the state bytes (a delta's: of its data); set by the shipper
+	digest   string // on the wire: XXH64 of the state bytes (a delta's: of its data); set by the shipper
 	copiedAt time.Time
 }
 
@@ -395,7 +394,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		p.copyFails = 0
 		s.metrics.snapCopy.Observe(ev.dur.Seconds())
 		p.streaming = false
-		sn := p.snapshotOf(ev.batch, ev.state, ev.version, ev.digest)
+		sn := p.snapshotOf(ev.batch, ev.state, ev.version)
 		if !ev.pinned {
 			p.copied(ctx, ev.batch)
 		}
@@ -414,7 +413,7 @@ func (p *primary) copied(ctx context.Context, n uint64) {
 // of it, or, with state nil, the header of a delta snapshot, specs and
 // size from the base state): it covers every batch since the previous
 // snapshot.
-func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64, digest string) *snapshot {
+func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64) *snapshot {
 	s := p.s
 	var bytes uint64
 	var specs []*hamsv1.TensorSpec
@@ -459,7 +458,7 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 			outputs, rows = nil, nil
 		}
 	}
-	return &snapshot{last: last, batches: n, seq: maxSeq, state: state, digest: digest, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+	return &snapshot{last: last, batches: n, seq: maxSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
 		Model: s.cfg.Model, Epoch: s.epoch(), StateVersion: version,
 		Requests: records, StateTensors: specs, StateBytes: bytes, Outputs: outputs, OutputRows: rows,
 	}}
@@ -594,7 +593,7 @@ func (p *primary) shipCaptured(n uint64) {
 		p.s.log.Error("ship of an unknown batch", "batch", n)
 		return
 	}
-	sn := p.snapshotOf(n, nil, b.version, "")
+	sn := p.snapshotOf(n, nil, b.version)
 	sn.delta = b.delta
 	sn.header.Delta, sn.header.DeltaBytes = true, rangeBytes(b.delta)
 	b.delta = nil
@@ -652,14 +651,14 @@ func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 		start := time.Now()
 		if pr, ok := s.sbe.(PinnedStateReader); ok && p.pinEarly {
 			pinned := false
-			ts, v, digest, err := pr.ReadStatePinned(ctx, func() {
+			ts, v, _, err := pr.ReadStatePinned(ctx, func() {
 				pinned = true
 				select {
 				case p.events <- opDone{kind: evPinned, batch: n, dur: time.Since(start)}:
 				case <-ctx.Done():
 				}
 			})
-			return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, digest: digest, pinned: pinned, dur: time.Since(start), err: err}
+			return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, pinned: pinned, dur: time.Since(start), err: err}
 		}
 		ts, v, err := s.sbe.ReadState(ctx)
 		return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, dur: time.Since(start), err: err}

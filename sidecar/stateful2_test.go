@@ -331,7 +331,7 @@ func TestShipSnapshotRejectsBadInput(t *testing.T) {
 			StateTensors: []*hamsv1.TensorSpec{{Name: "x", Datatype: "FP32", Shape: []int64{1, 2}}},
 			Requests:     []*hamsv1.RequestRecord{{ReqId: 1, Seq: 1}}}
 	}
-	digest := hamsDigest(state.Data)
+	digest := deltaDigestOf(state.Data)
 	hdr := func(h *hamsv1.SnapshotHeader) *hamsv1.SnapshotChunk {
 		return &hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: h}}
 	}
@@ -353,8 +353,8 @@ func TestShipSnapshotRejectsBadInput(t *testing.T) {
 		{"huge", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.StateBytes = 1 << 40 }))}, codes.ResourceExhausted},
 		{"cut", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data[:4], "")}, codes.InvalidArgument},
 		{"too much", []*hamsv1.SnapshotChunk{hdr(good()), data(append(state.Data, 1, 2), digest)}, codes.InvalidArgument},
-		{"short", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data[:4], hamsDigest(state.Data[:4]))}, codes.InvalidArgument},
-		{"digest", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data, hamsDigest([]byte("x")))}, codes.DataLoss},
+		{"short", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data[:4], deltaDigestOf(state.Data[:4]))}, codes.InvalidArgument},
+		{"digest", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data, deltaDigestOf([]byte("x")))}, codes.DataLoss},
 		{"after last", []*hamsv1.SnapshotChunk{hdr(good()), data(state.Data, digest), data(nil, "")}, codes.InvalidArgument},
 		{"two headers", []*hamsv1.SnapshotChunk{hdr(good()), hdr(good())}, codes.InvalidArgument},
 		{"bad spec", []*hamsv1.SnapshotChunk{hdr(mod(func(h *hamsv1.SnapshotHeader) { h.StateTensors[0].Datatype = "BYTES" })), data(state.Data, digest)}, codes.InvalidArgument},

@@ -2,6 +2,7 @@ package bigmem
 
 import (
 	"io"
+	"os"
 	"runtime"
 )
 
@@ -49,4 +50,28 @@ func Write(w io.Writer, b []byte) (int, error) {
 		}
 	}
 	return written, nil
+}
+
+// pageSize is the granularity at which Prefaulted touches a buffer.
+var pageSize = os.Getpagesize()
+
+// Prefaulted returns a zeroed buffer of n bytes whose pages are mapped
+// already. The first write to each page of a fresh large buffer takes a
+// page fault (a 64 MiB buffer: ~16k faults, ~40 ms on the development
+// machine against ~3 ms to copy into memory that is mapped), so a buffer
+// a latency-critical path will need (a spare backup's base state, the
+// copy of it the first delta patches) is faulted in ahead of time, off
+// that path.
+func Prefaulted(n int) []byte {
+	b := make([]byte, n)
+	for off := 0; off < n; off += Chunk {
+		if off > 0 {
+			runtime.Gosched()
+		}
+		end := min(off+Chunk, n)
+		for p := off; p < end; p += pageSize {
+			b[p] = 0
+		}
+	}
+	return b
 }
