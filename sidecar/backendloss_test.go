@@ -523,22 +523,7 @@ func TestSpareReceivesIntoWarmBuffers(t *testing.T) {
 	}
 	defer cc.Close()
 	rc := hamsv1.NewReplicationClient(cc)
-	ship := func(hdr *hamsv1.SnapshotHeader, off uint64, data []byte) {
-		t.Helper()
-		st, err := rc.ShipSnapshot(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: hdr}}); err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: data}, Offset: off, StateDigest: deltaDigestOf(data)}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.CloseAndRecv(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ship := func(hdr *hamsv1.SnapshotHeader, off uint64, data []byte) { shipOneChunk(t, rc, hdr, off, data) }
 	specs := []*hamsv1.TensorSpec{{Name: "counter", Datatype: "FP32", Shape: []int64{width}}}
 	base := make([]byte, 4*width)
 	for i := range base {
@@ -582,4 +567,58 @@ func TestSpareReceivesIntoWarmBuffers(t *testing.T) {
 	}
 	close(hw.release)
 	waitFor(t, "the model server at the applied state", func() bool { return hw.Digest() == hamsDigest(want) })
+}
+
+// shipOneChunk ships a snapshot whose data is one chunk at off.
+func shipOneChunk(t *testing.T, rc hamsv1.ReplicationClient, hdr *hamsv1.SnapshotHeader, off uint64, data []byte) {
+	t.Helper()
+	st, err := rc.ShipSnapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: hdr}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: data}, Offset: off, StateDigest: deltaDigestOf(data)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The whole write of a base just installed waits for the first delta
+// after it (bounded by wholeWriteHold, here longer than the test): the
+// model server gets one whole write of the state with the delta patched
+// in, not the base and then the delta.
+func TestBaseWholeWriteWaitsForTheFirstDelta(t *testing.T) {
+	defer func(d time.Duration) { wholeWriteHold = d }(wholeWriteHold)
+	wholeWriteHold = time.Hour
+	const width = 16
+	be := newDeltaCounter(width)
+	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), nil, map[string]Backend{"a": be}, replOpts{})
+	defer h.stop()
+	cc, err := grpcx.Dial(h.backups["a"].cfg.GRPCListener.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	rc := hamsv1.NewReplicationClient(cc)
+	specs := []*hamsv1.TensorSpec{{Name: "counter", Datatype: "FP32", Shape: []int64{width}}}
+	base := make([]byte, 4*width)
+	for i := range base {
+		base[i] = byte(3 * i)
+	}
+	shipOneChunk(t, rc, &hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: 1, StateBytes: uint64(len(base)), StateTensors: specs,
+		Requests: []*hamsv1.RequestRecord{{ReqId: 1, Seq: 1}}}, 0, base)
+	waitFor(t, "the base applied", func() bool { return maxSeqOf(h.backups["a"]) == 1 })
+	patch := []byte{9, 9, 9, 9}
+	shipOneChunk(t, rc, &hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: 2, StateBytes: uint64(len(base)), StateTensors: specs, Delta: true,
+		DeltaBytes: uint64(len(patch)), Requests: []*hamsv1.RequestRecord{{ReqId: 2, Seq: 2}}}, 8, patch)
+	want := slices.Clone(base)
+	copy(want[8:], patch)
+	waitFor(t, "the model server at the patched state", func() bool { return be.Digest() == hamsDigest(want) })
+	if w := be.Written(); len(w) != 1 {
+		t.Fatalf("%d writes to the model server, want one whole write after the delta", len(w))
+	}
 }

@@ -103,6 +103,10 @@ type backupState struct {
 	// warm: buffers of the state's size whose pages are mapped already
 	// (warmUp), taken by the base received and the first copy of cur.
 	warm [][]byte
+	// baseAt, baseBatch: when the last base (a full state) was installed,
+	// and its batch (the writer holds back its whole write, holdLocked).
+	baseAt    time.Time
+	baseBatch uint64
 	// curDigest: the SHA-256 of cur when it is a received full state not
 	// patched since ("" otherwise); a whole-state write passes it on.
 	curDigest string
@@ -391,6 +395,7 @@ func (b *backupState) install(r *received) error {
 		b.cur, b.curSpecs, b.curVersion, b.curDigest = r.data, h.GetStateTensors(), h.GetStateVersion(), r.digest
 		b.curHash, r.hash = r.hash, nil // it follows cur's patches from now on
 		b.wFull, b.wRanges = r.data, nil
+		b.baseAt, b.baseBatch = time.Now(), h.GetBatchId()
 	} else {
 		b.curDigest = ""
 		if b.cur == nil {
@@ -508,15 +513,22 @@ func (b *backupState) rangeWriter() StateRangeWriter {
 func (b *backupState) writer(ctx context.Context) error {
 	for ctx.Err() == nil {
 		b.mu.Lock()
-		if !b.inBusy && b.wDirty {
+		hold := b.holdLocked(time.Now())
+		if hold == 0 && !b.inBusy && b.wDirty {
 			b.inFull, b.inRanges, b.inVersion, b.inBusy, b.inFailed = b.wFull, b.wRanges, b.wVersion, true, false
 			b.wFull, b.wRanges, b.wDirty = nil, nil, false
 		}
 		busy := b.inBusy
 		b.mu.Unlock()
 		if !busy {
+			var held <-chan time.Time
+			if hold > 0 {
+				held = time.After(hold)
+			}
 			select {
 			case <-b.writeWake:
+				continue
+			case <-held:
 				continue
 			case <-ctx.Done():
 				return nil
@@ -530,6 +542,28 @@ func (b *backupState) writer(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// wholeWriteHold bounds how long the writer holds back the whole write of
+// a base just installed.
+var wholeWriteHold = 150 * time.Millisecond
+
+// holdLocked is how long the writer still holds back the pending whole
+// write of the base just installed (caller holds mu): until a snapshot
+// after the base is applied, at most wholeWriteHold after the base; 0:
+// write now. A backup that has just received a base (a spare made the
+// backup of a promoted primary) is applying the new primary's first
+// deltas next, and every reply of the failover waits for their
+// durability; the whole write is the largest job on the host (for a
+// 64 MiB state the model server receives, verifies and loads it: ~170 ms
+// of CPU on the development machine). The first delta then also patches
+// cur in place instead of a copy (no write streams it yet). A promotion's
+// flush does not wait.
+func (b *backupState) holdLocked(now time.Time) time.Duration {
+	if b.inBusy || !b.wDirty || b.wFull == nil || b.baseAt.IsZero() || b.doneBatch > b.baseBatch {
+		return 0
+	}
+	return max(0, wholeWriteHold-now.Sub(b.baseAt))
 }
 
 // takeWholeLocked makes the taken write cur whole at curVersion and drops
