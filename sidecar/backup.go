@@ -667,7 +667,6 @@ func (b *backupState) flush(ctx context.Context) error {
 // header first, no data past state_bytes, the digest on the last chunk
 // and matching the data.
 func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*received, error) {
-	s := b.s
 	first, err := stream.Recv()
 	if errors.Is(err, io.EOF) {
 		return nil, status.Error(codes.InvalidArgument, "ship snapshot: empty stream")
@@ -676,9 +675,56 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 		return nil, err
 	}
 	h := first.GetHeader()
-	switch {
-	case h == nil:
+	if h == nil {
 		return nil, status.Error(codes.InvalidArgument, "ship snapshot: first chunk has no header")
+	}
+	sink, err := b.newSink(h)
+	if err != nil {
+		return nil, err
+	}
+	digest := first.GetStateDigest()
+	for {
+		ch, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if digest != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: chunk after the one with the state digest", h.GetBatchId())
+		}
+		if ch.GetHeader() != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: second header", h.GetBatchId())
+		}
+		if err := sink.add(ch.GetOffset(), ch.GetData()); err != nil {
+			return nil, err
+		}
+		digest = ch.GetStateDigest()
+	}
+	return sink.finish(digest)
+}
+
+// snapshotSink takes one snapshot's data as it arrives, from either
+// transport (ShipSnapshot chunks, the bulk stream): a full state into one
+// buffer (a warm one when there is one), a delta's ranges; it checks the
+// wire's XXH64 as the bytes come in and, with audit logs on, computes a
+// full state's SHA-256 as they come in too (overlapping the transfer, not
+// in a pass after the last byte), kept for the digests of the deltas
+// applied on top (stateHash).
+type snapshotSink struct {
+	h      *hamsv1.SnapshotHeader
+	data   []byte
+	ranges []*hamsv1.StateRange
+	got    uint64
+	check  *xxhash.Digest
+	sum    *stateHash
+}
+
+// newSink checks h and returns the sink for its data.
+func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
+	s := b.s
+	switch {
 	case h.GetModel() != s.cfg.Model:
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: model %q, this is the backup of %q", h.GetModel(), s.cfg.Model)
 	case h.GetBatchId() == 0:
@@ -688,120 +734,89 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: delta batch %d covers no request", h.GetBatchId())
 	case h.GetStateBytes() > maxSnapshotBytes:
 		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot: %d state bytes (limit %d)", h.GetStateBytes(), uint64(maxSnapshotBytes))
+	case h.GetDelta() && h.GetDeltaBytes() > maxSnapshotBytes:
+		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot %d: %d delta bytes (limit %d)", h.GetBatchId(), h.GetDeltaBytes(), uint64(maxSnapshotBytes))
 	}
+	k := &snapshotSink{h: h, check: xxhash.New()}
 	if h.GetDelta() {
-		return b.receiveDelta(stream, first)
+		k.ranges = []*hamsv1.StateRange{}
+		return k, nil
 	}
 	b.mu.Lock()
-	data := b.takeWarmLocked(int(h.GetStateBytes()))[:0]
+	k.data = b.takeWarmLocked(int(h.GetStateBytes()))[:0]
 	b.mu.Unlock()
-	if data == nil {
-		data = make([]byte, 0, h.GetStateBytes())
+	if k.data == nil {
+		k.data = make([]byte, 0, h.GetStateBytes())
 	}
-	digest := first.GetStateDigest()
-	// Checked with the wire's XXH64 as the chunks arrive. With audit logs
-	// on, the contract's SHA-256 is computed as they arrive too (overlapping
-	// the transfer, not in a pass after the last chunk) and kept for the
-	// digests of the deltas applied on top (stateHash).
-	check := xxhash.New()
-	var sum *stateHash
 	if s.cfg.AuditDir != "" {
-		sum = newStateHash()
+		k.sum = newStateHash()
 	}
-	for {
-		ch, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
+	return k, nil
+}
+
+// add takes the next bytes: of a full state in order (off is ignored), of
+// a delta the range at off. d is not retained for a full state; a delta
+// keeps it as the range's data.
+func (k *snapshotSink) add(off uint64, d []byte) error {
+	h := k.h
+	if h.GetDelta() {
+		if k.got += uint64(len(d)); k.got > h.GetDeltaBytes() {
+			return status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d delta bytes", h.GetBatchId(), h.GetDeltaBytes())
 		}
-		if err != nil {
-			return nil, err
+		r := &hamsv1.StateRange{Offset: off, Data: d}
+		if err := checkRanges([]*hamsv1.StateRange{r}, h.GetStateBytes()); err != nil {
+			return status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
 		}
-		if digest != "" {
-			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: chunk after the one with the state digest", h.GetBatchId())
-		}
-		if ch.GetHeader() != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: second header", h.GetBatchId())
-		}
-		if uint64(len(data)+len(ch.GetData())) > h.GetStateBytes() {
-			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d state bytes", h.GetBatchId(), h.GetStateBytes())
-		}
-		data = append(data, ch.GetData()...)
-		_, _ = check.Write(ch.GetData())
-		if sum != nil {
-			sum.Write(ch.GetData())
-		}
-		digest = ch.GetStateDigest()
+		_, _ = k.check.Write(d)
+		k.ranges = append(k.ranges, r)
+		return nil
 	}
+	if uint64(len(k.data)+len(d)) > h.GetStateBytes() {
+		return status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d state bytes", h.GetBatchId(), h.GetStateBytes())
+	}
+	k.data = append(k.data, d...)
+	k.hash(d)
+	return nil
+}
+
+// hash feeds bytes of a full state that are in data already.
+func (k *snapshotSink) hash(d []byte) {
+	_, _ = k.check.Write(d)
+	if k.sum != nil {
+		k.sum.Write(d)
+	}
+}
+
+// finish checks the sizes and the wire digest and returns the snapshot.
+func (k *snapshotSink) finish(digest string) (*received, error) {
+	h := k.h
 	if digest == "" {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: stream ended without the state digest", h.GetBatchId())
 	}
-	if uint64(len(data)) != h.GetStateBytes() {
-		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(data), h.GetStateBytes())
+	if h.GetDelta() {
+		if k.got != h.GetDeltaBytes() {
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d delta bytes", h.GetBatchId(), k.got, h.GetDeltaBytes())
+		}
+		if got := deltaDigest(k.check.Sum64()); got != digest {
+			return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: delta digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
+		}
+		return &received{header: h, delta: k.ranges, digest: digest, at: time.Now()}, nil
 	}
-	if got := deltaDigest(check.Sum64()); got != digest {
+	if uint64(len(k.data)) != h.GetStateBytes() {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(k.data), h.GetStateBytes())
+	}
+	if got := deltaDigest(k.check.Sum64()); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}
-	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), data); err != nil {
+	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), k.data); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
 	}
 	// digest: the contract's SHA-256 of the state where it is known.
-	digest = ""
-	if sum != nil {
-		digest = sum.Sum(data)
+	sha := ""
+	if k.sum != nil {
+		sha = k.sum.Sum(k.data)
 	}
-	return &received{header: h, data: data, digest: digest, hash: sum, at: time.Now()}, nil
-}
-
-// receiveDelta reads the ranges of a delta snapshot: data chunks with
-// their offsets inside state_bytes, delta_bytes in all, the digest of
-// their data on the last one.
-func (b *backupState) receiveDelta(stream hamsv1.Replication_ShipSnapshotServer, first *hamsv1.SnapshotChunk) (*received, error) {
-	h := first.GetHeader()
-	if h.GetDeltaBytes() > maxSnapshotBytes {
-		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot %d: %d delta bytes (limit %d)", h.GetBatchId(), h.GetDeltaBytes(), uint64(maxSnapshotBytes))
-	}
-	var (
-		ranges = []*hamsv1.StateRange{}
-		got    uint64
-		sum    = xxhash.New()
-		digest = first.GetStateDigest()
-	)
-	for {
-		ch, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		if digest != "" {
-			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: chunk after the one with the state digest", h.GetBatchId())
-		}
-		if ch.GetHeader() != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: second header", h.GetBatchId())
-		}
-		d := ch.GetData()
-		if got += uint64(len(d)); got > h.GetDeltaBytes() {
-			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d delta bytes", h.GetBatchId(), h.GetDeltaBytes())
-		}
-		r := &hamsv1.StateRange{Offset: ch.GetOffset(), Data: d}
-		if err := checkRanges([]*hamsv1.StateRange{r}, h.GetStateBytes()); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
-		}
-		sum.Write(d)
-		ranges = append(ranges, r)
-		digest = ch.GetStateDigest()
-	}
-	if digest == "" {
-		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: stream ended without the delta digest", h.GetBatchId())
-	}
-	if got != h.GetDeltaBytes() {
-		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d delta bytes", h.GetBatchId(), got, h.GetDeltaBytes())
-	}
-	if s := deltaDigest(sum.Sum64()); s != digest {
-		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: delta digest %s does not match the data (%s)", h.GetBatchId(), digest, s)
-	}
-	return &received{header: h, delta: ranges, digest: digest, at: time.Now()}, nil
+	return &received{header: h, data: k.data, digest: sha, hash: k.sum, at: time.Now()}, nil
 }
 
 // shipSnapshot serves Replication.ShipSnapshot: it answers as soon as the
@@ -811,6 +826,16 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 	if err != nil {
 		return err
 	}
+	resp, err := b.accept(r)
+	if err != nil {
+		return err
+	}
+	return stream.SendAndClose(resp)
+}
+
+// accept buffers a received snapshot for Algorithm 2 and returns the
+// acknowledgement (either transport).
+func (b *backupState) accept(r *received) (*hamsv1.ShipSnapshotResponse, error) {
 	h := r.header
 	lineages := make([][]*hamsv1.LineageEntry, len(h.GetRequests()))
 	var maxSeq uint64
@@ -822,16 +847,16 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 	b.mu.Lock()
 	if h.GetEpoch() < b.epoch {
 		b.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "ship snapshot %d: stale epoch %d < %d", h.GetBatchId(), h.GetEpoch(), b.epoch)
+		return nil, status.Errorf(codes.FailedPrecondition, "ship snapshot %d: stale epoch %d < %d", h.GetBatchId(), h.GetEpoch(), b.epoch)
 	}
 	if (!b.synced || h.GetEpoch() > b.syncEpoch) && h.GetDelta() {
 		b.mu.Unlock()
-		return status.Errorf(codes.FailedPrecondition, "ship snapshot %d: delta snapshot, and this backup %s", h.GetBatchId(), errNeedBase)
+		return nil, status.Errorf(codes.FailedPrecondition, "ship snapshot %d: delta snapshot, and this backup %s", h.GetBatchId(), errNeedBase)
 	}
 	base := !b.synced || h.GetEpoch() > b.syncEpoch
 	if applied, _ := b.alg.Applied(); !base && len(h.GetRequests()) == 0 && meta.BatchID > applied && b.snaps[meta.BatchID] == nil {
 		b.mu.Unlock()
-		return status.Errorf(codes.InvalidArgument, "ship snapshot %d: covers no request (only a base state may)", h.GetBatchId())
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: covers no request (only a base state may)", h.GetBatchId())
 	}
 	if base {
 		b.epoch = max(b.epoch, h.GetEpoch())
@@ -849,7 +874,7 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 		if err != nil {
 			delete(b.snaps, meta.BatchID)
 			b.mu.Unlock()
-			return status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", meta.BatchID, err)
+			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", meta.BatchID, err)
 		}
 		b.push(acts)
 		b.maxRecvSeq = max(b.maxRecvSeq, maxSeq)
@@ -868,5 +893,5 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 	} else {
 		b.s.log.Debug("snapshot buffered", "batch", meta.BatchID, "max_seq", maxSeq, "deps", meta.Deps)
 	}
-	return stream.SendAndClose(&hamsv1.ShipSnapshotResponse{BatchId: meta.BatchID, Applied: meta.BatchID <= applied})
+	return &hamsv1.ShipSnapshotResponse{BatchId: meta.BatchID, Applied: meta.BatchID <= applied}, nil
 }

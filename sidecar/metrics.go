@@ -24,6 +24,7 @@ type metrics struct {
 	shipped       prometheus.Counter
 	shipRetries   prometheus.Counter
 	shipSelf      prometheus.Counter
+	shipBulk      prometheus.Counter
 	outlogBytes   prometheus.Gauge
 	outlogItems   prometheus.Gauge
 	outlogBlocked prometheus.Counter
@@ -85,6 +86,9 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_snapshots_shipped_total", Help: "Snapshots acknowledged by the backup.", ConstLabels: cl})
 	m.shipRetries = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hams_sidecar_snapshot_ship_retries_total", Help: "Snapshot shipments that failed and were resent.", ConstLabels: cl})
+	m.shipBulk = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hams_sidecar_snapshot_bulk_total",
+		Help: "Snapshots acknowledged after shipping over the bulk stream (large states and deltas) instead of ShipSnapshot.", ConstLabels: cl})
 	m.shipSelf = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hams_sidecar_snapshot_ship_self_waits_total", Help: "Times the shipper waited because the topology still named this instance as the backup (promoted, not rewired yet).", ConstLabels: cl})
 	m.outlogBytes = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -127,7 +131,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_backend_unreachable_total", Help: "Backend calls that found the model server unreachable (the batch is held and retried, not failed).", ConstLabels: cl})
 	if reg != nil {
 		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
-			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.shipSelf, m.outlogBytes, m.outlogItems,
+			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.shipSelf, m.shipBulk, m.outlogBytes, m.outlogItems,
 			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq,
 			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.shipBytes, m.applyWait, m.announce)
 	}

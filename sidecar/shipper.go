@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,6 +89,10 @@ type shipper struct {
 
 	// dialOptions are appended to grpcx.DialOptions (tests).
 	dialOptions []grpc.DialOption
+	// bulk is the bulk stream to the backup (run goroutine only);
+	// bulkDial, when set, opens its connections (tests).
+	bulk     *bulkClient
+	bulkDial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 func newShipper(s *Sidecar) *shipper {
@@ -374,6 +379,7 @@ func (sh *shipper) run(ctx context.Context) error {
 		if cc != nil {
 			_ = cc.Close()
 		}
+		sh.bulk.close()
 	}()
 	for {
 		sn := sh.head()
@@ -438,7 +444,14 @@ func (sh *shipper) run(ctx context.Context) error {
 			}
 			var applied bool
 			t0 := time.Now()
-			applied, err = sh.send(ctx, cc, sn)
+			if bulkPayload(sn) >= bulkMinBytes {
+				applied, err = sh.sendBulk(ctx, addr, sn)
+				if err == nil {
+					s.metrics.shipBulk.Inc()
+				}
+			} else {
+				applied, err = sh.send(ctx, cc, sn)
+			}
 			s.metrics.shipSend.Observe(time.Since(t0).Seconds())
 			if err == nil {
 				sh.recordAck(sn, addr, applied)

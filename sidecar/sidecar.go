@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/soheilhy/cmux"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -103,6 +104,8 @@ const (
 	maxWaitingJoin = 4096
 	describeRetry  = 50 * time.Millisecond
 	stopGrace      = 50 * time.Millisecond
+	// muxSniffTimeout bounds the wait for a new connection's first bytes.
+	muxSniffTimeout = 10 * time.Second
 )
 
 // Sidecar is one model's proxy.
@@ -450,8 +453,27 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		<-ctx.Done()
 		close(s.done)
 	}()
+	// One port: gRPC, and the bulk snapshot stream (bulk.go), told apart
+	// by a connection's first bytes. Closing the port (the gRPC server's
+	// stop) ends the mux.
+	mux := cmux.New(s.cfg.GRPCListener)
+	mux.SetReadTimeout(muxSniffTimeout)
+	bulkLis := mux.Match(cmux.PrefixMatcher(bulkMagic))
+	grpcLis := mux.Match(cmux.Any())
+	goRun("listener mux", func(ctx context.Context) error {
+		stop := context.AfterFunc(ctx, func() { _ = s.cfg.GRPCListener.Close() })
+		defer stop()
+		err := mux.Serve()
+		if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+			return nil
+		}
+		return err
+	})
 	goRun("grpc server", func(ctx context.Context) error {
-		return grpcx.Serve(ctx, srv, s.cfg.GRPCListener, stopGrace)
+		return grpcx.Serve(ctx, srv, grpcLis, stopGrace)
+	})
+	goRun("bulk snapshot stream", func(ctx context.Context) error {
+		return s.serveBulk(ctx, bulkLis)
 	})
 	if s.cfg.Coord != nil {
 		goRun("completion watch", func(ctx context.Context) error {

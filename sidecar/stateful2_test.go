@@ -562,3 +562,11 @@ func TestPrimaryReplicationRPCs(t *testing.T) {
 func deltaDigestOf(b []byte) string {
 	return rangesDigest([]*hamsv1.StateRange{{Data: b}})
 }
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}

@@ -444,12 +444,36 @@ services:
 // primary's, every request is durable, and the audit log has one record
 // per request.
 func TestBackupConvergesToPrimary(t *testing.T) {
+	bothTransports(t, func(t *testing.T, bulk bool) { backupConvergesToPrimary(t, bulk) })
+}
+
+// bothTransports runs f with snapshots over ShipSnapshot, then over the
+// bulk stream (every snapshot, however small).
+func bothTransports(t *testing.T, f func(t *testing.T, bulk bool)) {
+	for _, bulk := range []bool{false, true} {
+		t.Run(map[bool]string{false: "grpc", true: "bulk"}[bulk], func(t *testing.T) {
+			if bulk {
+				defer func(n uint64) { bulkMinBytes = n }(bulkMinBytes)
+				bulkMinBytes = 0
+			}
+			f(t, bulk)
+		})
+	}
+}
+
+func backupConvergesToPrimary(t *testing.T, bulk bool) {
 	bothStateKinds(t, func(t *testing.T, delta bool) {
 		for _, mode := range []string{"nspb", "remus", "nspb-s1", "nspb-s2"} {
 			t.Run(mode, func(t *testing.T) {
 				prim, back := newCounter(16), newCounter(16)
 				h := startRepl(t, fmt.Sprintf(oneStateful, mode), map[string]Backend{"a": prim}, map[string]Backend{"a": back}, replOpts{})
 				defer h.stop()
+				defer func() {
+					// The transport under test carried the snapshots.
+					if got := counterValue(h.sidecars["a"].metrics.shipBulk) > 0; got != bulk && !t.Failed() {
+						t.Errorf("snapshots over the bulk stream: %v, want %v", got, bulk)
+					}
+				}()
 				const n = 60
 				h.send(1, n)
 				waitFor(t, "all replies", func() bool { return h.sink.count() >= n })

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/grpc"
@@ -19,7 +21,8 @@ import (
 // fast can one state of 64 MiB move primary -> backup through (a) JetStream
 // messages of 1 MiB (the default max payload), (b) the JetStream object
 // store, (c) a gRPC client stream of 1 MiB chunks sidecar-to-sidecar, against
-// (d) a plain memcpy. Run: go test -run - -bench Ship -benchtime 5x ./internal/coord/
+// (d) a plain memcpy, and (e) a plain TCP connection (the sidecars' bulk
+// stream). Run: go test -run - -bench Ship -benchtime 5x ./internal/coord/
 const shipBytes = 64 << 20
 const shipChunk = 1 << 20
 
@@ -118,6 +121,7 @@ func BenchmarkShipGRPCStream(b *testing.B) {
 	chunk := bytes.Repeat([]byte{7}, shipChunk)
 	b.SetBytes(shipBytes)
 	b.ResetTimer()
+	cpu0 := cpuNow()
 	for i := 0; i < b.N; i++ {
 		st, err := cl.ShipSnapshot(context.Background())
 		if err != nil {
@@ -134,4 +138,65 @@ func BenchmarkShipGRPCStream(b *testing.B) {
 			b.Fatal(r, err)
 		}
 	}
+	b.ReportMetric(cpuSince(cpu0, b.N), "cpu-ms/op")
+}
+
+// BenchmarkShipRawTCP is (e): the bytes written on a plain TCP connection
+// and read straight into the receiver's state buffer, as the sidecar's
+// bulk stream does (sidecar/bulk.go), one byte of acknowledgement per
+// state. cpu-ms/op is the process's CPU (both ends) per state.
+func BenchmarkShipRawTCP(b *testing.B) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lis.Close()
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, shipBytes)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte{1}); err != nil {
+				return
+			}
+		}
+	}()
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	chunk := bytes.Repeat([]byte{7}, shipChunk)
+	ack := make([]byte, 1)
+	b.SetBytes(shipBytes)
+	b.ResetTimer()
+	cpu0 := cpuNow()
+	for i := 0; i < b.N; i++ {
+		for off := 0; off < shipBytes; off += shipChunk {
+			if _, err := c.Write(chunk); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := io.ReadFull(c, ack); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(cpuSince(cpu0, b.N), "cpu-ms/op")
+}
+
+// cpuNow is the process's user+system CPU time.
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func cpuSince(t0 time.Duration, n int) float64 {
+	return float64(cpuNow()-t0) / float64(n) / 1e6
 }

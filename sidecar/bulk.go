@@ -1,0 +1,410 @@
+package sidecar
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// The bulk stream carries a snapshot whose data is large (a base state, a
+// whole state in remus mode, a learner's delta) from the primary's
+// shipper to the backup over a plain TCP connection on the backup
+// sidecar's own port (cmux tells the two apart by the connection's first
+// bytes), instead of ShipSnapshot's gRPC stream. The data then crosses
+// with two copies (into and out of the kernel) and straight into the
+// backup's state buffer, against gRPC's HTTP/2 framing in 16 KiB frames,
+// message reassembly and protobuf copies: moving 64 MiB over loopback took
+// ~50-70 ms and ~90-120 ms of CPU through ShipSnapshot against ~15-20 ms
+// and ~25-35 ms raw on the development machine (docs/coordination.md),
+// and a 64 MiB base is what the replies of an olv failover wait for.
+// Headers, checks and Algorithm 2 are ShipSnapshot's (snapshotSink,
+// backupState.accept); small snapshots keep using ShipSnapshot.
+//
+// A connection starts with bulkMagic; then, per snapshot, the sender
+// writes a frame with the SnapshotHeader, the data (a full state: its
+// state_bytes bytes; a delta: per range its offset, length and bytes,
+// delta_bytes in all), and a frame with the state digest; the backup
+// answers with a code (gRPC's, 0 for OK) and a frame (OK: a
+// ShipSnapshotResponse; otherwise the error message). Frames are a
+// uvarint length and that many bytes. The connection stays open for the
+// next snapshot; any I/O error closes it (the shipper retries as it does
+// any failed shipment).
+const bulkMagic = "HAMSBLK1"
+
+// bulkMinBytes is the smallest snapshot payload (state or delta bytes)
+// shipped over the bulk stream; a var for tests.
+var bulkMinBytes uint64 = 1 << 20
+
+const (
+	// bulkMaxFrame bounds a header or digest frame (a header carries the
+	// batch's request records and outputs).
+	bulkMaxFrame = 256 << 20
+	// bulkReadBytes is the piece size of reads into a state buffer, each
+	// hashed after it arrives.
+	bulkReadBytes   = 1 << 20
+	bulkDialTimeout = 5 * time.Second
+)
+
+// bulkPayload is how many data bytes sn ships.
+func bulkPayload(sn *snapshot) uint64 {
+	if sn.isDelta() {
+		return sn.header.GetDeltaBytes()
+	}
+	return sn.header.GetStateBytes()
+}
+
+// serveBulk accepts bulk connections until ctx ends; every connection's
+// goroutine ends (its connection closed) before it returns.
+func (s *Sidecar) serveBulk(ctx context.Context, lis net.Listener) error {
+	var (
+		mu    sync.Mutex
+		conns = map[net.Conn]bool{}
+		wg    sync.WaitGroup
+	)
+	stop := context.AfterFunc(ctx, func() {
+		_ = lis.Close()
+		mu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+	})
+	defer stop()
+	defer wg.Wait()
+	for {
+		c, err := lis.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			// The listener closed under us: the gRPC server stopped.
+			s.log.Debug("bulk listener closed", "err", err)
+			return nil
+		}
+		mu.Lock()
+		if ctx.Err() != nil {
+			mu.Unlock()
+			_ = c.Close()
+			return nil
+		}
+		conns[c] = true
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.bulkConn(c)
+			mu.Lock()
+			delete(conns, c)
+			mu.Unlock()
+			_ = c.Close()
+		}()
+	}
+}
+
+// bulkConn serves the snapshots of one bulk connection until it fails or
+// closes.
+func (s *Sidecar) bulkConn(c net.Conn) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("panic in a bulk snapshot", "panic", p, "peer", c.RemoteAddr())
+		}
+	}()
+	br := bufio.NewReaderSize(c, 64<<10)
+	bw := bufio.NewWriterSize(c, 4<<10)
+	magic := make([]byte, len(bulkMagic))
+	if _, err := io.ReadFull(br, magic); err != nil || string(magic) != bulkMagic {
+		return
+	}
+	for {
+		// Between snapshots the connection may idle; a snapshot once
+		// begun must arrive within shipTimeout.
+		_ = c.SetReadDeadline(time.Time{})
+		hb, err := readFrame(br)
+		if err != nil {
+			if _, ok := status.FromError(err); ok {
+				_ = writeBulkAnswer(bw, nil, err) // then out of step: close
+			} else if !errors.Is(err, io.EOF) {
+				s.log.Debug("bulk connection ended", "peer", c.RemoteAddr(), "err", err)
+			}
+			return
+		}
+		_ = c.SetDeadline(time.Now().Add(shipTimeout))
+		resp, err, fatal := s.bulkSnapshot(br, hb)
+		if err := writeBulkAnswer(bw, resp, err); err != nil || fatal {
+			return
+		}
+	}
+}
+
+// bulkSnapshot reads the rest of one snapshot (its header frame hb was
+// read) and buffers it. fatal: the stream is out of step (the data was
+// not read to its end), so the connection must close after the answer.
+func (s *Sidecar) bulkSnapshot(br *bufio.Reader, hb []byte) (resp *hamsv1.ShipSnapshotResponse, err error, fatal bool) {
+	h := &hamsv1.SnapshotHeader{}
+	if err := proto.Unmarshal(hb, h); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "bulk snapshot: header: %v", err), true
+	}
+	bk := (&replicationServer{s: s}).backup()
+	if bk == nil {
+		return nil, (&replicationServer{s: s}).notBackup("bulk snapshot"), true
+	}
+	sink, err := bk.newSink(h)
+	if err != nil {
+		return nil, err, true
+	}
+	if err := sink.readFrom(br); err != nil {
+		return nil, err, true
+	}
+	db, err := readFrame(br)
+	if err != nil {
+		return nil, fmt.Errorf("bulk snapshot %d: digest: %w", h.GetBatchId(), err), true
+	}
+	r, err := sink.finish(string(db))
+	if err != nil {
+		return nil, err, false
+	}
+	resp, err = bk.accept(r)
+	return resp, err, false
+}
+
+// readFrom reads the snapshot's data off a bulk stream: a full state
+// straight into the state buffer, in pieces hashed as they arrive; a
+// delta's ranges into one buffer of delta_bytes.
+func (k *snapshotSink) readFrom(br *bufio.Reader) error {
+	h := k.h
+	if !h.GetDelta() {
+		n := int(h.GetStateBytes())
+		k.data = k.data[:0]
+		for len(k.data) < n {
+			m := min(bulkReadBytes, n-len(k.data))
+			p := k.data[len(k.data) : len(k.data)+m]
+			if _, err := io.ReadFull(br, p); err != nil {
+				return fmt.Errorf("bulk snapshot %d: state data: %w", h.GetBatchId(), err)
+			}
+			k.data = k.data[:len(k.data)+m]
+			k.hash(p)
+		}
+		return nil
+	}
+	buf := make([]byte, h.GetDeltaBytes())
+	for len(buf) > 0 {
+		off, err := binary.ReadUvarint(br)
+		if err != nil {
+			return fmt.Errorf("bulk snapshot %d: range offset: %w", h.GetBatchId(), err)
+		}
+		n, err := binary.ReadUvarint(br)
+		if err != nil {
+			return fmt.Errorf("bulk snapshot %d: range length: %w", h.GetBatchId(), err)
+		}
+		if n == 0 || n > uint64(len(buf)) {
+			return status.Errorf(codes.InvalidArgument, "bulk snapshot %d: a range of %d bytes with %d of the announced %d delta bytes left", h.GetBatchId(), n, len(buf), h.GetDeltaBytes())
+		}
+		d := buf[:n:n]
+		buf = buf[n:]
+		if _, err := io.ReadFull(br, d); err != nil {
+			return fmt.Errorf("bulk snapshot %d: range data: %w", h.GetBatchId(), err)
+		}
+		if err := k.add(off, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readFrame reads a uvarint length and that many bytes.
+func readFrame(br *bufio.Reader) ([]byte, error) {
+	n, err := binary.ReadUvarint(br)
+	if err != nil {
+		return nil, err
+	}
+	if n > bulkMaxFrame {
+		return nil, status.Errorf(codes.ResourceExhausted, "bulk frame of %d bytes (limit %d)", n, bulkMaxFrame)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(br, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func writeFrame(bw *bufio.Writer, b []byte) error {
+	if _, err := bw.Write(binary.AppendUvarint(nil, uint64(len(b)))); err != nil {
+		return err
+	}
+	_, err := bw.Write(b)
+	return err
+}
+
+// writeBulkAnswer writes the code and frame answering a snapshot.
+func writeBulkAnswer(bw *bufio.Writer, resp *hamsv1.ShipSnapshotResponse, err error) error {
+	code, payload := codes.OK, []byte(nil)
+	if err != nil {
+		st, _ := status.FromError(err)
+		code, payload = st.Code(), []byte(st.Message())
+		if code == codes.OK {
+			code = codes.Unknown
+		}
+	} else {
+		var merr error
+		if payload, merr = proto.Marshal(resp); merr != nil {
+			code, payload = codes.Internal, []byte(merr.Error())
+		}
+	}
+	if _, err := bw.Write(binary.AppendUvarint(nil, uint64(code))); err != nil {
+		return err
+	}
+	if err := writeFrame(bw, payload); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// bulkClient is a shipper's bulk connection to one backup; only the
+// shipper's run goroutine uses it.
+type bulkClient struct {
+	addr string
+	c    net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+}
+
+func (bc *bulkClient) close() {
+	if bc != nil && bc.c != nil {
+		_ = bc.c.Close()
+		bc.c = nil
+	}
+}
+
+// bulkTo returns the open bulk connection to addr, dialling it first.
+func (sh *shipper) bulkTo(ctx context.Context, addr string) (*bulkClient, error) {
+	if bc := sh.bulk; bc != nil && bc.c != nil && bc.addr == addr {
+		return bc, nil
+	}
+	sh.bulk.close()
+	dial := sh.bulkDial
+	if dial == nil {
+		d := net.Dialer{Timeout: bulkDialTimeout}
+		dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+	}
+	c, err := dial(ctx, addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial bulk stream to %s: %w", addr, err)
+	}
+	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 64<<10)}
+	if _, err := bc.bw.WriteString(bulkMagic); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
+	}
+	sh.bulk = bc
+	return bc, nil
+}
+
+// sendBulk ships sn over the bulk stream to addr. An I/O error closes the
+// connection (the next shipment dials again); the backup's refusal comes
+// back as its gRPC status.
+func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (applied bool, err error) {
+	bc, err := sh.bulkTo(ctx, addr)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if err != nil {
+			bc.close() // possibly out of step: the next shipment dials again
+		}
+	}()
+	_ = bc.c.SetDeadline(time.Now().Add(shipTimeout))
+	stop := context.AfterFunc(ctx, func() { _ = bc.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	hb, err := proto.Marshal(sn.header)
+	if err != nil {
+		return false, fmt.Errorf("encode header of batch %d: %w", sn.batch, err)
+	}
+	var sum *xxhash.Digest
+	if !strings.HasPrefix(sn.digest, xxhPrefix) {
+		sum = xxhash.New()
+	}
+	ioErr := func(what string, err error) error {
+		return fmt.Errorf("bulk stream to %s: %s of batch %d: %w", addr, what, sn.batch, err)
+	}
+	if err := writeFrame(bc.bw, hb); err != nil {
+		return false, ioErr("header", err)
+	}
+	write := func(d []byte) error {
+		for len(d) > 0 {
+			k := min(len(d), bulkReadBytes)
+			if sum != nil {
+				_, _ = sum.Write(d[:k])
+			}
+			if _, err := bc.bw.Write(d[:k]); err != nil {
+				return err
+			}
+			d = d[k:]
+		}
+		return nil
+	}
+	if sn.isDelta() {
+		for _, r := range sn.delta {
+			if len(r.GetData()) == 0 {
+				continue
+			}
+			if _, err := bc.bw.Write(binary.AppendUvarint(binary.AppendUvarint(nil, r.GetOffset()), uint64(len(r.GetData())))); err != nil {
+				return false, ioErr("range", err)
+			}
+			if err := write(r.GetData()); err != nil {
+				return false, ioErr("range data", err)
+			}
+		}
+	} else {
+		for _, t := range sn.state {
+			if err := write(t.GetData()); err != nil {
+				return false, ioErr("state data", err)
+			}
+		}
+	}
+	if sum != nil {
+		sn.digest = deltaDigest(sum.Sum64())
+	}
+	if err := writeFrame(bc.bw, []byte(sn.digest)); err != nil {
+		return false, ioErr("digest", err)
+	}
+	if err := bc.bw.Flush(); err != nil {
+		return false, ioErr("flush", err)
+	}
+	code, err := binary.ReadUvarint(bc.br)
+	if err != nil {
+		return false, ioErr("answer", err)
+	}
+	payload, err := readFrame(bc.br)
+	if err != nil {
+		return false, ioErr("answer", err)
+	}
+	if codes.Code(code) != codes.OK {
+		return false, status.Error(codes.Code(code), string(payload))
+	}
+	resp := &hamsv1.ShipSnapshotResponse{}
+	if err := proto.Unmarshal(payload, resp); err != nil {
+		return false, fmt.Errorf("bulk stream to %s: answer for batch %d: %w", addr, sn.batch, err)
+	}
+	if resp.GetBatchId() != sn.batch {
+		return false, fmt.Errorf("backup acknowledged batch %d for batch %d", resp.GetBatchId(), sn.batch)
+	}
+	return resp.GetApplied(), nil
+}
