@@ -12,7 +12,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +31,9 @@ const (
 	DefaultOutput         = "output"
 	DefaultOutputDatatype = tensor.FP32
 	DefaultMaxBodyBytes   = 64 << 20
+	// DefaultWriteBufferSize is the write buffer of the default client's
+	// connections (net/http's default is 4 KiB).
+	DefaultWriteBufferSize = 64 << 10
 	// Kind is the ModelDescription kind of every model behind this adapter.
 	Kind = "clipper"
 )
@@ -63,7 +65,8 @@ type Config struct {
 	HealthProbe *hamsv1.Tensor
 	// MaxBodyBytes bounds an answer (default DefaultMaxBodyBytes).
 	MaxBodyBytes int64
-	// Client is the HTTP client (default: one with keep-alive pooling).
+	// Client is the HTTP client (default: one with keep-alive pooling, up
+	// to 64 idle connections, DefaultWriteBufferSize).
 	Client *http.Client
 	Logger *slog.Logger
 }
@@ -131,6 +134,10 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 64
+		// A batch-1 request of 784 numbers is ~7-10 KB: with the
+		// default 4 KiB buffer it leaves in two writes (and the server
+		// may wake up twice), with this one in one.
+		tr.WriteBufferSize = DefaultWriteBufferSize
 		cfg.Client = &http.Client{Transport: tr}
 	}
 	if cfg.Logger == nil {
@@ -166,11 +173,11 @@ func (b *Backend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.
 	if err != nil {
 		return nil, err
 	}
-	rows, err := jsonRows(in)
+	body, rows, err := encodeBody(in)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "clipper %s: input %q: %v", b.cfg.App, in.GetName(), err)
 	}
-	answers, err := b.predict(ctx, rows)
+	answers, err := b.predict(ctx, body, rows)
 	if err != nil {
 		return nil, err
 	}
@@ -180,14 +187,14 @@ func (b *Backend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.
 	}
 	resp := &hamsv1.BatchResponse{Outputs: []*hamsv1.Tensor{out}, BatchId: req.GetBatchId(), Rows: append([]uint32(nil), req.GetRows()...)}
 	if len(resp.Rows) == 0 {
-		resp.Rows = []uint32{uint32(len(rows))}
+		resp.Rows = []uint32{uint32(rows)}
 	}
 	var sum int
 	for _, r := range resp.Rows {
 		sum += int(r)
 	}
-	if sum != len(rows) {
-		return nil, status.Errorf(codes.InvalidArgument, "clipper %s: rows per request sum to %d, input %q has %d rows", b.cfg.App, sum, in.GetName(), len(rows))
+	if sum != rows {
+		return nil, status.Errorf(codes.InvalidArgument, "clipper %s: rows per request sum to %d, input %q has %d rows", b.cfg.App, sum, in.GetName(), rows)
 	}
 	return resp, nil
 }
@@ -217,82 +224,6 @@ func (b *Backend) inputOf(ins []*hamsv1.Tensor) (*hamsv1.Tensor, error) {
 	return in, nil
 }
 
-// jsonRows encodes every row of t as a JSON value: numbers as a flat
-// array, BYTES [N] as one string per row.
-func jsonRows(t *hamsv1.Tensor) ([]json.RawMessage, error) {
-	n := int(t.Shape[0])
-	out := make([]json.RawMessage, n)
-	if t.Datatype == tensor.Bytes {
-		if len(t.Shape) != 1 {
-			return nil, fmt.Errorf("BYTES input must be [rows] (one string per row), is %v", t.Shape)
-		}
-		for i, e := range wire.BytesElems(t.Data) {
-			s, err := json.Marshal(string(e))
-			if err != nil {
-				return nil, err
-			}
-			out[i] = s
-		}
-		return out, nil
-	}
-	es := tensor.ElemSize(t.Datatype)
-	per := len(t.Data) / n / es
-	for i := range n {
-		var buf bytes.Buffer
-		buf.WriteByte('[')
-		for j := range per {
-			if j > 0 {
-				buf.WriteByte(',')
-			}
-			off := (i*per + j) * es
-			if err := appendNumber(&buf, t.Datatype, t.Data[off:off+es]); err != nil {
-				return nil, fmt.Errorf("row %d element %d: %w", i, j, err)
-			}
-		}
-		buf.WriteByte(']')
-		out[i] = buf.Bytes()
-	}
-	return out, nil
-}
-
-func appendNumber(buf *bytes.Buffer, dt string, b []byte) error {
-	var scratch [32]byte
-	var s []byte
-	switch dt {
-	case tensor.FP32:
-		v := math.Float32frombits(binary.LittleEndian.Uint32(b))
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("%v cannot travel in JSON", v)
-		}
-		s = strconv.AppendFloat(scratch[:0], float64(v), 'g', -1, 32)
-	case tensor.FP64:
-		v := math.Float64frombits(binary.LittleEndian.Uint64(b))
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return fmt.Errorf("%v cannot travel in JSON", v)
-		}
-		s = strconv.AppendFloat(scratch[:0], v, 'g', -1, 64)
-	case tensor.Int8:
-		s = strconv.AppendInt(scratch[:0], int64(int8(b[0])), 10)
-	case tensor.Int16:
-		s = strconv.AppendInt(scratch[:0], int64(int16(binary.LittleEndian.Uint16(b))), 10)
-	case tensor.Int32:
-		s = strconv.AppendInt(scratch[:0], int64(int32(binary.LittleEndian.Uint32(b))), 10)
-	case tensor.Int64:
-		s = strconv.AppendInt(scratch[:0], int64(binary.LittleEndian.Uint64(b)), 10)
-	case tensor.Uint8:
-		s = strconv.AppendUint(scratch[:0], uint64(b[0]), 10)
-	case tensor.Bool:
-		s = []byte{'0'}
-		if b[0] != 0 {
-			s[0] = '1'
-		}
-	default:
-		return fmt.Errorf("datatype %s cannot be sent to Clipper (numbers or BYTES only)", dt)
-	}
-	buf.Write(s)
-	return nil
-}
-
 // answer is one query's result.
 type answer struct {
 	QueryID            *int64          `json:"query_id"`
@@ -308,29 +239,9 @@ type batchAnswer struct {
 	Cause            string            `json:"cause"`
 }
 
-// predict posts the rows and returns one answer per row; a default output
-// is an error.
-func (b *Backend) predict(ctx context.Context, rows []json.RawMessage) ([]answer, error) {
-	// The rows are valid JSON already; the body is assembled by hand
-	// (json.Marshal would re-validate and compact every row).
-	var body []byte
-	if len(rows) == 1 {
-		body = append(append([]byte(`{"input":`), rows[0]...), '}')
-	} else {
-		n := 16
-		for _, r := range rows {
-			n += len(r) + 1
-		}
-		body = make([]byte, 0, n)
-		body = append(body, `{"input_batch":[`...)
-		for i, r := range rows {
-			if i > 0 {
-				body = append(body, ',')
-			}
-			body = append(body, r...)
-		}
-		body = append(body, "]}"...)
-	}
+// predict posts body (encodeBody's, of rows rows) and returns one answer
+// per row; a default output is an error.
+func (b *Backend) predict(ctx context.Context, body []byte, rows int) ([]answer, error) {
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, b.predictURL, bytes.NewReader(body))
@@ -346,7 +257,7 @@ func (b *Backend) predict(ctx context.Context, rows []json.RawMessage) ([]answer
 		return nil, err
 	}
 	var ba batchAnswer
-	if err := json.Unmarshal(data, &ba); err != nil {
+	if err := decodeAnswer(data, &ba); err != nil {
 		return nil, status.Errorf(codes.Internal, "clipper %s predict: answer is not JSON: %v (%s)", b.cfg.App, err, snippet(data))
 	}
 	if ba.Error != "" {
@@ -371,8 +282,8 @@ func (b *Backend) predict(ctx context.Context, rows []json.RawMessage) ([]answer
 	} else {
 		answers = []answer{ba.answer}
 	}
-	if len(answers) != len(rows) {
-		return nil, status.Errorf(codes.Internal, "clipper %s predict: %d answers for %d rows", b.cfg.App, len(answers), len(rows))
+	if len(answers) != rows {
+		return nil, status.Errorf(codes.Internal, "clipper %s predict: %d answers for %d rows", b.cfg.App, len(answers), rows)
 	}
 	for i, a := range answers {
 		if a.Default {
@@ -485,28 +396,20 @@ func (b *Backend) outputOf(answers []answer) (*hamsv1.Tensor, error) {
 	width := -1 // -1: scalars
 	var vals []float64
 	for i, a := range answers {
-		raw := a.Output
-		// A model's string output that holds a number or an array.
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			raw = json.RawMessage(s)
-		}
-		var row []float64
-		var one float64
-		w := -1
-		if err := json.Unmarshal(raw, &one); err == nil {
-			row = []float64{one}
-		} else if err := json.Unmarshal(raw, &row); err == nil {
-			w = len(row)
-		} else {
-			return nil, bad(i, "%s is neither a number nor an array of numbers (configure output datatype BYTES for other outputs)", snippet(a.Output))
+		var w int
+		var ok bool
+		if vals, w, ok = fastNumbers(a.Output, vals); !ok {
+			var row []float64
+			if row, w, ok = slowNumbers(a.Output); !ok {
+				return nil, bad(i, "%s is neither a number nor an array of numbers (configure output datatype BYTES for other outputs)", snippet(a.Output))
+			}
+			vals = append(vals, row...)
 		}
 		if i == 0 {
 			width = w
 		} else if w != width {
 			return nil, bad(i, "shape differs from row 0 (%d vs %d values)", w, width)
 		}
-		vals = append(vals, row...)
 	}
 	if width < 0 {
 		t.Shape = []int64{int64(n)}
@@ -536,6 +439,24 @@ func (b *Backend) outputOf(answers []answer) (*hamsv1.Tensor, error) {
 	return t, nil
 }
 
+// slowNumbers reads an output with encoding/json: a number (w = -1) or an
+// array of numbers, either possibly inside a JSON string (a model's string
+// output that holds one).
+func slowNumbers(raw json.RawMessage) (row []float64, w int, ok bool) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		raw = json.RawMessage(s)
+	}
+	var one float64
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return []float64{one}, -1, true
+	}
+	if err := json.Unmarshal(raw, &row); err == nil {
+		return row, len(row), true
+	}
+	return nil, 0, false
+}
+
 // Health checks the query frontend (GET /metrics) and, with a probe, that
 // the app answers a prediction without falling back to its default.
 func (b *Backend) Health(ctx context.Context) error {
@@ -551,11 +472,11 @@ func (b *Backend) Health(ctx context.Context) error {
 	if b.cfg.HealthProbe == nil {
 		return nil
 	}
-	rows, err := jsonRows(b.cfg.HealthProbe)
+	body, rows, err := encodeBody(b.cfg.HealthProbe)
 	if err != nil {
 		return status.Errorf(codes.Internal, "clipper %s: health probe: %v", b.cfg.App, err)
 	}
-	_, err = b.predict(ctx, rows)
+	_, err = b.predict(ctx, body, rows)
 	return err
 }
 

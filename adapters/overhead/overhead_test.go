@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -235,6 +236,26 @@ func clipperSetup(b testing.TB, ctx context.Context, d *config.Deployment, wg *s
 	}
 }
 
+// timed is the adapter under the sidecar, stamping when each Infer starts
+// and ends (monotonic ns since base), to split a sidecar round trip into
+// its way in (the entry hop and the sidecar up to the adapter), the
+// adapter's call, and its way out.
+type timed struct {
+	sidecar.Backend
+	base       time.Time
+	start, end atomic.Int64
+}
+
+func (t *timed) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	t.start.Store(int64(time.Since(t.base)))
+	resp, err := t.Backend.Infer(ctx, req)
+	t.end.Store(int64(time.Since(t.base)))
+	return resp, err
+}
+
+// split is one sidecar round trip's parts.
+type split struct{ in, call, out time.Duration }
+
 type sink chan *hamsv1.Item
 
 func (s sink) deliver(_ string, items []*hamsv1.Item) {
@@ -245,8 +266,12 @@ func (s sink) deliver(_ string, items []*hamsv1.Item) {
 
 // viaSidecar starts a sidecar over be and a frontend stand-in (an entry
 // edge sender and a sink edge receiver, as the frontend has) and returns
-// one round trip: an item with the image in, the sink item out.
-func viaSidecar(b testing.TB, ctx context.Context, d *config.Deployment, be sidecar.Backend, wg *sync.WaitGroup) func() error {
+// one round trip: an item with the image in, the sink item out; last
+// splits the latest round trip.
+func viaSidecar(b testing.TB, ctx context.Context, d *config.Deployment, be sidecar.Backend, wg *sync.WaitGroup) (round func() error, last func() split) {
+	tb := &timed{Backend: be, base: time.Now()}
+	be = tb
+	var lastSplit split
 	res := edge.NewStaticResolver(nil)
 	out := make(sink, 16)
 	flis := listen(b)
@@ -271,16 +296,21 @@ func viaSidecar(b testing.TB, ctx context.Context, d *config.Deployment, be side
 	go func() { defer wg.Done(); _ = in.Run(ctx) }()
 	x := tensor.FromFloat32("images", []int64{1, 784}, image())
 	var id uint64
-	return func() error {
+	round = func() error {
 		id++
+		t0 := time.Since(tb.base)
 		in.Send(&hamsv1.Item{ReqId: id, Service: "fashion", StreamId: "s", Tensors: []*hamsv1.Tensor{x}})
 		got := <-out
+		t3 := time.Since(tb.base)
 		if got.GetReqId() != id || got.GetError() != "" {
 			return fmt.Errorf("item %d: got %d %q", id, got.GetReqId(), got.GetError())
 		}
+		t1, t2 := time.Duration(tb.start.Load()), time.Duration(tb.end.Load())
+		lastSplit = split{in: t1 - t0, call: t2 - t1, out: t3 - t2}
 		in.Complete(id)
 		return scoresOK(tensor.Float32(got.GetTensors()[0]))
 	}
+	return round, func() split { return lastSplit }
 }
 
 // cpuTime is the CPU time (user and system) this process used so far.
@@ -321,13 +351,15 @@ func BenchmarkSidecarAdded(b *testing.B) {
 			} else {
 				s = refSetups(b, ctx, d, &wg)[name]
 			}
-			round := viaSidecar(b, ctx, d, s.backend, &wg)
+			round, last := viaSidecar(b, ctx, d, s.backend, &wg)
 			direct := func() error { return s.direct(ctx) }
+			sidecarSlot := true
 			// HAMS_OVERHEAD_ONLY=direct|sidecar runs one path in both
 			// slots (to profile it alone).
 			switch os.Getenv("HAMS_OVERHEAD_ONLY") {
 			case "direct":
 				round = direct
+				sidecarSlot = false
 			case "sidecar":
 				direct = round
 			}
@@ -341,6 +373,7 @@ func BenchmarkSidecarAdded(b *testing.B) {
 			}
 			dd := make([]time.Duration, 0, b.N)
 			sd := make([]time.Duration, 0, b.N)
+			var ins, calls, outs []time.Duration
 			cpu0 := cpuTime()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -358,6 +391,10 @@ func BenchmarkSidecarAdded(b *testing.B) {
 				}
 				*fs = append(*fs, t1.Sub(t0))
 				*ss = append(*ss, time.Since(t1))
+				if sidecarSlot {
+					sp := last()
+					ins, calls, outs = append(ins, sp.in), append(calls, sp.call), append(outs, sp.out)
+				}
 			}
 			b.StopTimer()
 			cpu := cpuTime() - cpu0
@@ -370,6 +407,20 @@ func BenchmarkSidecarAdded(b *testing.B) {
 			b.ReportMetric(us(p(sd, 0.99)-p(dd, 0.99)), "added-p99-µs")
 			b.ReportMetric(float64(p(sd, 0.5))/float64(p(dd, 0.5)), "p50-ratio")
 			b.ReportMetric(us(cpu)/float64(b.N), "cpu-µs/op")
+			if sidecarSlot {
+				// The sidecar round trip's parts (p50 of each): the way
+				// in (entry hop, sidecar up to the adapter), the
+				// adapter's call, the way out (sidecar after the
+				// adapter, exit hop). in + out is the hops' share of the
+				// added time; call - direct the adapter's.
+				for _, x := range []struct {
+					d    []time.Duration
+					name string
+				}{{ins, "in-p50-µs"}, {calls, "call-p50-µs"}, {outs, "out-p50-µs"}} {
+					slices.Sort(x.d)
+					b.ReportMetric(us(p(x.d, 0.5)), x.name)
+				}
+			}
 		})
 	}
 }

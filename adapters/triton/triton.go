@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -164,8 +165,11 @@ func (b *Backend) request(ctx context.Context, req *hamsv1.BatchRequest) (*infer
 	if err != nil {
 		return nil, err
 	}
-	r := &inference.ModelInferRequest{ModelName: b.cfg.Model, ModelVersion: b.cfg.Version, Id: fmt.Sprint(req.GetBatchId())}
-	for _, t := range req.GetInputs() {
+	ins := req.GetInputs()
+	// One more slot for the stream ids input.
+	r := &inference.ModelInferRequest{ModelName: b.cfg.Model, ModelVersion: b.cfg.Version, Id: strconv.FormatUint(req.GetBatchId(), 10),
+		Inputs: make([]*inference.ModelInferRequest_InferInputTensor, 0, len(ins)+1), RawInputContents: make([][]byte, 0, len(ins)+1)}
+	for _, t := range ins {
 		r.Inputs = append(r.Inputs, wire.InferInput(t))
 		d := t.GetData()
 		if d == nil {
