@@ -98,20 +98,28 @@ func (d *driver) symbols() []struct {
 // load opens the first of paths that dlopen accepts and resolves every
 // symbol; it does not call the driver.
 func load(paths []string) (*driver, error) {
-	var tried []string
+	var missing, failed []string
 	var lib uintptr
 	d := &driver{}
 	for _, p := range paths {
 		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 		if err != nil {
-			tried = append(tried, fmt.Sprintf("%s: %v", p, err))
+			if strings.Contains(err.Error(), "No such file") {
+				missing = append(missing, p)
+			} else {
+				failed = append(failed, err.Error()) // dlerror names the path
+			}
 			continue
 		}
 		lib, d.path = h, p
 		break
 	}
 	if lib == 0 {
-		return nil, fmt.Errorf("%w: no libcuda.so.1 (set %s to its path): %s", ErrUnavailable, EnvLibrary, strings.Join(tried, "; "))
+		why := "not found at " + strings.Join(missing, ", ")
+		if len(failed) > 0 {
+			why += "; " + strings.Join(failed, "; ")
+		}
+		return nil, fmt.Errorf("%w: no libcuda.so.1 (set %s to its path): %s", ErrUnavailable, EnvLibrary, why)
 	}
 	for _, s := range d.symbols() {
 		var addr uintptr
