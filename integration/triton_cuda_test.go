@@ -15,6 +15,7 @@ import (
 
 	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/cuda"
+	"github.com/hams-go/hams/internal/cuda/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/wire"
@@ -302,4 +303,12 @@ func TestTritonLSTMCudaState(t *testing.T) {
 		t.Logf("failover: %d replies, %d after the kill; audit consistent", st.Replies, after.Load())
 	})
 	up.stop(t, 20*time.Second)
+}
+
+// TestTritonLSTMCudaStateFakeDriver runs TestTritonLSTMCudaState against
+// the fakecuda test double (where there is no GPU and gcc exists): every
+// hams process of the deployment inherits HAMS_LIBCUDA.
+func TestTritonLSTMCudaStateFakeDriver(t *testing.T) {
+	t.Setenv("HAMS_BIN", hamsBin) // the child reuses this binary
+	cudatest.RunWithFakeDriver(t, "^TestTritonLSTMCudaState$", "TestTritonLSTMCudaState")
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
+	"github.com/hams-go/hams/internal/cuda/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
@@ -325,4 +326,10 @@ func TestCudaSharedMemoryLSTM(t *testing.T) {
 	if err != nil || len(sys.Regions) != 2 {
 		t.Fatalf("CUDA unregister-all touched the system regions: %v, %v", sys, err)
 	}
+}
+
+// TestCudaWithFakeDriver runs the GPU tests above against the fakecuda
+// test double (where there is no GPU and gcc exists).
+func TestCudaWithFakeDriver(t *testing.T) {
+	cudatest.RunWithFakeDriver(t, "^(TestCudaSharedMemoryArgs|TestCudaSharedMemoryLSTM|TestChildServer)$", "TestCudaSharedMemoryArgs", "TestCudaSharedMemoryLSTM")
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
+	"github.com/hams-go/hams/internal/cuda/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
@@ -357,4 +358,10 @@ func BenchmarkReadState(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestCUDAWithFakeDriver runs the GPU tests above against the fakecuda
+// test double (where there is no GPU and gcc exists).
+func TestCUDAWithFakeDriver(t *testing.T) {
+	cudatest.RunWithFakeDriver(t, "^(TestCUDAStateMatchesSystem|TestChildServer)$", "TestCUDAStateMatchesSystem")
 }

@@ -37,15 +37,17 @@ type Error struct {
 	Desc string // the driver's description (empty if unknown)
 }
 
+// Error is "call: NAME (description)"; the package's errors wrap it
+// after a "cuda: ..." prefix saying what was attempted.
 func (e *Error) Error() string {
 	name := e.Name
 	if name == "" {
 		name = fmt.Sprintf("CUresult %d", e.Code)
 	}
 	if e.Desc != "" {
-		return fmt.Sprintf("cuda: %s: %s (%s)", e.Call, name, e.Desc)
+		return fmt.Sprintf("%s: %s (%s)", e.Call, name, e.Desc)
 	}
-	return fmt.Sprintf("cuda: %s: %s", e.Call, name)
+	return fmt.Sprintf("%s: %s", e.Call, name)
 }
 
 // CUresult values the package classifies.

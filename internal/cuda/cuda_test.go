@@ -8,7 +8,7 @@ import (
 
 func TestErrorNamesCallAndResult(t *testing.T) {
 	e := &Error{Call: "cuMemAlloc_v2", Code: 2, Name: "CUDA_ERROR_OUT_OF_MEMORY", Desc: "out of memory"}
-	if got, want := e.Error(), "cuda: cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"; got != want {
+	if got, want := e.Error(), "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
 	if !errors.Is(e, ErrDriver) || errors.Is(e, ErrNoDevice) || errors.Is(e, ErrUnavailable) {

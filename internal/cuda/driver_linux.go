@@ -270,26 +270,30 @@ func (d *Device) Name() string { return d.name }
 
 // do runs f with the primary context current on a locked OS thread. The
 // context is popped before the thread is unlocked, so no thread keeps it.
-func (d *Device) do(f func() error) error {
+// An error is "cuda: device N: op: ...".
+func (d *Device) do(op string, f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if r := d.drv.cuCtxPushCurrent(d.ctx); r != 0 {
-		return fmt.Errorf("cuda: device %d: %w", d.ordinal, d.drv.err("cuCtxPushCurrent_v2", r))
+		return fmt.Errorf("cuda: device %d: %s: %w", d.ordinal, op, d.drv.err("cuCtxPushCurrent_v2", r))
 	}
 	err := f()
 	var old uintptr
 	if r := d.drv.cuCtxPopCurrent(&old); r != 0 && err == nil {
-		err = fmt.Errorf("cuda: device %d: %w", d.ordinal, d.drv.err("cuCtxPopCurrent_v2", r))
+		err = d.drv.err("cuCtxPopCurrent_v2", r)
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("cuda: device %d: %s: %w", d.ordinal, op, err)
+	}
+	return nil
 }
 
-// call wraps a CUresult of call as an error (nil for CUDA_SUCCESS).
+// call is the *Error of a CUresult (nil for CUDA_SUCCESS).
 func (d *Device) call(name string, r int32) error {
 	if r == 0 {
 		return nil
 	}
-	return fmt.Errorf("cuda: device %d: %w", d.ordinal, d.drv.err(name, r))
+	return d.drv.err(name, r)
 }
 
 // Alloc allocates n bytes of device memory, zeroed (cuMemAlloc_v2,
@@ -304,7 +308,7 @@ func (d *Device) Alloc(n int) (*Buffer, error) {
 		return nil, fmt.Errorf("%w: device %d", ErrClosed, d.ordinal)
 	}
 	b := &Buffer{d: d, size: n}
-	err := d.do(func() error {
+	err := d.do(fmt.Sprintf("allocate %d bytes", n), func() error {
 		if err := d.call("cuMemAlloc_v2", d.drv.cuMemAlloc(&b.ptr, uintptr(n))); err != nil {
 			return err
 		}
@@ -318,7 +322,7 @@ func (d *Device) Alloc(n int) (*Buffer, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("allocate %d bytes: %w", n, err)
+		return nil, err
 	}
 	d.bufs[b] = struct{}{}
 	return b, nil
@@ -338,7 +342,7 @@ func (d *Device) OpenIPC(h IPCHandle, size int) (*Buffer, error) {
 		return nil, fmt.Errorf("%w: device %d", ErrClosed, d.ordinal)
 	}
 	b := &Buffer{d: d, size: size, ipc: true}
-	err := d.do(func() error {
+	err := d.do("open IPC handle", func() error {
 		if err := d.call("cuIpcOpenMemHandle_v2", d.drv.cuIpcOpenMemHandle(&b.ptr, ipcMemHandle{Reserved: h}, cuIpcMemLazyEnablePeerAccess)); err != nil {
 			return err
 		}
@@ -353,7 +357,7 @@ func (d *Device) OpenIPC(h IPCHandle, size int) (*Buffer, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open IPC handle: %w", err)
+		return nil, err
 	}
 	d.bufs[b] = struct{}{}
 	return b, nil
@@ -377,7 +381,9 @@ func (d *Device) Close() error {
 	for _, b := range bufs {
 		errs = append(errs, b.Close())
 	}
-	errs = append(errs, d.call("cuDevicePrimaryCtxRelease_v2", d.drv.cuDevicePrimaryCtxRelease(d.dev)))
+	if err := d.call("cuDevicePrimaryCtxRelease_v2", d.drv.cuDevicePrimaryCtxRelease(d.dev)); err != nil {
+		errs = append(errs, fmt.Errorf("cuda: device %d: release: %w", d.ordinal, err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -406,9 +412,9 @@ func (b *Buffer) IPCHandle() (IPCHandle, error) {
 	if b.closed {
 		return IPCHandle{}, ErrClosed
 	}
-	err := b.d.do(func() error { return b.d.call("cuIpcGetMemHandle", b.d.drv.cuIpcGetMemHandle(&h, b.ptr)) })
+	err := b.d.do("export IPC handle", func() error { return b.d.call("cuIpcGetMemHandle", b.d.drv.cuIpcGetMemHandle(&h, b.ptr)) })
 	if err != nil {
-		return IPCHandle{}, fmt.Errorf("export IPC handle: %w", err)
+		return IPCHandle{}, err
 	}
 	return IPCHandle(h.Reserved), nil
 }
@@ -428,7 +434,7 @@ func (b *Buffer) CopyFromHost(off int, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	return b.d.do(func() error {
+	return b.d.do(fmt.Sprintf("copy %d bytes from the host to offset %d", len(src), off), func() error {
 		if err := b.d.call("cuMemcpyHtoD_v2", b.d.drv.cuMemcpyHtoD(b.ptr+uint64(off), unsafe.Pointer(&src[0]), uintptr(len(src)))); err != nil {
 			return err
 		}
@@ -450,7 +456,7 @@ func (b *Buffer) CopyToHost(off int, dst []byte) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	return b.d.do(func() error {
+	return b.d.do(fmt.Sprintf("copy %d bytes at offset %d to the host", len(dst), off), func() error {
 		return b.d.call("cuMemcpyDtoH_v2", b.d.drv.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), b.ptr+uint64(off), uintptr(len(dst))))
 	})
 }
@@ -469,7 +475,7 @@ func (b *Buffer) Close() error {
 	b.d.mu.Lock()
 	delete(b.d.bufs, b)
 	b.d.mu.Unlock()
-	return b.d.do(func() error {
+	return b.d.do("close buffer", func() error {
 		if b.ipc {
 			return b.d.call("cuIpcCloseMemHandle", b.d.drv.cuIpcCloseMemHandle(b.ptr))
 		}
