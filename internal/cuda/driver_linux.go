@@ -14,6 +14,10 @@ import (
 	"github.com/ebitengine/purego"
 )
 
+// Supported is true: this build loads the driver at run time (false in a
+// build with -tags nocuda, or off Linux).
+const Supported = true
+
 // libraryPaths are tried after $HAMS_LIBCUDA, in order.
 var libraryPaths = []string{
 	"libcuda.so.1",

@@ -7,6 +7,9 @@ import (
 	"runtime"
 )
 
+// Supported is false: this build never loads a driver.
+const Supported = false
+
 // errStub says why this build has no driver.
 var errStub = fmt.Errorf("%w: this build has no CUDA support (%s)", ErrUnavailable, stubReason())
 

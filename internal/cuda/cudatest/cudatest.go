@@ -52,6 +52,9 @@ func FakeDriver(t testing.TB) string {
 // (the GPU tests run against it directly) and inside such a child.
 func RunWithFakeDriver(t *testing.T, run string, want ...string) {
 	t.Helper()
+	if !cuda.Supported {
+		t.Skip("this build has no CUDA support (-tags nocuda, or not Linux)")
+	}
 	if os.Getenv(cuda.EnvLibrary) != "" {
 		t.Skipf("%s is set: the GPU tests run against it directly", cuda.EnvLibrary)
 	}
