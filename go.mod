@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/ebitengine/purego v0.11.3
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.1
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/nats-io/nats-server/v2 v2.15.2

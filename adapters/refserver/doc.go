@@ -7,9 +7,12 @@
 //     WriteState with a SHA-256 check);
 //   - KServe v2 inference.GRPCInferenceService (typed and raw contents;
 //     request parameter "sequence_id" is the stream id of stateful models,
-//     or the BYTES input "hams_stream_ids" gives one per row; system shared
-//     memory: SystemSharedMemoryRegister/Status/Unregister and tensors in
-//     registered regions, with Triton's error codes and messages);
+//     or the BYTES input "hams_stream_ids" gives one per row; system and
+//     CUDA shared memory: System/CudaSharedMemoryRegister/Status/Unregister
+//     and tensors in registered regions, with Triton's error codes and
+//     messages; CUDA regions are another process's device allocations,
+//     opened from their raw cudaIpcMemHandle_t and copied to and from the
+//     host around the CPU model, see cudashm.go);
 //   - TF Serving tensorflow.serving.PredictionService (Predict,
 //     GetModelMetadata) and ModelService (GetModelStatus).
 //

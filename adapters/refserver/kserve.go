@@ -67,6 +67,10 @@ func (a *kserveAPI) kserveTensor(in *inference.ModelInferRequest_InferInputTenso
 		return nil, status.Error(codes.InvalidArgument, "input tensor without a name")
 	}
 	if _, ok := in.Parameters[wire.ParamShmRegion]; ok {
+		// Triton looks a region name up among both kinds (one namespace).
+		if region, _, _ := wire.StringParam(in.Parameters, wire.ParamShmRegion); a.s.cuda.has(region) {
+			return a.s.cuda.input(in, raw)
+		}
 		return a.s.shm.input(in, raw)
 	}
 	t, err := wire.FromInferInput(in, raw, hasRaw)
@@ -137,10 +141,10 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 	}
 	// Shared-memory outputs are resolved before the model runs, so a bad
 	// region fails the request before a stateful model changes its state.
-	shmOut := map[string]*shmUse{}
+	shmOut := map[string]*outWindow{}
 	defer func() {
-		for _, u := range shmOut {
-			a.s.shm.release(u)
+		for _, w := range shmOut {
+			w.release()
 		}
 	}()
 	for _, o := range req.Outputs {
@@ -150,11 +154,11 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		if _, dup := shmOut[o.GetName()]; dup {
 			return nil, status.Errorf(codes.InvalidArgument, "output %q requested twice", o.GetName())
 		}
-		u, err := a.s.shm.acquire(o.GetName(), o.GetParameters())
+		w, err := a.acquireOut(o)
 		if err != nil {
 			return nil, err
 		}
-		shmOut[o.GetName()] = u
+		shmOut[o.GetName()] = w
 	}
 	outs, err := a.s.infer(h, "ModelInfer", ins, streams)
 	if err != nil {
@@ -165,18 +169,20 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		return nil, err
 	}
 	for _, o := range outs {
-		if u := shmOut[o.Name]; u != nil && len(o.Data) > len(u.buf) {
-			return nil, status.Errorf(codes.InvalidArgument, "shared memory size specified with the request for output '%s' (%d bytes) should be at least %d bytes to hold the results", o.Name, len(u.buf), len(o.Data))
+		if w := shmOut[o.Name]; w != nil && len(o.Data) > w.size {
+			return nil, status.Errorf(codes.InvalidArgument, "shared memory size specified with the request for output '%s' (%d bytes) should be at least %d bytes to hold the results", o.Name, w.size, len(o.Data))
 		}
 	}
 	resp := &inference.ModelInferResponse{ModelName: h.name, ModelVersion: "1", Id: req.Id}
 	for _, o := range outs {
 		ot := wire.InferOutput(o)
 		data := o.Data
-		if u := shmOut[o.Name]; u != nil {
-			bigmem.Copy(u.buf, o.Data)
+		if w := shmOut[o.Name]; w != nil {
+			if err := w.write(o.Data); err != nil {
+				return nil, status.Errorf(codes.Internal, "output '%s': copy to shared memory region '%s': %v", o.Name, w.region, err)
+			}
 			ot.Parameters = map[string]*inference.InferParameter{
-				wire.ParamShmRegion: wire.StrParam(u.r.name), wire.ParamShmByteSize: wire.I64Param(int64(len(o.Data))),
+				wire.ParamShmRegion: wire.StrParam(w.region), wire.ParamShmByteSize: wire.I64Param(int64(len(o.Data))),
 			}
 			// An empty entry keeps raw_output_contents positional.
 			data = []byte{}
@@ -185,6 +191,34 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		resp.RawOutputContents = append(resp.RawOutputContents, data)
 	}
 	return resp, nil
+}
+
+// outWindow is an output's window of a registered region (system or
+// CUDA), pinned from before the model runs until the response is built.
+type outWindow struct {
+	region  string
+	size    int
+	write   func([]byte) error
+	release func()
+}
+
+// acquireOut resolves an output's shared-memory parameters: a CUDA region
+// if one of that name is registered, else a system region.
+func (a *kserveAPI) acquireOut(o *inference.ModelInferRequest_InferRequestedOutputTensor) (*outWindow, error) {
+	if region, _, _ := wire.StringParam(o.GetParameters(), wire.ParamShmRegion); a.s.cuda.has(region) {
+		u, err := a.s.cuda.acquire(o.GetName(), o.GetParameters())
+		if err != nil {
+			return nil, err
+		}
+		return &outWindow{region: u.r.name, size: u.size, write: u.write, release: func() { a.s.cuda.release(u) }}, nil
+	}
+	u, err := a.s.shm.acquire(o.GetName(), o.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	return &outWindow{region: u.r.name, size: len(u.buf),
+		write:   func(b []byte) error { bigmem.Copy(u.buf, b); return nil },
+		release: func() { a.s.shm.release(u) }}, nil
 }
 
 func requestedNames(outs []*inference.ModelInferRequest_InferRequestedOutputTensor) []string {
@@ -217,14 +251,20 @@ func filterOutputs(outs []*hamsv1.Tensor, names []string) ([]*hamsv1.Tensor, err
 	return kept, nil
 }
 
-const noCudaShm = "reference model server: CUDA shared-memory regions are not supported (no GPU); use system shared memory"
-
 func (a *kserveAPI) SystemSharedMemoryStatus(_ context.Context, req *inference.SystemSharedMemoryStatusRequest) (*inference.SystemSharedMemoryStatusResponse, error) {
 	return a.s.shm.status(req.GetName())
 }
 
 func (a *kserveAPI) SystemSharedMemoryRegister(_ context.Context, req *inference.SystemSharedMemoryRegisterRequest) (*inference.SystemSharedMemoryRegisterResponse, error) {
-	if err := a.s.shm.register(req.GetName(), req.GetKey(), req.GetOffset(), req.GetByteSize()); err != nil {
+	// One namespace for both kinds: hold the CUDA manager's name lock
+	// across the check and the insert.
+	a.s.cuda.nameMu.Lock()
+	err := status.Errorf(codes.AlreadyExists, "shared memory region '%s' already in manager", req.GetName())
+	if req.GetName() == "" || !a.s.cuda.has(req.GetName()) {
+		err = a.s.shm.register(req.GetName(), req.GetKey(), req.GetOffset(), req.GetByteSize())
+	}
+	a.s.cuda.nameMu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	a.s.log.Info("system shared memory registered", "region", req.GetName(), "key", req.GetKey(), "offset", req.GetOffset(), "bytes", req.GetByteSize())
@@ -237,12 +277,29 @@ func (a *kserveAPI) SystemSharedMemoryUnregister(_ context.Context, req *inferen
 	return &inference.SystemSharedMemoryUnregisterResponse{}, nil
 }
 
-func (a *kserveAPI) CudaSharedMemoryStatus(context.Context, *inference.CudaSharedMemoryStatusRequest) (*inference.CudaSharedMemoryStatusResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noCudaShm)
+func (a *kserveAPI) CudaSharedMemoryStatus(_ context.Context, req *inference.CudaSharedMemoryStatusRequest) (*inference.CudaSharedMemoryStatusResponse, error) {
+	return a.s.cuda.status(req.GetName())
 }
-func (a *kserveAPI) CudaSharedMemoryRegister(context.Context, *inference.CudaSharedMemoryRegisterRequest) (*inference.CudaSharedMemoryRegisterResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noCudaShm)
+
+// CudaSharedMemoryRegister opens the client's raw cudaIpcMemHandle_t on
+// device_id. Without a usable driver (no GPU, libcuda missing, a nocuda
+// build) it is FailedPrecondition naming the cause.
+func (a *kserveAPI) CudaSharedMemoryRegister(_ context.Context, req *inference.CudaSharedMemoryRegisterRequest) (*inference.CudaSharedMemoryRegisterResponse, error) {
+	err := a.s.cuda.register(req.GetName(), req.GetRawHandle(), req.GetDeviceId(), req.GetByteSize(), func(name string) bool {
+		_, err := a.s.shm.status(name)
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.s.log.Info("CUDA shared memory registered", "region", req.GetName(), "device", req.GetDeviceId(), "bytes", req.GetByteSize())
+	return &inference.CudaSharedMemoryRegisterResponse{}, nil
 }
-func (a *kserveAPI) CudaSharedMemoryUnregister(context.Context, *inference.CudaSharedMemoryUnregisterRequest) (*inference.CudaSharedMemoryUnregisterResponse, error) {
-	return nil, status.Error(codes.Unimplemented, noCudaShm)
+
+// CudaSharedMemoryUnregister drops a CUDA region ("" drops all of them);
+// unknown names succeed, as in Triton.
+func (a *kserveAPI) CudaSharedMemoryUnregister(_ context.Context, req *inference.CudaSharedMemoryUnregisterRequest) (*inference.CudaSharedMemoryUnregisterResponse, error) {
+	a.s.cuda.unregister(req.GetName())
+	a.s.log.Info("CUDA shared memory unregistered", "region", req.GetName())
+	return &inference.CudaSharedMemoryUnregisterResponse{}, nil
 }

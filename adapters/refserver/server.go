@@ -48,6 +48,7 @@ type Server struct {
 	metrics *metrics
 	srv     *grpc.Server
 	shm     *shmManager
+	cuda    *cudaManager
 }
 
 type hosted struct {
@@ -80,7 +81,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "refserver"), models: map[string]*hosted{}, shm: newShmManager()}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "refserver"), models: map[string]*hosted{}, shm: newShmManager(), cuda: newCudaManager()}
 	built := map[string]models.Model{}
 	var errs []error
 	for _, name := range cfg.Models {
@@ -134,6 +135,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("reference model server serving", "addr", s.cfg.GRPCListener.Addr().String(), "models", s.names)
 	err := grpcx.Serve(ctx, s.srv, s.cfg.GRPCListener, 5*time.Second)
 	s.shm.close()
+	s.cuda.close()
 	s.log.Info("reference model server stopped")
 	if err != nil {
 		return fmt.Errorf("refserver: serve: %w", err)

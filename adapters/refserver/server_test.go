@@ -435,7 +435,7 @@ func TestKServe(t *testing.T) {
 	_, err = e.ks.SystemSharedMemoryRegister(ctx, &inference.SystemSharedMemoryRegisterRequest{Name: "r"})
 	wantCode(t, "shm", err, codes.InvalidArgument, "no key")
 	_, err = e.ks.CudaSharedMemoryRegister(ctx, &inference.CudaSharedMemoryRegisterRequest{Name: "r"})
-	wantCode(t, "cuda", err, codes.Unimplemented, "shared-memory")
+	wantCode(t, "cuda", err, codes.InvalidArgument, "raw_handle has 0 bytes")
 	// still serving
 	if _, err := e.ks.ModelInfer(ctx, typed); err != nil {
 		t.Fatal(err)

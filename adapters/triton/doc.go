@@ -10,9 +10,14 @@
 //
 // Stateful (NewStateful) drives a model that serves its state as explicit
 // tensors (state s is input s+"_in" and output s+"_out"). The adapter owns
-// the state: two POSIX shared-memory regions per state tensor, A and B,
-// registered once with SystemSharedMemoryRegister, so the state never
-// crosses gRPC. Compute points s_in at the current region and s_out at the
+// the state: two regions per state tensor, A and B, registered once, so
+// the state never crosses gRPC. The regions are POSIX shared memory
+// (SystemSharedMemoryRegister, the default) or, with
+// WithStateMemory(StateMemory{Kind: MemoryCUDA}), device allocations of
+// the adapter's process registered with CudaSharedMemoryRegister as raw
+// cudaIpcMemHandle_t bytes (internal/cuda); ReadState and WriteState are
+// then device-to-host and host-to-device copies. One region interface
+// (statemem.go) hides the kind, so the double-buffer logic is shared. Compute points s_in at the current region and s_out at the
 // other one; Update flips them (no model call); ReadState copies the
 // current region, which no compute writes, while the next batch computes;
 // WriteState overwrites the current region. See docs/triton.md for the

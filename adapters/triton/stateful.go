@@ -13,8 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hams-go/hams/internal/bigmem"
-	"github.com/hams-go/hams/internal/shm"
+	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -29,14 +28,17 @@ var instances atomic.Uint64
 type stateBuf struct {
 	spec  *hamsv1.TensorSpec
 	bytes int
-	keys  [2]string // shm keys ("/name"); the region names are the keys without '/'
-	regs  [2]*shm.Region
+	names [2]string // registered region names (system memory: the shm key without '/')
+	regs  [2]region
 }
 
-func (s *stateBuf) region(i int) string { return strings.TrimPrefix(s.keys[i], "/") }
+func (s *stateBuf) region(i int) string { return s.names[i] }
 
 // Stateful drives a model serving its state as explicit tensors, the state
-// double-buffered in shared memory owned by the adapter.
+// double-buffered in shared memory owned by the adapter: system shared
+// memory or CUDA device memory (StateMemory); the double-buffer, flip and
+// ordering logic below is the same for both, only the region (statemem.go)
+// differs.
 //
 // Ordering obligation (paper IV-B): ReadState copies the current region
 // while the next batch computes into the other one. Update flips the two,
@@ -50,6 +52,7 @@ type Stateful struct {
 	setupMu sync.Mutex
 	ready   bool
 	closed  bool
+	mem     memory
 	bufs    []*stateBuf
 	batch   func(string) bool // true for names the sidecar does not see
 
@@ -67,9 +70,10 @@ type Stateful struct {
 	version uint64
 }
 
-// NewStateful validates cfg and returns a Stateful backend; it does no
-// I/O. Regions are created and registered on first use (or by Setup).
-func NewStateful(cfg Config) (*Stateful, error) {
+// NewStateful validates cfg and the options and returns a Stateful
+// backend; it does no I/O (a CUDA device is opened by Setup). Regions are
+// created and registered on first use (or by Setup).
+func NewStateful(cfg Config, opts ...StatefulOption) (*Stateful, error) {
 	b, err := New(cfg)
 	if err != nil {
 		return nil, err
@@ -79,13 +83,25 @@ func NewStateful(cfg Config) (*Stateful, error) {
 			return nil, fmt.Errorf("%w: initial state: %v", ErrConfig, err)
 		}
 	}
-	return &Stateful{Backend: b}, nil
+	var o statefulOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.mem.validate(); err != nil {
+		return nil, err
+	}
+	return &Stateful{Backend: b, mem: newMemory(o.mem, b.cl)}, nil
 }
+
+// StateMemory is where the state buffers live: "system" or "cuda".
+func (s *Stateful) StateMemory() string { return s.mem.kind() }
 
 // Setup reads the model's metadata, finds its state tensors, creates the
 // two regions of each (seeded with InitialState or zeros) and registers
 // them. It is idempotent; a failed Setup leaves nothing behind and may be
-// retried.
+// retried. With CUDA state memory and no usable driver or device it fails
+// with FailedPrecondition naming why; it never falls back to system
+// memory.
 func (s *Stateful) Setup(ctx context.Context) error {
 	s.setupMu.Lock()
 	defer s.setupMu.Unlock()
@@ -103,38 +119,50 @@ func (s *Stateful) Setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.mem.open(); err != nil {
+		code := codes.Internal
+		if errors.Is(err, cuda.ErrUnavailable) || errors.Is(err, cuda.ErrNoDevice) {
+			code = codes.FailedPrecondition
+		}
+		return status.Errorf(code, "triton %s: state memory %s: %v", s.cfg.Model, s.mem.describe(), err)
+	}
 	n := instances.Add(1)
 	var bufs []*stateBuf
 	fail := func(err error) error {
 		s.release(bufs)
+		_ = s.mem.close()
 		return err
 	}
 	for _, sp := range stateSpecs {
 		size := int(specBytes(sp))
 		sb := &stateBuf{spec: sp, bytes: size}
+		bufs = append(bufs, sb)
 		for i, ab := range []string{"A", "B"} {
-			sb.keys[i] = fmt.Sprintf("/%s_%s_%d_%d_%s_%s", s.cfg.KeyPrefix, sanitize(s.cfg.Model), os.Getpid(), n, sanitize(sp.Name), ab)
-			r, err := shm.Create(sb.keys[i], size)
-			if errors.Is(err, os.ErrExist) {
-				// left by a dead process with our pid: ours to reclaim
-				_ = shm.Unlink(sb.keys[i])
-				r, err = shm.Create(sb.keys[i], size)
-			}
+			sb.names[i] = fmt.Sprintf("%s_%s_%d_%d_%s_%s", s.cfg.KeyPrefix, sanitize(s.cfg.Model), os.Getpid(), n, sanitize(sp.Name), ab)
+			r, err := s.mem.alloc(sb.names[i], size)
 			if err != nil {
-				return fail(status.Errorf(codes.Internal, "triton %s: state %q: %v", s.cfg.Model, sp.Name, err))
+				return fail(status.Errorf(codes.Internal, "triton %s: state %q in %s memory: %v", s.cfg.Model, sp.Name, s.mem.kind(), err))
 			}
 			sb.regs[i] = r
 		}
-		bufs = append(bufs, sb)
 	}
 	if err := s.seed(bufs); err != nil {
 		return fail(err)
 	}
+	var registered []string
 	for _, sb := range bufs {
 		for i := range 2 {
 			if err := s.register(ctx, sb, i); err != nil {
+				// The server must drop its mappings before the memory
+				// is freed (a CUDA mapping of freed memory is stale).
+				cctx, cancel := s.ctx(ctx)
+				for _, name := range registered {
+					_ = s.mem.unregister(cctx, name)
+				}
+				cancel()
 				return fail(err)
 			}
+			registered = append(registered, sb.region(i))
 		}
 	}
 	s.bufs, s.cur, s.ready = bufs, 0, true
@@ -149,21 +177,21 @@ func (s *Stateful) Setup(ctx context.Context) error {
 		}
 		return false
 	}
-	s.log.Info("state regions registered", "tensors", len(bufs), "bytes", totalBytes(bufs))
+	s.log.Info("state regions registered", "memory", s.mem.describe(), "tensors", len(bufs), "bytes", totalBytes(bufs))
 	return nil
 }
 
 func (s *Stateful) register(ctx context.Context, sb *stateBuf, i int) error {
-	req := &inference.SystemSharedMemoryRegisterRequest{Name: sb.region(i), Key: sb.keys[i], ByteSize: uint64(sb.bytes)}
+	name := sb.region(i)
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	_, err := s.cl.SystemSharedMemoryRegister(cctx, req)
+	err := s.mem.register(cctx, name, sb.regs[i], sb.bytes)
 	if status.Code(err) == codes.AlreadyExists {
 		// a stale registration of this name (our pid and number): replace it
-		_, _ = s.cl.SystemSharedMemoryUnregister(cctx, &inference.SystemSharedMemoryUnregisterRequest{Name: req.Name})
-		_, err = s.cl.SystemSharedMemoryRegister(cctx, req)
+		_ = s.mem.unregister(cctx, name)
+		err = s.mem.register(cctx, name, sb.regs[i], sb.bytes)
 	}
-	return s.mapErr("register shared memory "+req.Name, err)
+	return s.mapErr("register "+s.mem.kind()+" shared memory "+name, err)
 }
 
 func totalBytes(bufs []*stateBuf) int {
@@ -243,7 +271,9 @@ func (s *Stateful) seed(bufs []*stateBuf) error {
 		return status.Errorf(codes.FailedPrecondition, "triton %s: initial state: %v", s.cfg.Model, err)
 	}
 	for i, sb := range bufs {
-		bigmem.Copy(sb.regs[0].Bytes(), init[i].GetData())
+		if err := sb.regs[0].write(init[i].GetData()); err != nil {
+			return status.Errorf(codes.Internal, "triton %s: initial state %q: %v", s.cfg.Model, sb.spec.Name, err)
+		}
 	}
 	return nil
 }
@@ -265,14 +295,16 @@ func checkState(bufs []*stateBuf, ts []*hamsv1.Tensor) error {
 	return nil
 }
 
-// release closes and unlinks the regions of bufs (registrations are
-// dropped by Close).
+// release frees the regions of bufs (system: unmap and unlink; CUDA:
+// free). Registrations are dropped before, by Close (or never made, in a
+// failed Setup).
 func (s *Stateful) release(bufs []*stateBuf) {
 	for _, sb := range bufs {
 		for i := range 2 {
 			if sb.regs[i] != nil {
-				_ = sb.regs[i].Close()
-				_ = shm.Unlink(sb.keys[i])
+				if err := sb.regs[i].free(); err != nil {
+					s.log.Warn("state region not freed", "region", sb.region(i), "err", err)
+				}
 			}
 		}
 	}
@@ -420,14 +452,18 @@ func (s *Stateful) ReadState(ctx context.Context) ([]*hamsv1.Tensor, uint64, err
 	out := make([]*hamsv1.Tensor, len(s.bufs))
 	for i, sb := range s.bufs {
 		d := make([]byte, sb.bytes)
-		bigmem.Copy(d, sb.regs[s.cur].Bytes())
+		if err := sb.regs[s.cur].read(d); err != nil {
+			return nil, 0, status.Errorf(codes.Internal, "triton %s: read state %q from %s memory: %v", s.cfg.Model, sb.spec.Name, s.mem.kind(), err)
+		}
 		out[i] = &hamsv1.Tensor{Name: sb.spec.Name, Datatype: sb.spec.Datatype, Shape: sb.spec.Shape, Data: d}
 	}
 	return out, s.version, nil
 }
 
 // WriteState overwrites the installed state (the current regions) and sets
-// its version; a staged state is dropped.
+// its version; a staged state is dropped. A failed copy (CUDA) leaves the
+// installed state undefined: the version is not set and the error is
+// Internal; the caller must write a whole state again before computing.
 func (s *Stateful) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, version uint64) error {
 	if err := s.setup(ctx); err != nil {
 		return err
@@ -439,10 +475,13 @@ func (s *Stateful) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, ver
 	defer s.stepMu.Unlock()
 	s.flipMu.Lock()
 	defer s.flipMu.Unlock()
+	s.staged = false
 	for i, sb := range s.bufs {
-		bigmem.Copy(sb.regs[s.cur].Bytes(), tensors[i].GetData())
+		if err := sb.regs[s.cur].write(tensors[i].GetData()); err != nil {
+			return status.Errorf(codes.Internal, "triton %s: write state %q to %s memory: %v", s.cfg.Model, sb.spec.Name, s.mem.kind(), err)
+		}
 	}
-	s.version, s.staged = version, false
+	s.version = version
 	return nil
 }
 
@@ -459,7 +498,9 @@ func (s *Stateful) Regions() []string {
 }
 
 // Close unregisters the regions at the server (best effort, bounded),
-// unmaps and unlinks them. Closing twice is a no-op.
+// then frees them (system: unmap and unlink; CUDA: cuMemFree, after the
+// unregistration, so the server drops its mapping first) and releases
+// the CUDA device. Closing twice is a no-op.
 func (s *Stateful) Close() error {
 	s.setupMu.Lock()
 	defer s.setupMu.Unlock()
@@ -479,19 +520,22 @@ func (s *Stateful) Close() error {
 	var errs []error
 	for _, sb := range s.bufs {
 		for i := range 2 {
-			if _, err := s.cl.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{Name: sb.region(i)}); err != nil {
-				errs = append(errs, s.mapErr("unregister shared memory "+sb.region(i), err))
+			if err := s.mem.unregister(ctx, sb.region(i)); err != nil {
+				errs = append(errs, s.mapErr("unregister "+s.mem.kind()+" shared memory "+sb.region(i), err))
 			}
 		}
 	}
 	s.stepMu.Lock()
 	s.flipMu.Lock()
 	s.release(s.bufs)
+	if err := s.mem.close(); err != nil {
+		s.log.Warn("state memory not released", "memory", s.mem.describe(), "err", err)
+	}
 	s.flipMu.Unlock()
 	s.stepMu.Unlock()
 	s.ready = false
 	if len(errs) > 0 {
-		s.log.Warn("state regions not unregistered; unlinked anyway", "err", errors.Join(errs...))
+		s.log.Warn("state regions not unregistered; freed anyway", "err", errors.Join(errs...))
 	}
 	return errors.Join(errs...)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hams-go/hams/adapters/tfserving"
 	"github.com/hams-go/hams/adapters/triton"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/sidecar"
@@ -85,7 +86,17 @@ func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log 
 			cfg.InitialState = init
 		}
 		if m.Stateful {
-			be, err := triton.NewStateful(cfg)
+			mem := triton.StateMemory{Kind: m.Backend.StateMemory, Device: m.Backend.CUDADevice}
+			if mem.Kind == triton.MemoryCUDA {
+				// Fail at start, naming why, rather than at the first
+				// Describe (which the sidecar would retry forever): the
+				// adapter never falls back to system shared memory.
+				if err := probeCUDA(mem.Device); err != nil {
+					cc.Close()
+					return nil, nil, fmt.Errorf("model %q: backend state_memory cuda: %w", m.Name, err)
+				}
+			}
+			be, err := triton.NewStateful(cfg, triton.WithStateMemory(mem))
 			if err != nil {
 				cc.Close()
 				return nil, nil, err
@@ -132,6 +143,16 @@ func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log 
 		return be, func() { be.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("model %q: backend type %q is not one of %v", m.Name, m.Backend.Type, config.BackendTypes)
+}
+
+// probeCUDA opens and releases CUDA device ordinal: no usable driver or
+// no such device is an error that says which.
+func probeCUDA(ordinal int) error {
+	d, err := cuda.Open(ordinal)
+	if err != nil {
+		return err
+	}
+	return d.Close()
 }
 
 func sanitizeKey(s string) string {

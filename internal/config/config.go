@@ -126,7 +126,18 @@ type Backend struct {
 	Signature string `yaml:"signature"`
 	// Timeout of one backend call (default 5s).
 	Timeout Duration `yaml:"timeout"`
+	// StateMemory is where the triton adapter of a stateful model keeps
+	// its double-buffered state: "system" (POSIX shared memory; "" means
+	// it) or "cuda" (device memory of the sidecar's process, registered
+	// with CudaSharedMemoryRegister; needs a CUDA driver and a GPU on the
+	// host, docs/triton.md).
+	StateMemory string `yaml:"state_memory"`
+	// CUDADevice is the device ordinal of state_memory cuda (default 0).
+	CUDADevice int `yaml:"cuda_device"`
 }
+
+// StateMemories lists the values of Backend.StateMemory.
+var StateMemories = []string{"system", "cuda"}
 
 // Batch configures the sidecar's batching.
 type Batch struct {
@@ -292,6 +303,7 @@ func (d *Deployment) Validate() error {
 		if m.Backend.Type != "reference" && m.Backend.Address == "" && m.Kind == "" {
 			errs = append(errs, invalid("%s: backend type %s needs an address (a running server), or a kind for the deployment to start a server speaking that API", where, m.Backend.Type))
 		}
+		errs = append(errs, m.Backend.validateStateMemory(where, m.Stateful)...)
 		if !oneOf(m.HA, []string{"off", "stateless", "stateful"}) {
 			errs = append(errs, invalid("%s: ha %q is not one of off, stateless, stateful", where, m.HA))
 		}
@@ -685,4 +697,28 @@ func (d *Deployment) PassThrough(name string) bool {
 func (d *Deployment) HasStandby(name string) bool {
 	m := d.Model(name)
 	return m != nil && !m.Stateful && m.HA == "stateless" && !d.PassThrough(name)
+}
+
+// validateStateMemory checks state_memory and cuda_device: cuda only for a
+// stateful model behind the triton adapter, a device only with cuda.
+func (b *Backend) validateStateMemory(where string, stateful bool) []error {
+	var errs []error
+	switch b.StateMemory {
+	case "", "system":
+	case "cuda":
+		if b.Type != "triton" {
+			errs = append(errs, invalid("%s: backend state_memory cuda needs backend type triton (got %s)", where, b.Type))
+		}
+		if !stateful {
+			errs = append(errs, invalid("%s: backend state_memory cuda is for a stateful model (the adapter's state buffers)", where))
+		}
+	default:
+		errs = append(errs, invalid("%s: backend state_memory %q is not one of %s", where, b.StateMemory, strings.Join(StateMemories, ", ")))
+	}
+	if b.CUDADevice < 0 {
+		errs = append(errs, invalid("%s: backend cuda_device %d is negative", where, b.CUDADevice))
+	} else if b.CUDADevice != 0 && b.StateMemory != "cuda" {
+		errs = append(errs, invalid("%s: backend cuda_device %d without state_memory: cuda", where, b.CUDADevice))
+	}
+	return errs
 }

@@ -187,3 +187,45 @@ services:
 		}
 	}
 }
+
+func TestStateMemory(t *testing.T) {
+	// model b of good, stateful or not, behind backend
+	with := func(backend string, stateful bool) string {
+		flags := "    stateful: true\n"
+		if !stateful {
+			flags = "    stateful: false\n    ha: stateless\n"
+		}
+		return strings.Replace(good, "    kind: lstm\n    stateful: true\n", "    kind: lstm\n"+flags+"    backend: "+backend+"\n", 1)
+	}
+	ok := []string{
+		`{type: triton, address: "x:1", state_memory: cuda}`,
+		`{type: triton, address: "x:1", state_memory: cuda, cuda_device: 2}`,
+		`{type: triton, address: "x:1", state_memory: system}`,
+		`{type: triton, address: "x:1"}`,
+	}
+	for _, b := range ok {
+		d, err := Parse([]byte(with(b, true)))
+		if err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		if strings.Contains(b, "cuda_device: 2") && (d.Model("b").Backend.StateMemory != "cuda" || d.Model("b").Backend.CUDADevice != 2) {
+			t.Fatalf("%s parsed as %+v", b, d.Model("b").Backend)
+		}
+	}
+	for _, c := range []struct {
+		backend  string
+		stateful bool
+		want     string
+	}{
+		{`{type: triton, address: "x:1", state_memory: gpu}`, true, `state_memory "gpu" is not one of system, cuda`},
+		{`{type: tfserving, address: "x:1", state_memory: cuda}`, true, "state_memory cuda needs backend type triton (got tfserving)"},
+		{`{type: triton, address: "x:1", state_memory: cuda}`, false, "state_memory cuda is for a stateful model"},
+		{`{type: triton, address: "x:1", state_memory: cuda, cuda_device: -1}`, true, "cuda_device -1 is negative"},
+		{`{type: triton, address: "x:1", cuda_device: 1}`, true, "cuda_device 1 without state_memory: cuda"},
+	} {
+		_, err := Parse([]byte(with(c.backend, c.stateful)))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `model "b": backend `+strings.SplitN(c.want, " ", 2)[0]) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s (stateful %v): %v, want %q", c.backend, c.stateful, err, c.want)
+		}
+	}
+}

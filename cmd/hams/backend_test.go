@@ -1,0 +1,60 @@
+package main
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/hams-go/hams/adapters/triton"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/cuda"
+)
+
+// TestNewBackendStateMemory: state_memory reaches the triton adapter; cuda
+// without a usable driver fails at start, naming the model and why.
+func TestNewBackendStateMemory(t *testing.T) {
+	dep, err := config.Parse([]byte(`
+name: t
+hosts: [h1, h2]
+models:
+  - name: sys
+    kind: lstm
+    stateful: true
+    backend: {type: triton, address: "127.0.0.1:1"}
+    placement: {primary: h1, backup: h2}
+  - name: gpu
+    kind: lstm
+    stateful: true
+    backend: {type: triton, address: "127.0.0.1:1", state_memory: cuda}
+    placement: {primary: h1, backup: h2}
+services:
+  - name: s
+    edges: [[frontend, sys], [sys, gpu], [gpu, frontend]]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	be, closeBE, err := newBackend(dep, dep.Model("sys"), "127.0.0.1:1", "primary", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := be.(*triton.Stateful); !ok || s.StateMemory() != triton.MemorySystem {
+		t.Fatalf("sys backend %T", be)
+	}
+	closeBE()
+	be, closeBE, err = newBackend(dep, dep.Model("gpu"), "127.0.0.1:1", "primary", log)
+	if cuda.Available() != nil {
+		if err == nil || !strings.Contains(err.Error(), `model "gpu": backend state_memory cuda: cuda: driver unavailable`) {
+			t.Fatalf("cuda without a driver: %v", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeBE()
+	if s, ok := be.(*triton.Stateful); !ok || s.StateMemory() != triton.MemoryCUDA {
+		t.Fatalf("gpu backend %T", be)
+	}
+}
