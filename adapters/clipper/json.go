@@ -23,76 +23,34 @@ import (
 // by a fast path that accepts only what it can decode exactly as
 // encoding/json does and hands everything else to encoding/json.
 
-// encoders holds the scratch state request bodies are encoded with; a
-// body is copied out of its scratch buffer (one allocation of the exact
-// size), so the HTTP transport owns what it sends and may retry it.
-var encoders = sync.Pool{New: func() any { return new(encoder) }}
+// bodyPool holds the scratch buffers request bodies are encoded in; a body
+// is copied out of its scratch buffer (one allocation of the exact size),
+// so the HTTP transport owns what it sends and may retry it.
+var bodyPool = sync.Pool{New: func() any { return new([]byte) }}
 
 // maxPooledBody bounds the scratch buffers kept for reuse (a large batch
 // does not pin its buffer).
 const maxPooledBody = 1 << 20
-
-// encoder is a scratch buffer and a memo of FP32 values formatted lately.
-// Formatting a float32 the shortest way costs ~50 ns, most of a request's
-// encoding; model inputs repeat few values (an 8-bit image scaled to 0..1
-// has at most 256: k/255), and the memo turns their formatting into a
-// lookup. The memo holds strconv's own output for the exact bits, so the
-// text is the same whatever hits or misses; a value that misses costs a
-// hash and a 20-byte store more.
-type encoder struct {
-	buf  []byte
-	memo [memoSize]memoEntry
-}
-
-const (
-	memoBits = 12
-	memoSize = 1 << memoBits
-)
-
-// memoEntry is the text of one float32 (bits 0 marks an empty entry: +0
-// is never memoized).
-type memoEntry struct {
-	bits uint32
-	n    uint8
-	text [15]byte // the longest shortest float32 is 15 bytes ("-1.23456789e-38")
-}
-
-// appendFloat32 appends strconv.AppendFloat(v, 'g', -1, 32) of the float32
-// with these (non-zero, finite) bits.
-func (e *encoder) appendFloat32(dst []byte, bits uint32) []byte {
-	m := &e.memo[(bits*0x9E3779B1)>>(32-memoBits)]
-	if m.bits == bits {
-		return append(dst, m.text[:m.n]...)
-	}
-	n := len(dst)
-	dst = strconv.AppendFloat(dst, float64(math.Float32frombits(bits)), 'g', -1, 32)
-	if l := len(dst) - n; l <= len(m.text) {
-		m.bits, m.n = bits, uint8(copy(m.text[:], dst[n:]))
-	}
-	return dst
-}
 
 // encodeBody encodes the rows of t as a predict body: {"input": row} for
 // one row, {"input_batch": [row, ...]} for several; numbers as a flat
 // array per row, BYTES [N] as one JSON string per row. It returns the body
 // and the number of rows.
 func encodeBody(t *hamsv1.Tensor) ([]byte, int, error) {
-	e := encoders.Get().(*encoder)
-	buf, n, err := e.appendBody(e.buf[:0], t)
+	bp := bodyPool.Get().(*[]byte)
+	buf, n, err := appendBody((*bp)[:0], t)
 	var body []byte
 	if err == nil {
 		body = append(make([]byte, 0, len(buf)), buf...)
 	}
 	if cap(buf) <= maxPooledBody {
-		e.buf = buf[:0]
-	} else {
-		e.buf = nil
+		*bp = buf[:0]
+		bodyPool.Put(bp)
 	}
-	encoders.Put(e)
 	return body, n, err
 }
 
-func (e *encoder) appendBody(dst []byte, t *hamsv1.Tensor) ([]byte, int, error) {
+func appendBody(dst []byte, t *hamsv1.Tensor) ([]byte, int, error) {
 	n := int(t.Shape[0])
 	single := n == 1
 	if single {
@@ -125,7 +83,7 @@ func (e *encoder) appendBody(dst []byte, t *hamsv1.Tensor) ([]byte, int, error) 
 				dst = append(dst, ',')
 			}
 			dst = append(dst, '[')
-			if dst, err = e.appendRow(dst, t.Datatype, t.Data[i*per*es:(i+1)*per*es], per); err != nil {
+			if dst, err = appendRow(dst, t.Datatype, t.Data[i*per*es:(i+1)*per*es], per); err != nil {
 				return dst, n, fmt.Errorf("row %d %w", i, err)
 			}
 			dst = append(dst, ']')
@@ -141,7 +99,7 @@ func (e *encoder) appendBody(dst []byte, t *hamsv1.Tensor) ([]byte, int, error) 
 
 // appendRow appends the per elements of row (datatype dt, little endian)
 // as comma-separated JSON numbers.
-func (e *encoder) appendRow(dst []byte, dt string, row []byte, per int) ([]byte, error) {
+func appendRow(dst []byte, dt string, row []byte, per int) ([]byte, error) {
 	if per == 0 {
 		return dst, nil
 	}
@@ -158,7 +116,7 @@ func (e *encoder) appendRow(dst []byte, dt string, row []byte, per int) ([]byte,
 			case bits&0x7f800000 == 0x7f800000: // NaN or ±Inf
 				return dst, fmt.Errorf("element %d: %v cannot travel in JSON", j, math.Float32frombits(bits))
 			default:
-				dst = e.appendFloat32(dst, bits)
+				dst = strconv.AppendFloat(dst, float64(math.Float32frombits(bits)), 'g', -1, 32)
 			}
 		}
 	case tensor.FP64:

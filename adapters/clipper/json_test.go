@@ -155,40 +155,6 @@ func TestEncodeBodyMatchesReference(t *testing.T) {
 	}
 }
 
-// TestEncodeMemo: the FP32 memo gives strconv's text whether a value hits,
-// misses or evicts another (many values per slot here), call after call.
-func TestEncodeMemo(t *testing.T) {
-	r := rand.New(rand.NewPCG(9, 10))
-	pool := make([]float32, 3*memoSize)
-	for i := range pool {
-		pool[i] = math.Float32frombits(randFloat32Bits(r, false))
-	}
-	for i := range 256 {
-		pool[i] = float32(i) / 255
-	}
-	for round := range 200 {
-		vals := make([]float32, 1+r.IntN(2000))
-		for i := range vals {
-			vals[i] = pool[r.IntN(len(pool))]
-			if round%2 == 0 {
-				vals[i] = pool[r.IntN(256)] // pixels: hits after the first rounds
-			}
-		}
-		in := tensor.FromFloat32("input", []int64{1, int64(len(vals))}, vals)
-		body, _, err := encodeBody(in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows, err := refJSONRows(in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := refBody(rows); !bytes.Equal(body, want) {
-			t.Fatalf("round %d: body differs from the reference", round)
-		}
-	}
-}
-
 // TestEncodeBodyRoundTrips: every float decodes (encoding/json) to its
 // own bits, at the extremes too.
 func TestEncodeBodyRoundTrips(t *testing.T) {
@@ -551,39 +517,6 @@ func BenchmarkEncodeBody(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			rows, err := refJSONRows(in)
-			if err != nil {
-				b.Fatal(err)
-			}
-			_ = refBody(rows)
-		}
-	})
-	// Values that never repeat (the memo only misses).
-	r := rand.New(rand.NewPCG(11, 12))
-	noise := make([]float32, 784)
-	for i := range noise {
-		noise[i] = float32(r.NormFloat64())
-	}
-	rnd := tensor.FromFloat32("input", []int64{1, 784}, noise)
-	b.Run("adapter-random", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			for i := range noise {
-				noise[i] = float32(r.NormFloat64())
-			}
-			rnd.Data = tensor.FromFloat32("input", []int64{1, 784}, noise).Data
-			if _, _, err := encodeBody(rnd); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("before-random", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			for i := range noise {
-				noise[i] = float32(r.NormFloat64())
-			}
-			rnd.Data = tensor.FromFloat32("input", []int64{1, 784}, noise).Data
-			rows, err := refJSONRows(rnd)
 			if err != nil {
 				b.Fatal(err)
 			}
