@@ -245,8 +245,9 @@ type SnapshotChunk struct {
 	//	*SnapshotChunk_Header
 	//	*SnapshotChunk_Data
 	Part isSnapshotChunk_Part `protobuf_oneof:"part"`
-	// Set on the last chunk: SHA-256 (hex) of all state bytes (of a delta
-	// snapshot: of its data bytes in stream order).
+	// Set on the last chunk: "xxh64:" and the hex XXH64 of all state bytes
+	// (of a delta snapshot: of its data bytes in stream order). An integrity
+	// check between the sidecars; the audit's SHA-256 is the backup's own.
 	StateDigest string `protobuf:"bytes,3,opt,name=state_digest,json=stateDigest,proto3" json:"state_digest,omitempty"`
 	// Data chunks of a delta snapshot: byte offset in the full state.
 	Offset        uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
