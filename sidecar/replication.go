@@ -334,6 +334,11 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 	return s.transition("Demote", func() error {
 		s.epochV.Store(epoch)
 		s.resetRequestPath()
+		if s.receiver != nil {
+			// Its senders go on at the new primary; if this instance is
+			// promoted again, each edge starts where its sender stands.
+			s.receiver.Forget()
+		}
 		s.ship.reset(nil, false)
 		s.outlog.Reset()
 		s.idx.reset()

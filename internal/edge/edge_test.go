@@ -491,3 +491,40 @@ func TestFreshReceiverJoinsMidSequence(t *testing.T) {
 		t.Fatalf("ack %v err %v delivered %d; want items 5 and 6 delivered", ack, err, sk.count("a"))
 	}
 }
+
+// A receiver that stopped receiving (its sidecar was demoted: another
+// instance took the edge, and the sender went on numbering it there with
+// the same incarnation) and receives again later does not wait for the
+// items the other instance acknowledged once it has forgotten its edges
+// (without Forget, its reorder buffer waits for them for good).
+func TestForgottenReceiverStartsWhereTheSenderStands(t *testing.T) {
+	sk1, sk2 := newSink(), newSink()
+	r1, r2 := NewReceiver("b", sk1.deliver, nil), NewReceiver("b", sk2.deliver, nil)
+	l1, l2 := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
+	defer serve(t, l1, r1)()
+	defer serve(t, l2, r2)()
+	res := NewStaticResolver(map[string]string{"b": l1.Addr().String()})
+	s, stopS := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res})
+	defer stopS()
+	send := func(from, to int) {
+		for i := from; i <= to; i++ {
+			s.Send(&hamsv1.Item{ReqId: uint64(i)})
+		}
+	}
+	send(1, 10)
+	waitFor(t, "1-10 at the first receiver", func() bool { return sk1.count("a") == 10 && s.Backlog() == 0 })
+	res.Set("b", l2.Addr().String(), 0)
+	send(11, 20)
+	waitFor(t, "11-20 at the second receiver", func() bool { return sk2.count("a") == 10 && s.Backlog() == 0 })
+	r1.Forget()
+	res.Set("b", l1.Addr().String(), 0)
+	send(21, 30)
+	waitFor(t, "21-30 at the first receiver again", func() bool { return sk1.count("a") == 20 && s.Backlog() == 0 })
+	sk1.mu.Lock()
+	defer sk1.mu.Unlock()
+	for i, id := range sk1.items["a"][10:] {
+		if id != uint64(21+i) {
+			t.Fatalf("delivery %d after the return is req %d", i, id)
+		}
+	}
+}

@@ -204,6 +204,22 @@ func (r *Receiver) SeedDedup(keys map[string][]uint64) {
 	}
 }
 
+// Forget drops every edge's sequence state and request keys: the model's
+// instance stopped receiving (a primary demoted to a backup). While it
+// was not receiving, its senders went on numbering their edges at another
+// instance (with the same incarnation: a sender starts a new one only when
+// told to resend), so if it receives again (promoted back), the edge
+// sequence it remembers lies behind what each sender offers, and its
+// reorder buffer would wait for items the other instance acknowledged,
+// for good. A forgotten edge starts at the first item its sender offers,
+// as with a fresh process; a promotion seeds the request keys its state
+// covers (SeedDedup).
+func (r *Receiver) Forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.edges)
+}
+
 // MaxInOrder reports max_in_order of the edge from `from` (0 if unseen).
 func (r *Receiver) MaxInOrder(from string) uint64 {
 	r.mu.Lock()
