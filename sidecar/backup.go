@@ -719,6 +719,11 @@ type snapshotSink struct {
 	got    uint64
 	check  *xxhash.Digest
 	sum    *stateHash
+	// audit: the contract's SHA-256 is wanted; marks: the sender's
+	// intermediate states to resume it from (then sum stays nil until
+	// finish).
+	audit bool
+	marks [][]byte
 }
 
 // newSink checks h and returns the sink for its data.
@@ -748,8 +753,12 @@ func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
 	if k.data == nil {
 		k.data = make([]byte, 0, h.GetStateBytes())
 	}
-	if s.cfg.AuditDir != "" {
-		k.sum = newStateHash()
+	if k.audit = s.cfg.AuditDir != ""; k.audit {
+		if m := h.GetSha256Marks(); len(m) > 0 && len(m) == (int(h.GetStateBytes())+stateHashMark-1)/stateHashMark {
+			k.marks = m
+		} else {
+			k.sum = newStateHash()
+		}
 	}
 	return k, nil
 }
@@ -811,7 +820,15 @@ func (k *snapshotSink) finish(digest string) (*received, error) {
 	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), k.data); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
 	}
-	// digest: the contract's SHA-256 of the state where it is known.
+	// digest: the contract's SHA-256 of the state where it is wanted,
+	// resumed from the sender's marks when it sent them.
+	if k.audit && k.sum == nil {
+		var ok bool
+		if k.sum, ok = stateHashFromMarks(k.marks, k.data); !ok {
+			k.sum = newStateHash()
+			k.sum.Write(k.data)
+		}
+	}
 	sha := ""
 	if k.sum != nil {
 		sha = k.sum.Sum(k.data)

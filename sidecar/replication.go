@@ -258,6 +258,13 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		last, seq, batch, pending := bk.last, bk.doneSeq, bk.doneBatch, len(bk.snaps)
 		cur, specs := bk.cur, bk.curSpecs
 		bk.mu.Unlock()
+		// The audit hash of cur (its apply goroutine is stopped): a new
+		// backup that audits resumes from its marks instead of hashing
+		// the whole base again (~46 ms for 64 MiB on the failover path).
+		var marks [][]byte
+		if bk.curHash != nil && len(cur) > 0 {
+			marks = bk.curHash.Marks(cur)
+		}
 		// The new epoch's durability starts at what this backup applied:
 		// published before anything of the new epoch runs, so a frontend
 		// drops the replies it holds on the lost primary's speculative
@@ -283,6 +290,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			}
 			base = s.baseSnapshot(state, last.header.GetStateVersion(), last.header.GetRequests())
 			base.batch, base.header.BatchId = batch, batch
+			base.header.Sha256Marks = marks
 		}
 		s.ship.reset(base, base != nil)
 		s.setRole(RolePrimary)

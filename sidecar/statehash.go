@@ -5,6 +5,7 @@ import (
 	"encoding"
 	"encoding/hex"
 	"hash"
+	"slices"
 )
 
 // stateHashMark is the spacing of the saved intermediate states of a
@@ -73,4 +74,30 @@ func (sh *stateHash) Sum(data []byte) string {
 	}
 	sh.dirty = sh.n
 	return hex.EncodeToString(sh.h.Sum(nil))
+}
+
+// Marks returns the hash's intermediate states at every stateHashMark
+// bytes of data (the state it hashes, as patched since), hashing what
+// changed first; a copy the caller may keep.
+func (sh *stateHash) Marks(data []byte) [][]byte {
+	sh.Sum(data)
+	return slices.Clone(sh.marks)
+}
+
+// stateHashFromMarks is the stateHash of data given its marks (Marks of
+// the same bytes, elsewhere): only the bytes after the last mark are
+// hashed. ok is false when marks cannot be data's (wrong count, a mark
+// that does not unmarshal).
+func stateHashFromMarks(marks [][]byte, data []byte) (sh *stateHash, ok bool) {
+	if len(data) == 0 || len(marks) != (len(data)+stateHashMark-1)/stateHashMark {
+		return nil, false
+	}
+	k := len(marks) - 1
+	h := sha256.New()
+	if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(marks[k]); err != nil {
+		return nil, false
+	}
+	sh = &stateHash{h: h, n: k * stateHashMark, marks: slices.Clone(marks[:k])}
+	sh.Write(data[sh.n:])
+	return sh, true
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"testing"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
 // A stateHash patched and told where gives the plain SHA-256 of the
@@ -76,4 +78,56 @@ func BenchmarkStateHashDelta(b *testing.B) {
 			sh.Sum(data)
 		}
 	})
+}
+
+// A backup resumes the audit hash of a received base from the sender's
+// marks: the digest is the plain SHA-256 of the state, and it is the
+// marks that make it (marks of other bytes give another digest, which
+// shows they are used rather than the state hashed again).
+func TestBaseAuditHashResumesFromSenderMarks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, n := range []int{1, stateHashMark, stateHashMark + 1, 3*stateHashMark + stateHashMark/2} {
+		data, other := make([]byte, n), make([]byte, n)
+		for i := range data {
+			data[i], other[i] = byte(rng.Uint32()), byte(rng.Uint32())
+		}
+		want := sha256.Sum256(data)
+		b := &backupState{s: &Sidecar{cfg: Config{Model: "a", AuditDir: t.TempDir()}}}
+		receive := func(marks [][]byte) *received {
+			t.Helper()
+			h := &hamsv1.SnapshotHeader{Model: "a", BatchId: 1, StateBytes: uint64(n), Sha256Marks: marks,
+				StateTensors: []*hamsv1.TensorSpec{{Name: "s", Datatype: "UINT8", Shape: []int64{int64(n)}}}}
+			k, err := b.newSink(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := k.add(0, data); err != nil {
+				t.Fatal(err)
+			}
+			r, err := k.finish(deltaDigestOf(data))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		if r := receive(newStateHash().Marks(data)); r.digest != hex.EncodeToString(want[:]) {
+			t.Fatalf("%d bytes, resumed from its marks: digest %s, want the SHA-256 %x", n, r.digest, want)
+		} else {
+			// Deltas patched on top resume from the same marks.
+			r.data[n/2] ^= 1
+			r.hash.Changed(n / 2)
+			if got, w := r.hash.Sum(r.data), sha256.Sum256(r.data); got != hex.EncodeToString(w[:]) {
+				t.Fatalf("%d bytes: digest after a patch %s, want %x", n, got, w)
+			}
+		}
+		if n > stateHashMark {
+			if r := receive(newStateHash().Marks(other)); r.digest == hex.EncodeToString(want[:]) {
+				t.Fatalf("%d bytes: marks of other bytes gave the data's own digest: the marks were not used", n)
+			}
+		}
+		// Marks of the wrong count are ignored: the backup hashes itself.
+		if r := receive([][]byte{{1}}); r.digest != hex.EncodeToString(want[:]) {
+			t.Fatalf("%d bytes, bad marks: digest %s, want %x", n, r.digest, want)
+		}
+	}
 }

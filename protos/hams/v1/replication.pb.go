@@ -125,8 +125,14 @@ type SnapshotHeader struct {
 	// in all; state_bytes stays the full size); the backup applies them to
 	// the state of batch_id-1. Snapshot ids are dense, so a backup that has
 	// applied batch_id-1 (or holds it pending) has that base.
-	Delta         bool   `protobuf:"varint,10,opt,name=delta,proto3" json:"delta,omitempty"`
-	DeltaBytes    uint64 `protobuf:"varint,11,opt,name=delta_bytes,json=deltaBytes,proto3" json:"delta_bytes,omitempty"`
+	Delta      bool   `protobuf:"varint,10,opt,name=delta,proto3" json:"delta,omitempty"`
+	DeltaBytes uint64 `protobuf:"varint,11,opt,name=delta_bytes,json=deltaBytes,proto3" json:"delta_bytes,omitempty"`
+	// A full state's SHA-256 intermediate states (Go's crypto/sha256
+	// MarshalBinary) after every 1 MiB of it, from 0, when the sender has
+	// them (a promoted backup that wrote audit digests): a backup that
+	// writes audit digests resumes from them instead of hashing the state
+	// again. Optional; the data is checked by state_digest either way.
+	Sha256Marks   [][]byte `protobuf:"bytes,12,rep,name=sha256_marks,json=sha256Marks,proto3" json:"sha256_marks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -236,6 +242,13 @@ func (x *SnapshotHeader) GetDeltaBytes() uint64 {
 		return x.DeltaBytes
 	}
 	return 0
+}
+
+func (x *SnapshotHeader) GetSha256Marks() [][]byte {
+	if x != nil {
+		return x.Sha256Marks
+	}
+	return nil
 }
 
 type SnapshotChunk struct {
@@ -1124,7 +1137,7 @@ const file_hams_v1_replication_proto_rawDesc = "" +
 	"\tstream_id\x18\x03 \x01(\tR\bstreamId\x12/\n" +
 	"\alineage\x18\x04 \x03(\v2\x15.hams.v1.LineageEntryR\alineage\x12!\n" +
 	"\finput_digest\x18\x05 \x01(\tR\vinputDigest\x12#\n" +
-	"\routput_digest\x18\x06 \x01(\tR\foutputDigest\"\x8e\x03\n" +
+	"\routput_digest\x18\x06 \x01(\tR\foutputDigest\"\xb1\x03\n" +
 	"\x0eSnapshotHeader\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -1140,7 +1153,8 @@ const file_hams_v1_replication_proto_rawDesc = "" +
 	"\x05delta\x18\n" +
 	" \x01(\bR\x05delta\x12\x1f\n" +
 	"\vdelta_bytes\x18\v \x01(\x04R\n" +
-	"deltaBytes\"\x9b\x01\n" +
+	"deltaBytes\x12!\n" +
+	"\fsha256_marks\x18\f \x03(\fR\vsha256Marks\"\x9b\x01\n" +
 	"\rSnapshotChunk\x121\n" +
 	"\x06header\x18\x01 \x01(\v2\x17.hams.v1.SnapshotHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
