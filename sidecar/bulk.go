@@ -330,8 +330,9 @@ func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (app
 			bc.close() // possibly out of step: the next shipment dials again
 		}
 	}()
-	_ = bc.c.SetDeadline(time.Now().Add(shipTimeout))
-	stop := context.AfterFunc(ctx, func() { _ = bc.c.SetDeadline(time.Unix(1, 0)) })
+	conn := bc.c // close() clears bc.c; the AfterFunc may run after stop
+	_ = conn.SetDeadline(time.Now().Add(shipTimeout))
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	hb, err := proto.Marshal(sn.header)
 	if err != nil {
