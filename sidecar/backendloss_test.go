@@ -173,33 +173,13 @@ func TestBackupAckAppliedMeansRecorded(t *testing.T) {
 	hw := &heldWriter{counterBackend: newCounter(2), release: make(chan struct{})}
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), nil, map[string]Backend{"a": hw}, replOpts{})
 	defer h.stop()
-	cc, err := grpcx.Dial(h.backups["a"].cfg.GRPCListener.Addr().String(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	rc := hamsv1.NewReplicationClient(cc)
+	rc := replicationClient(t, h.backups["a"])
 	state := row(3, 2)
 	ship := func(batch uint64) *hamsv1.ShipSnapshotResponse {
 		t.Helper()
-		st, err := rc.ShipSnapshot(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		hdr := &hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: batch, StateBytes: 8,
+		return shipOneChunk(t, rc, &hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: batch, StateBytes: 8,
 			StateTensors: []*hamsv1.TensorSpec{{Name: "x", Datatype: "FP32", Shape: []int64{1, 2}}},
-			Requests:     []*hamsv1.RequestRecord{{ReqId: batch, Seq: batch}}}
-		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Header{Header: hdr}}); err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: state.Data}, StateDigest: deltaDigestOf(state.Data)}); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := st.CloseAndRecv()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
+			Requests:     []*hamsv1.RequestRecord{{ReqId: batch, Seq: batch}}}, 0, state.Data)
 	}
 	// No PFM: the apply of batch 1 is decided at once; the answer to the
 	// shipment does not wait for it.
@@ -517,12 +497,7 @@ func TestSpareReceivesIntoWarmBuffers(t *testing.T) {
 		warm = slices.Clone(bk.warm)
 		return len(warm) == 2
 	})
-	cc, err := grpcx.Dial(h.backups["a"].cfg.GRPCListener.Addr().String(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	rc := hamsv1.NewReplicationClient(cc)
+	rc := replicationClient(t, h.backups["a"])
 	ship := func(hdr *hamsv1.SnapshotHeader, off uint64, data []byte) { shipOneChunk(t, rc, hdr, off, data) }
 	specs := []*hamsv1.TensorSpec{{Name: "counter", Datatype: "FP32", Shape: []int64{width}}}
 	base := make([]byte, 4*width)
@@ -569,8 +544,20 @@ func TestSpareReceivesIntoWarmBuffers(t *testing.T) {
 	waitFor(t, "the model server at the applied state", func() bool { return hw.Digest() == hamsDigest(want) })
 }
 
+// replicationClient is a Replication client of sidecar sc, closed with the
+// test.
+func replicationClient(t *testing.T, sc *Sidecar) hamsv1.ReplicationClient {
+	t.Helper()
+	cc, err := grpcx.Dial(sc.cfg.GRPCListener.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return hamsv1.NewReplicationClient(cc)
+}
+
 // shipOneChunk ships a snapshot whose data is one chunk at off.
-func shipOneChunk(t *testing.T, rc hamsv1.ReplicationClient, hdr *hamsv1.SnapshotHeader, off uint64, data []byte) {
+func shipOneChunk(t *testing.T, rc hamsv1.ReplicationClient, hdr *hamsv1.SnapshotHeader, off uint64, data []byte) *hamsv1.ShipSnapshotResponse {
 	t.Helper()
 	st, err := rc.ShipSnapshot(context.Background())
 	if err != nil {
@@ -582,9 +569,11 @@ func shipOneChunk(t *testing.T, rc hamsv1.ReplicationClient, hdr *hamsv1.Snapsho
 	if err := st.Send(&hamsv1.SnapshotChunk{Part: &hamsv1.SnapshotChunk_Data{Data: data}, Offset: off, StateDigest: deltaDigestOf(data)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CloseAndRecv(); err != nil {
+	resp, err := st.CloseAndRecv()
+	if err != nil {
 		t.Fatal(err)
 	}
+	return resp
 }
 
 // The whole write of a base just installed waits for the first delta
@@ -598,12 +587,7 @@ func TestBaseWholeWriteWaitsForTheFirstDelta(t *testing.T) {
 	be := newDeltaCounter(width)
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), nil, map[string]Backend{"a": be}, replOpts{})
 	defer h.stop()
-	cc, err := grpcx.Dial(h.backups["a"].cfg.GRPCListener.Addr().String(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	rc := hamsv1.NewReplicationClient(cc)
+	rc := replicationClient(t, h.backups["a"])
 	specs := []*hamsv1.TensorSpec{{Name: "counter", Datatype: "FP32", Shape: []int64{width}}}
 	base := make([]byte, 4*width)
 	for i := range base {
