@@ -2,8 +2,6 @@ package refserver
 
 import (
 	"errors"
-	"fmt"
-	"sort"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -22,12 +20,11 @@ type cudaRegion struct {
 	device int
 	size   uint64
 	buf    *cuda.Buffer
-	// refs counts requests using the region; an unregistered region is
-	// unmapped when the last one ends (as Triton defers it, and as
-	// shmManager does).
-	refs    int
-	dropped bool
+	pins
 }
+
+func (r *cudaRegion) pinsOf() *pins { return &r.pins }
+func (r *cudaRegion) closeRegion()  { _ = r.buf.Close() }
 
 // cudaManager holds the registered CUDA regions and the devices they are
 // on. The models are Go code on the CPU, so a CUDA input is copied device
@@ -125,16 +122,7 @@ func (m *cudaManager) register(name string, raw []byte, device int64, size uint6
 func (m *cudaManager) unregister(name string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for n, r := range m.regions {
-		if name != "" && n != name {
-			continue
-		}
-		delete(m.regions, n)
-		r.dropped = true
-		if r.refs == 0 {
-			_ = r.buf.Close()
-		}
-	}
+	unregisterRegions(m.regions, name)
 }
 
 func (m *cudaManager) status(name string) (*inference.CudaSharedMemoryStatusResponse, error) {
@@ -160,53 +148,15 @@ type cudaUse struct {
 	off, size int
 }
 
-// windowParams reads a tensor's shared-memory parameters (the same for
-// both kinds of region).
-func windowParams(tensorName string, params map[string]*inference.InferParameter) (region string, off, size int64, err error) {
-	region, _, err = wire.StringParam(params, wire.ParamShmRegion)
-	if err == nil {
-		var ok bool
-		size, ok, err = wire.Int64Param(params, wire.ParamShmByteSize)
-		switch {
-		case err != nil:
-		case !ok:
-			err = fmt.Errorf("parameter %s is required with %s", wire.ParamShmByteSize, wire.ParamShmRegion)
-		case size < 0:
-			err = fmt.Errorf("parameter %s=%d is negative", wire.ParamShmByteSize, size)
-		}
-	}
-	if err == nil {
-		off, _, err = wire.Int64Param(params, wire.ParamShmOffset)
-		if err == nil && off < 0 {
-			err = fmt.Errorf("parameter %s=%d is negative", wire.ParamShmOffset, off)
-		}
-	}
-	if err != nil {
-		return "", 0, 0, status.Errorf(codes.InvalidArgument, "tensor %q: %v", tensorName, err)
-	}
-	return region, off, size, nil
-}
-
 // acquire checks the tensor's shared-memory parameters against the region
 // and pins the region until release.
 func (m *cudaManager) acquire(tensorName string, params map[string]*inference.InferParameter) (*cudaUse, error) {
-	region, off, size, err := windowParams(tensorName, params)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, off, size, err := pinWindow(m.regions, func(r *cudaRegion) uint64 { return r.size }, tensorName, params)
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r := m.regions[region]
-	if r == nil {
-		return nil, status.Errorf(codes.NotFound, "tensor %q: Unable to find shared memory region: '%s'", tensorName, region)
-	}
-	if uint64(off) >= r.size && !(off == 0 && size == 0) {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: Invalid offset for shared memory region: '%s' (offset %d, region of %d bytes)", tensorName, region, off, r.size)
-	}
-	if uint64(size) > r.size-uint64(off) {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: Invalid offset + byte size for shared memory region: '%s' (%d + %d > %d)", tensorName, region, off, size, r.size)
-	}
-	r.refs++
 	return &cudaUse{r: r, off: int(off), size: int(size)}, nil
 }
 
@@ -216,10 +166,7 @@ func (m *cudaManager) release(u *cudaUse) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	u.r.refs--
-	if u.r.refs == 0 && u.r.dropped {
-		_ = u.r.buf.Close()
-	}
+	unpin(u.r)
 }
 
 // input reads one input tensor out of a CUDA region (device to host).
@@ -261,12 +208,7 @@ func (m *cudaManager) close() {
 func (m *cudaManager) names() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []string
-	for n := range m.regions {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return regionNames(m.regions)
 }
 
 // CUDASharedMemoryRegions lists the registered CUDA shared-memory regions.

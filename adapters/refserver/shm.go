@@ -2,9 +2,7 @@ package refserver
 
 import (
 	"errors"
-	"fmt"
 	"os"
-	"sort"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -24,11 +22,11 @@ type shmRegion struct {
 	offset, size uint64
 	m            *shm.Region
 	win          []byte
-	// refs counts requests using the region; an unregistered region is
-	// unmapped when the last one ends (as Triton defers it).
-	refs    int
-	dropped bool
+	pins
 }
+
+func (r *shmRegion) pinsOf() *pins { return &r.pins }
+func (r *shmRegion) closeRegion()  { _ = r.m.Close() }
 
 // shmManager holds the registered regions (Triton's SharedMemoryManager).
 type shmManager struct {
@@ -78,16 +76,7 @@ func (m *shmManager) register(name, key string, offset, size uint64) error {
 func (m *shmManager) unregister(name string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for n, r := range m.regions {
-		if name != "" && n != name {
-			continue
-		}
-		delete(m.regions, n)
-		r.dropped = true
-		if r.refs == 0 {
-			_ = r.m.Close()
-		}
-	}
+	unregisterRegions(m.regions, name)
 }
 
 func (m *shmManager) status(name string) (*inference.SystemSharedMemoryStatusResponse, error) {
@@ -115,40 +104,12 @@ type shmUse struct {
 // acquire checks the tensor's shared-memory parameters against the region
 // and pins the region until release.
 func (m *shmManager) acquire(tensorName string, params map[string]*inference.InferParameter) (*shmUse, error) {
-	region, _, err := wire.StringParam(params, wire.ParamShmRegion)
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: %v", tensorName, err)
-	}
-	size, ok, err := wire.Int64Param(params, wire.ParamShmByteSize)
-	if err == nil && !ok {
-		err = fmt.Errorf("parameter %s is required with %s", wire.ParamShmByteSize, wire.ParamShmRegion)
-	}
-	if err == nil && size < 0 {
-		err = fmt.Errorf("parameter %s=%d is negative", wire.ParamShmByteSize, size)
-	}
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: %v", tensorName, err)
-	}
-	off, _, err := wire.Int64Param(params, wire.ParamShmOffset)
-	if err == nil && off < 0 {
-		err = fmt.Errorf("parameter %s=%d is negative", wire.ParamShmOffset, off)
-	}
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: %v", tensorName, err)
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r := m.regions[region]
-	if r == nil {
-		return nil, status.Errorf(codes.NotFound, "tensor %q: Unable to find shared memory region: '%s'", tensorName, region)
+	r, off, size, err := pinWindow(m.regions, func(r *shmRegion) uint64 { return r.size }, tensorName, params)
+	if err != nil {
+		return nil, err
 	}
-	if uint64(off) >= r.size && !(off == 0 && size == 0) {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: Invalid offset for shared memory region: '%s' (offset %d, region of %d bytes)", tensorName, region, off, r.size)
-	}
-	if uint64(size) > r.size-uint64(off) {
-		return nil, status.Errorf(codes.InvalidArgument, "tensor %q: Invalid offset + byte size for shared memory region: '%s' (%d + %d > %d)", tensorName, region, off, size, r.size)
-	}
-	r.refs++
 	return &shmUse{r: r, buf: r.win[off : off+size : off+size]}, nil
 }
 
@@ -158,10 +119,7 @@ func (m *shmManager) release(u *shmUse) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	u.r.refs--
-	if u.r.refs == 0 && u.r.dropped {
-		_ = u.r.m.Close()
-	}
+	unpin(u.r)
 }
 
 // input reads one input tensor out of shared memory (a copy: the client
@@ -185,10 +143,5 @@ func (m *shmManager) close() { m.unregister("") }
 func (m *shmManager) names() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []string
-	for n := range m.regions {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return regionNames(m.regions)
 }
