@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,9 +15,7 @@ import (
 	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/cuda/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
-	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/wire"
-	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
 )
 
@@ -175,15 +171,11 @@ func probeStream(t *testing.T, clients, slots int) string {
 }
 
 // TestTritonLSTMCudaState is TestTritonLSTMSharedMemoryState with tl-seq's
-// state in CUDA memory: after load and quiescence the backup applied the
-// primary's last snapshot, and that snapshot's state_digest is the digest
-// of one of the primary's two CUDA buffers and of one of the backup's (the
-// bytes on the GPU, read through each instance's model server; the lstm
-// is non-deterministic in its low bits, so equal bytes can only come from
-// shipped state). No system shared memory is used for the state. Then a
-// SIGKILL of the primary sidecar fails over to the backup, whose adapter
-// holds the replicated state in its own CUDA buffers; the streams go on
-// and the audit stays consistent. Skipped without a GPU.
+// state in CUDA memory (tritonStateReplication: the backup's applied state
+// is in one of the primary's and one of the backup's CUDA buffers, read
+// through each instance's model server; a SIGKILL of the primary fails
+// over to the backup). No system shared memory is used for the state.
+// Skipped without a GPU.
 func TestTritonLSTMCudaState(t *testing.T) {
 	if err := cuda.Available(); err != nil {
 		t.Skipf("no GPU: %v", err)
@@ -192,117 +184,31 @@ func TestTritonLSTMCudaState(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(tritonCudaYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	audit := filepath.Join(t.TempDir(), "audit")
-	runDir := t.TempDir()
-	up := startHams(t, 90*time.Second, "up", "--config", cfgPath, "--run-dir", runDir, "--audit", audit, "--suspicion-timeout", suspicion)
-	dep := tritonDeployment(t, cfgPath)
-	cc, err := grpcx.Dial(up.str(t, "frontend_grpc"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	fe := hamsv1.NewFrontendClient(cc)
-
-	const clients = 4
-	var maxSeq atomic.Uint64
-	st := tritonLoad(t, dep, fe, clients, loadgen.RunConfig{Requests: 240, OnResult: func(r loadgen.Result) {
-		for _, l := range r.Reply.GetLineage() {
-			if l.GetModel() == "tl-seq" {
-				for v := maxSeq.Load(); l.GetSeq() > v && !maxSeq.CompareAndSwap(v, l.GetSeq()); v = maxSeq.Load() {
+	states := []string{"h", "c"}
+	probe := probeStream(t, 4, 16)
+	tritonStateReplication(t, cfgPath, stateMemory{
+		name:    "CUDA",
+		digests: func(t *testing.T, addr string) map[string]string { return cudaStateDigests(t, addr, states, probe) },
+		loaded: func(t *testing.T, pri, bak tritonInstance) {
+			// The state is in CUDA regions only: no system region, no shm object.
+			for _, addr := range []string{pri.backend, bak.backend} {
+				c, err := grpcx.Dial(addr, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				sys, err := inference.NewGRPCInferenceServiceClient(c).SystemSharedMemoryStatus(ctx, &inference.SystemSharedMemoryStatusRequest{})
+				cancel()
+				c.Close()
+				if err != nil || len(sys.GetRegions()) != 0 {
+					t.Fatalf("system shared memory at %s with state_memory cuda: %v, %v", addr, sys, err)
 				}
 			}
-		}
-	}})
-	if st.Errors != 0 || st.Replies != 240 || maxSeq.Load() != 240 {
-		t.Fatalf("load: %+v, max tl-seq seq in the replies %d", st, maxSeq.Load())
-	}
-	inst := tritonInstances(t, up.str(t, "manager"), "tl-seq")
-	pri, bak := inst[hamsv1.Role_ROLE_PRIMARY], inst[hamsv1.Role_ROLE_BACKUP]
-	if pri.backend == "" || bak.backend == "" || pri.backend == bak.backend {
-		t.Fatalf("tl-seq primary %+v and backup %+v must each have their own model server", pri, bak)
-	}
-	// The state is in CUDA regions only: no system region, no shm object.
-	for _, addr := range []string{pri.backend, bak.backend} {
-		c, err := grpcx.Dial(addr, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		sys, err := inference.NewGRPCInferenceServiceClient(c).SystemSharedMemoryStatus(ctx, &inference.SystemSharedMemoryStatusRequest{})
-		cancel()
-		c.Close()
-		if err != nil || len(sys.GetRegions()) != 0 {
-			t.Fatalf("system shared memory at %s with state_memory cuda: %v, %v", addr, sys, err)
-		}
-	}
-	if left := shmLeft(); len(left) > 0 {
-		t.Fatalf("shm objects with state_memory cuda: %v", left)
-	}
-	bc, err := grpcx.Dial(bak.sidecar, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bc.Close()
-	states := []string{"h", "c"}
-	probe := probeStream(t, clients, 16)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		ms, err := hamsv1.NewReplicationClient(bc).GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "tl-seq"})
-		cancel()
-		if err != nil {
-			t.Fatalf("GetMaxSeq at the backup sidecar: %v", err)
-		}
-		seq, digest := lastDurable(t, audit, "tl-seq")
-		pd, bd := cudaStateDigests(t, pri.backend, states, probe), cudaStateDigests(t, bak.backend, states, probe)
-		inP := pd != nil && (pd["A"] == digest || pd["B"] == digest)
-		inB := bd != nil && (bd["A"] == digest || bd["B"] == digest)
-		if ms.GetMaxSeq() == maxSeq.Load() && seq == maxSeq.Load() && inP && inB {
-			t.Logf("tl-seq: primary's last seq %d = backup's max seq = its last durable seq; state %s… is in the primary's CUDA buffers %v and the backup's %v",
-				seq, digest[:16], short(pd), short(bd))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after quiescence: primary's last seq %d, backup max seq %d, backup durable seq %d digest %s; primary buffers %v, backup buffers %v",
-				maxSeq.Load(), ms.GetMaxSeq(), seq, digest, pd, bd)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-
-	// Failover: SIGKILL the primary sidecar (its model server goes with
-	// it, and its CUDA allocations with the process); the manager promotes
-	// the backup, whose adapter holds the replicated state on the GPU.
-	t.Run("failover", func(t *testing.T) {
-		pid := childPID(t, runDir, "sidecar_tl-seq")
-		var killed atomic.Bool
-		var after atomic.Int64
-		cfg := loadgen.RunConfig{Duration: 4 * time.Second, OnResult: func(r loadgen.Result) {
-			if killed.Load() && r.Err == nil {
-				after.Add(1)
+			if left := shmLeft(); len(left) > 0 {
+				t.Fatalf("shm objects with state_memory cuda: %v", left)
 			}
-		}}
-		go func() {
-			time.Sleep(time.Second)
-			killed.Store(true)
-			syscall.Kill(pid, syscall.SIGKILL)
-		}()
-		st := tritonLoad(t, dep, fe, clients, cfg)
-		if st.Errors != 0 || after.Load() == 0 {
-			t.Fatalf("load across the failover: %+v, %d replies after the kill", st, after.Load())
-		}
-		now := tritonInstances(t, up.str(t, "manager"), "tl-seq")
-		if now[hamsv1.Role_ROLE_PRIMARY].id != bak.id {
-			t.Fatalf("after the kill the primary is %+v, want the old backup %s", now[hamsv1.Role_ROLE_PRIMARY], bak.id)
-		}
-		// the new primary's installed state is in its CUDA buffers: the
-		// last durable state or a later one it computed
-		if d := cudaStateDigests(t, bak.backend, states, probe); d == nil {
-			t.Fatal("the new primary has no CUDA state buffers")
-		}
-		checkAudit(t, audit)
-		t.Logf("failover: %d replies, %d after the kill; audit consistent", st.Replies, after.Load())
+		},
 	})
-	up.stop(t, 20*time.Second)
 }
 
 // TestTritonLSTMCudaStateFakeDriver runs TestTritonLSTMCudaState against

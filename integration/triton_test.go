@@ -185,6 +185,44 @@ func tritonLoad(t *testing.T, dep *config.Deployment, fe hamsv1.FrontendClient, 
 // batch (a different digest once a batch touched the state).
 func TestTritonLSTMSharedMemoryState(t *testing.T) {
 	cfgPath, _ := filepath.Abs("../examples/triton-lstm.yaml")
+	states := []string{"h", "c"}
+	sigkilled := tritonStateReplication(t, cfgPath, stateMemory{
+		name:    "shm",
+		digests: func(t *testing.T, addr string) map[string]string { return shmStateDigests(t, addr, states) },
+	})
+	// Every adapter of a clean stop unlinks its objects; a SIGKILLed one
+	// cannot (its objects are reclaimed by pid, docs/triton.md).
+	left := shmLeft()
+	for _, n := range left {
+		os.Remove("/dev/shm/" + n)
+	}
+	if !sigkilled && len(left) > 0 {
+		t.Errorf("shm objects left after hams up stopped: %v", left)
+	}
+}
+
+// stateMemory is where the tl-seq adapter keeps its state buffers, for
+// tritonStateReplication: digests reads the digests of the two buffers
+// (by region suffix A and B) through the instance's model server at addr;
+// loaded, if set, checks more once the load has run.
+type stateMemory struct {
+	name    string
+	digests func(t *testing.T, addr string) map[string]string
+	loaded  func(t *testing.T, pri, bak tritonInstance)
+}
+
+// tritonStateReplication runs the deployment of cfgPath (the triton-lstm
+// shape: tl-seq a stateful LSTM behind adapters/triton) under load with
+// 4 client streams; after quiescence the backup applied the primary's
+// last snapshot, and that snapshot's state_digest is the digest of one of
+// the primary's two state buffers and of one of the backup's (the lstm is
+// non-deterministic in its low bits, so equal bytes can only come from
+// shipped state). Then a SIGKILL of the primary sidecar under load fails
+// over to the backup, whose adapter holds the replicated state; the
+// streams go on and the audit stays consistent. It reports whether the
+// failover ran (a killed adapter leaves its objects behind).
+func tritonStateReplication(t *testing.T, cfgPath string, mem stateMemory) (sigkilled bool) {
+	t.Helper()
 	audit := filepath.Join(t.TempDir(), "audit")
 	runDir := t.TempDir()
 	up := startHams(t, 90*time.Second, "up", "--config", cfgPath, "--run-dir", runDir, "--audit", audit, "--suspicion-timeout", suspicion)
@@ -199,8 +237,9 @@ func TestTritonLSTMSharedMemoryState(t *testing.T) {
 	// The primary's last seq at tl-seq: seqs are dense per model and every
 	// request passes through tl-seq once, so it is the highest tl-seq seq
 	// in the replies' lineage (and, with no failures, the request count).
+	const clients = 4
 	var maxSeq atomic.Uint64
-	st := tritonLoad(t, dep, fe, 4, loadgen.RunConfig{Requests: 240, OnResult: func(r loadgen.Result) {
+	st := tritonLoad(t, dep, fe, clients, loadgen.RunConfig{Requests: 240, OnResult: func(r loadgen.Result) {
 		for _, l := range r.Reply.GetLineage() {
 			if l.GetModel() == "tl-seq" {
 				for v := maxSeq.Load(); l.GetSeq() > v && !maxSeq.CompareAndSwap(v, l.GetSeq()); v = maxSeq.Load() {
@@ -216,12 +255,14 @@ func TestTritonLSTMSharedMemoryState(t *testing.T) {
 	if pri.backend == "" || bak.backend == "" || pri.backend == bak.backend {
 		t.Fatalf("tl-seq primary %+v and backup %+v must each have their own model server", pri, bak)
 	}
+	if mem.loaded != nil {
+		mem.loaded(t, pri, bak)
+	}
 	bc, err := grpcx.Dial(bak.sidecar, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bc.Close()
-	states := []string{"h", "c"}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -231,12 +272,12 @@ func TestTritonLSTMSharedMemoryState(t *testing.T) {
 			t.Fatalf("GetMaxSeq at the backup sidecar: %v", err)
 		}
 		seq, digest := lastDurable(t, audit, "tl-seq")
-		pd, bd := shmStateDigests(t, pri.backend, states), shmStateDigests(t, bak.backend, states)
+		pd, bd := mem.digests(t, pri.backend), mem.digests(t, bak.backend)
 		inP := pd != nil && (pd["A"] == digest || pd["B"] == digest)
 		inB := bd != nil && (bd["A"] == digest || bd["B"] == digest)
 		if ms.GetMaxSeq() == maxSeq.Load() && seq == maxSeq.Load() && inP && inB {
-			t.Logf("tl-seq: primary's last seq %d = backup's max seq = its last durable seq; state %s… is in the primary's shm buffers %v and the backup's %v",
-				seq, digest[:16], short(pd), short(bd))
+			t.Logf("tl-seq: primary's last seq %d = backup's max seq = its last durable seq; state %s… is in the primary's %s buffers %v and the backup's %v",
+				seq, digest[:16], mem.name, short(pd), short(bd))
 			break
 		}
 		if time.Now().After(deadline) {
@@ -249,7 +290,6 @@ func TestTritonLSTMSharedMemoryState(t *testing.T) {
 	// Failover: SIGKILL the primary sidecar (its model server goes with
 	// it) under load; the manager promotes the backup, whose adapter owns
 	// the replicated state; replies continue the same streams.
-	sigkilled := false
 	t.Run("failover", func(t *testing.T) {
 		sigkilled = true
 		pid := childPID(t, runDir, "sidecar_tl-seq")
@@ -265,7 +305,7 @@ func TestTritonLSTMSharedMemoryState(t *testing.T) {
 			killed.Store(true)
 			syscall.Kill(pid, syscall.SIGKILL)
 		}()
-		st := tritonLoad(t, dep, fe, 4, cfg)
+		st := tritonLoad(t, dep, fe, clients, cfg)
 		if st.Errors != 0 || after.Load() == 0 {
 			t.Fatalf("load across the failover: %+v, %d replies after the kill", st, after.Load())
 		}
@@ -273,19 +313,16 @@ func TestTritonLSTMSharedMemoryState(t *testing.T) {
 		if now[hamsv1.Role_ROLE_PRIMARY].id != bak.id {
 			t.Fatalf("after the kill the primary is %+v, want the old backup %s", now[hamsv1.Role_ROLE_PRIMARY], bak.id)
 		}
+		// the new primary's installed state is in its buffers: the last
+		// durable state or a later one it computed
+		if d := mem.digests(t, bak.backend); d == nil {
+			t.Fatalf("the new primary has no %s state buffers", mem.name)
+		}
 		checkAudit(t, audit)
 		t.Logf("failover: %d replies, %d after the kill; audit consistent", st.Replies, after.Load())
 	})
 	up.stop(t, 20*time.Second)
-	// Every adapter of a clean stop unlinks its objects; a SIGKILLed one
-	// cannot (its objects are reclaimed by pid, docs/triton.md).
-	left := shmLeft()
-	for _, n := range left {
-		os.Remove("/dev/shm/" + n)
-	}
-	if !sigkilled && len(left) > 0 {
-		t.Errorf("shm objects left after hams up stopped: %v", left)
-	}
+	return sigkilled
 }
 
 // shmLeft lists /dev/shm objects of the triton-lstm example's adapters.
