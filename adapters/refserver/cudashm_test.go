@@ -1,7 +1,6 @@
 package refserver
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"io"
@@ -9,10 +8,7 @@ import (
 	"math"
 	"net"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -124,50 +120,7 @@ func TestChildServer(t *testing.T) {
 // childServer starts TestChildServer and returns its KServe client.
 func childServer(t *testing.T) inference.GRPCInferenceServiceClient {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestChildServer$")
-	cmd.Env = append(os.Environ(), envServerChild+"=1")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "ADDR "); ok {
-				select {
-				case addrc <- a:
-				default:
-				}
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	var addr string
-	select {
-	case addr = <-addrc:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("child server did not start:\n%s", stderr.String())
-	}
+	addr := cudatest.StartChild(t, "TestChildServer", envServerChild+"=1")
 	cc, err := grpcx.Dial(addr, 0)
 	if err != nil {
 		t.Fatal(err)

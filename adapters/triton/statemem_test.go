@@ -1,8 +1,6 @@
 package triton
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -146,51 +143,7 @@ func TestChildServer(t *testing.T) {
 // childServer starts TestChildServer and returns its address.
 func childServer(t testing.TB) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestChildServer$")
-	cmd.Env = append(os.Environ(), envServerChild+"=1")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "ADDR "); ok {
-				select {
-				case addrc <- a:
-				default:
-				}
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	select {
-	case a := <-addrc:
-		return a
-	case <-time.After(30 * time.Second):
-		t.Fatalf("child server did not start:\n%s", stderr.String())
-	}
-	return ""
+	return cudatest.StartChild(t, "TestChildServer", envServerChild+"=1")
 }
 
 func needGPU(t testing.TB) {

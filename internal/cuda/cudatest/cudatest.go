@@ -10,6 +10,8 @@
 package cudatest
 
 import (
+	"bufio"
+	"bytes"
 	_ "embed"
 	"os"
 	"os/exec"
@@ -19,6 +21,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hams-go/hams/internal/cuda"
 )
@@ -99,4 +102,59 @@ func removeStale() {
 			_ = os.Remove(filepath.Join("/dev/shm", e.Name()))
 		}
 	}
+}
+
+// StartChild runs this test binary again as a child process with only
+// the test named run and env set (a CUDA IPC handle cannot be opened by
+// the process that allocated it, so the other side of a GPU test runs in
+// a child), and returns the text after "ADDR " on the first such line the
+// child prints. The child runs until the test ends: its stdin closes then
+// and it is expected to exit (it is killed after 10 s).
+func StartChild(t testing.TB, run string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$")
+	cmd.Env = append(os.Environ(), env...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "ADDR "); ok {
+				select {
+				case addrc <- a:
+				default:
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	select {
+	case a := <-addrc:
+		return a
+	case <-time.After(30 * time.Second):
+		t.Fatalf("child %s did not start:\n%s", run, stderr.String())
+	}
+	return ""
 }
