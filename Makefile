@@ -38,6 +38,12 @@ test: tools
 demo: build
 	$(BIN)/hams demo
 
+# The image of docker-compose.yml: the static binary (no libc, no libcuda)
+# and the examples, FROM scratch (docs/docker.md).
+docker:
+	CGO_ENABLED=0 $(GO) build -tags nocuda -o $(BIN)/hams-static ./cmd/hams
+	docker build -t hams-go:latest .
+
 MODES := direct,bare,nspb,remus,nspb-s1,nspb-s2
 
 bench: build

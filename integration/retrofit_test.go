@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -193,7 +194,14 @@ func activeBackend(t *testing.T, manager, model string) string {
 // tensor while good requests keep succeeding.
 func TestRetrofitUp(t *testing.T) {
 	cfgPath, _ := filepath.Abs("../examples/retrofit.yaml")
-	up := startHams(t, 90*time.Second, "up", "--config", cfgPath, "--run-dir", t.TempDir(), "--suspicion-timeout", suspicion)
+	// The first frontend on addresses of our choosing (what a container
+	// publishes).
+	feGRPC, feHTTP := freeAddr(t), freeAddr(t)
+	up := startHams(t, 90*time.Second, "up", "--config", cfgPath, "--run-dir", t.TempDir(), "--suspicion-timeout", suspicion,
+		"--frontend-listen", feGRPC, "--frontend-http", feHTTP)
+	if g, h := up.str(t, "frontend_grpc"), up.str(t, "frontend_http"); g != feGRPC || h != feHTTP {
+		t.Fatalf("frontend on %s / %s, asked for %s / %s", g, h, feGRPC, feHTTP)
+	}
 	tfAddr, ksAddr := up.str(t, "tfserving_grpc"), up.str(t, "kserve_grpc")
 	direct := activeBackend(t, up.str(t, "manager"), "fashion")
 	t.Logf("retrofit: tfserving_grpc %s, kserve_grpc %s, model server (direct) %s", tfAddr, ksAddr, direct)
@@ -398,4 +406,15 @@ func TestRetrofitUp(t *testing.T) {
 type tfapisConns struct {
 	tf tfapis.PredictionServiceClient
 	ks inference.GRPCInferenceServiceClient
+}
+
+// freeAddr is a loopback address with a port nothing listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }

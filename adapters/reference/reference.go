@@ -8,6 +8,8 @@ package reference
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -15,19 +17,41 @@ import (
 	"google.golang.org/grpc/status"
 
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
 )
 
 // Backend drives one model of a reference model server.
 type Backend struct {
 	rt      hamsv1.ModelRuntimeClient
+	ks      inference.GRPCInferenceServiceClient
 	model   string
 	timeout time.Duration
+	// stateBytes is the model's state size from its last Describe (the
+	// size of a delta region).
+	stateBytes atomic.Uint64
+	delta      deltaRegion
 }
 
 // New creates a Backend for model over cc (owned by the caller). timeout
 // bounds every call (0: only the caller's context).
 func New(cc grpc.ClientConnInterface, model string, timeout time.Duration) *Backend {
-	return &Backend{rt: hamsv1.NewModelRuntimeClient(cc), model: model, timeout: timeout}
+	b := &Backend{rt: hamsv1.NewModelRuntimeClient(cc), ks: inference.NewGRPCInferenceServiceClient(cc), model: model, timeout: timeout}
+	b.delta.retryEvery = deltaRetry
+	return b
+}
+
+// WithoutDeltaRegion makes Compute take deltas inline (over gRPC) only,
+// never through a shared-memory region; for a model server that shares
+// no /dev/shm with the sidecar. It returns b.
+func (b *Backend) WithoutDeltaRegion() *Backend {
+	b.delta.mu.Lock()
+	b.delta.disabled = true
+	b.delta.mu.Unlock()
+	return b
+}
+
+func (b *Backend) log() *slog.Logger {
+	return slog.Default().With("component", "reference", "model", b.model)
 }
 
 func (b *Backend) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -61,6 +85,9 @@ func (b *Backend) Describe(ctx context.Context) (*hamsv1.ModelDescription, error
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
 	d, err := b.rt.Describe(ctx, &hamsv1.DescribeRequest{Model: b.model})
+	if err == nil {
+		b.stateBytes.Store(d.GetStateBytes())
+	}
 	return d, b.mapErr("describe", err)
 }
 
@@ -89,5 +116,9 @@ func (b *Backend) Health(ctx context.Context) error {
 	return nil
 }
 
-// Close releases nothing: the connection belongs to the caller.
-func (b *Backend) Close() error { return nil }
+// Close unregisters the delta region, if any (the connection belongs to
+// the caller).
+func (b *Backend) Close() error {
+	b.closeDelta()
+	return nil
+}

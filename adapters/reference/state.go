@@ -20,14 +20,42 @@ const StateChunkBytes = 1 << 20
 
 // Compute runs the compute stage of a stateful step: outputs of the batch
 // from the installed state; the next state is staged until Update.
+//
+// With stage_delta the delta's data comes through a shared-memory region
+// lent to the server where it can (deltashm.go), else inline.
 func (b *Backend) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
-	ctx, cancel := b.ctx(ctx)
-	defer cancel()
 	if req.GetModel() == "" {
 		req.Model = b.model
 	}
-	resp, err := b.rt.Compute(ctx, req)
-	return resp, b.mapErr("compute", err)
+	if !req.GetStageDelta() {
+		ctx, cancel := b.ctx(ctx)
+		defer cancel()
+		resp, err := b.rt.Compute(ctx, req)
+		return resp, b.mapErr("compute", err)
+	}
+	d := &b.delta
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	req.DeltaRegion = b.lend(ctx, b.stateBytes.Load())
+	defer func() { req.DeltaRegion = "" }()
+	cctx, cancel := b.ctx(ctx)
+	defer cancel()
+	resp, err := b.rt.Compute(cctx, req)
+	if err != nil {
+		return nil, b.mapErr("compute", err)
+	}
+	switch {
+	case resp.GetStateDeltaRegion() != "":
+		if err := b.takeDelta(resp); err != nil {
+			return nil, err
+		}
+	case req.DeltaRegion != "" && resp.GetHasStateDelta():
+		// Inline although a region was lent: the server lost it (a
+		// restart) or cannot use it; register a new one later.
+		b.log().Warn("model server answered a delta inline instead of in the lent region", "region", req.DeltaRegion, "used_before", d.inUse)
+		b.dropDelta(ctx)
+	}
+	return resp, nil
 }
 
 // Update installs the state staged by batch batchID's Compute.

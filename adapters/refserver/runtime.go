@@ -68,6 +68,15 @@ func (a *runtimeAPI) step(req *hamsv1.BatchRequest, method string, fn func(model
 		resp = &hamsv1.BatchResponse{Outputs: r.Outputs, Rows: b.Rows, BatchId: req.BatchId, NextStateVersion: r.NextStateVersion, HasStateDelta: r.HasDelta}
 		if r.HasDelta {
 			resp.StateDelta = make([]*hamsv1.StateRange, len(r.Delta))
+			if name := req.GetDeltaRegion(); name != "" {
+				if sizes, ok := a.s.shm.writeDelta(name, r.Delta); ok {
+					resp.StateDeltaRegion, resp.StateDeltaSizes = name, sizes
+					for i, d := range r.Delta {
+						resp.StateDelta[i] = &hamsv1.StateRange{Offset: d.Off}
+					}
+					return nil
+				}
+			}
 			for i, d := range r.Delta {
 				resp.StateDelta[i] = &hamsv1.StateRange{Offset: d.Off, Data: d.Data}
 			}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/shm"
 	"github.com/hams-go/hams/internal/wire"
@@ -120,6 +121,37 @@ func (m *shmManager) release(u *shmUse) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	unpin(u.r)
+}
+
+// writeDelta copies the data of a staged delta back to back into region
+// name from its start and returns each range's size; ok is false (nothing
+// written) when the region is not registered, not mapped here or too
+// small, and the caller sends the data inline instead.
+func (m *shmManager) writeDelta(name string, delta []models.Range) (sizes []uint64, ok bool) {
+	m.mu.Lock()
+	r := m.regions[name]
+	if r == nil {
+		m.mu.Unlock()
+		return nil, false
+	}
+	r.pins.refs++
+	m.mu.Unlock()
+	u := &shmUse{r: r, buf: r.win}
+	defer m.release(u)
+	total := 0
+	for _, d := range delta {
+		total += len(d.Data)
+	}
+	if total > len(u.buf) {
+		return nil, false
+	}
+	sizes = make([]uint64, len(delta))
+	off := 0
+	for i, d := range delta {
+		off += copy(u.buf[off:], d.Data)
+		sizes[i] = uint64(len(d.Data))
+	}
+	return sizes, true
 }
 
 // input reads one input tensor out of shared memory (a copy: the client

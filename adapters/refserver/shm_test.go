@@ -1,6 +1,7 @@
 package refserver
 
 import (
+	"bytes"
 	"fmt"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
@@ -229,5 +231,51 @@ func TestStreamIDsInputAndReadiness(t *testing.T) {
 	}
 	if rr, _ := e.ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: "fashion"}); !rr.Ready {
 		t.Fatal("not ready again")
+	}
+}
+
+// Compute with delta_region writes the delta's data back to back into a
+// registered region and answers offsets and sizes; an unknown region or
+// one too small for the delta gets the data inline.
+func TestDeltaIntoRegion(t *testing.T) {
+	e := start(t)
+	ctx := ctxT(t)
+	big, bigR := shmKey(t, "delta_big", 1<<16)
+	small, _ := shmKey(t, "delta_small", 8)
+	for name, key := range map[string]string{"big": big, "small": small} {
+		if _, err := e.ks.SystemSharedMemoryRegister(ctx, &inference.SystemSharedMemoryRegisterRequest{Name: name, Key: key, ByteSize: map[string]uint64{"big": 1 << 16, "small": 8}[name]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	compute := func(region string) *hamsv1.BatchResponse {
+		t.Helper()
+		// The same batch id each time: each compute replaces the staged
+		// state with the same one.
+		resp, err := e.rt.Compute(ctx, &hamsv1.BatchRequest{Model: "seq", Inputs: []*hamsv1.Tensor{f32("x", 2, 4, 0.5)}, Rows: []uint32{1, 1},
+			StreamIds: []string{"a", "b"}, BatchId: 1, StageDelta: true, DeltaRegion: region})
+		if err != nil || !resp.GetHasStateDelta() || len(resp.GetStateDelta()) == 0 {
+			t.Fatalf("compute (region %q): %v %v", region, resp, err)
+		}
+		return resp
+	}
+	want := compute("")
+	for _, region := range []string{"nope", "small"} {
+		if got := compute(region); got.GetStateDeltaRegion() != "" || !proto.Equal(got, want) {
+			t.Fatalf("region %q: got %v, want the inline answer", region, got)
+		}
+	}
+	got := compute("big")
+	if got.GetStateDeltaRegion() != "big" || len(got.GetStateDeltaSizes()) != len(want.GetStateDelta()) {
+		t.Fatalf("region big: %q, %d sizes for %d ranges", got.GetStateDeltaRegion(), len(got.GetStateDeltaSizes()), len(want.GetStateDelta()))
+	}
+	win := bigR.Bytes()
+	off := uint64(0)
+	for i, r := range got.GetStateDelta() {
+		w := want.GetStateDelta()[i]
+		n := got.GetStateDeltaSizes()[i]
+		if r.GetOffset() != w.GetOffset() || len(r.GetData()) != 0 || !bytes.Equal(win[off:off+n], w.GetData()) {
+			t.Fatalf("range %d: offset %d (want %d), %d bytes inline, region bytes differ", i, r.GetOffset(), w.GetOffset(), len(r.GetData()))
+		}
+		off += n
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/cuda"
+	"github.com/hams-go/hams/internal/shm"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -138,7 +139,7 @@ func (s *Stateful) Setup(ctx context.Context) error {
 		sb := &stateBuf{spec: sp, bytes: size}
 		bufs = append(bufs, sb)
 		for i, ab := range []string{"A", "B"} {
-			sb.names[i] = fmt.Sprintf("%s_%s_%d_%d_%s_%s", s.cfg.KeyPrefix, sanitize(s.cfg.Model), os.Getpid(), n, sanitize(sp.Name), ab)
+			sb.names[i] = fmt.Sprintf("%s_%s_%d_%d_%s_%s", s.cfg.KeyPrefix, shm.KeyPart(s.cfg.Model), os.Getpid(), n, shm.KeyPart(sp.Name), ab)
 			r, err := s.mem.alloc(sb.names[i], size)
 			if err != nil {
 				return fail(status.Errorf(codes.Internal, "triton %s: state %q in %s memory: %v", s.cfg.Model, sp.Name, s.mem.kind(), err))
@@ -200,15 +201,6 @@ func totalBytes(bufs []*stateBuf) int {
 		n += b.bytes
 	}
 	return n
-}
-
-func sanitize(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
-			return r
-		}
-		return '_'
-	}, s)
 }
 
 func specBytes(sp *hamsv1.TensorSpec) int64 {

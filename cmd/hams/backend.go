@@ -15,6 +15,7 @@ import (
 	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
+	"github.com/hams-go/hams/internal/shm"
 	"github.com/hams-go/hams/sidecar"
 )
 
@@ -66,14 +67,15 @@ func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log 
 		if err != nil {
 			return nil, nil, err
 		}
-		return reference.New(cc, m.Backend.Model, m.Backend.Timeout.D()), func() { cc.Close() }, nil
+		be := reference.New(cc, m.Backend.Model, m.Backend.Timeout.D())
+		return be, func() { be.Close(); cc.Close() }, nil
 	case "triton":
 		cc, err := dial()
 		if err != nil {
 			return nil, nil, err
 		}
 		cfg := triton.Config{Conn: cc, Model: m.Backend.Model, Version: m.Backend.Version, Timeout: m.Backend.Timeout.D(),
-			KeyPrefix: "hams-" + sanitizeKey(m.Name) + "-" + role, Logger: log}
+			KeyPrefix: "hams-" + shm.KeyPart(m.Name) + "-" + role, Logger: log}
 		if m.Stateful && managed(m) {
 			// The backend is our reference model server: its explicit
 			// state starts where the internal-state model would (zeros
@@ -153,16 +155,6 @@ func probeCUDA(ordinal int) error {
 		return err
 	}
 	return d.Close()
-}
-
-func sanitizeKey(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			b[i] = '_'
-		}
-	}
-	return string(b)
 }
 
 // setCheckpointEvery applies a --checkpoint-every flag (0: keep the

@@ -57,6 +57,12 @@ type benchRow struct {
 	// direct and bare), from the primary sidecars' metrics over the
 	// measured rounds.
 	State map[string]stateStats `json:"state,omitempty"`
+	// StagesMs: per sidecar (and "frontend"), the mean in ms of each of
+	// its latency histograms (hams_sidecar_*_seconds, name shortened to
+	// the part between prefix and suffix) over the measured rounds: where
+	// a batch's time goes (backend call, update, capture, send, the
+	// backup's apply wait and apply, the durability notice, gating).
+	StagesMs map[string]map[string]float64 `json:"stages_ms,omitempty"`
 }
 
 // stateStats is one replicated model's snapshot cost in a bench row.
@@ -413,6 +419,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 				v := round3(sum / cnt * 1000)
 				row.LineageMsPerBatch = &v
 			}
+			row.StagesMs = stageMeans(r.m0, m1)
 			for i := range r.d.dep.Models {
 				m := &r.d.dep.Models[i]
 				if !replicated(r.d.dep, m) {
@@ -441,6 +448,30 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		out = append(out, row)
 	}
 	return out, nil
+}
+
+// stageMeans is, per scraped process, the mean (ms) of every latency
+// histogram that counted samples between m0 and m1.
+func stageMeans(m0, m1 metricSnap) map[string]map[string]float64 {
+	out := map[string]map[string]float64{}
+	for proc, vals := range m1 {
+		for name, sum := range vals {
+			base, ok := strings.CutSuffix(name, "_seconds_sum")
+			if !ok {
+				continue
+			}
+			c := vals[base+"_seconds_count"] - m0[proc][base+"_seconds_count"]
+			if c <= 0 {
+				continue
+			}
+			short := strings.TrimPrefix(strings.TrimPrefix(base, "hams_sidecar_"), "hams_frontend_")
+			if out[proc] == nil {
+				out[proc] = map[string]float64{}
+			}
+			out[proc][short] = round3((sum - m0[proc][name]) / c * 1000)
+		}
+	}
+	return out
 }
 
 // benchMetrics is sidecarMetrics plus "frontend": the first frontend's.

@@ -75,6 +75,11 @@ type deployOptions struct {
 	// frontends always have it): a frontend restarted in place then
 	// completes what it accepted before it died.
 	RequestLog bool
+	// FrontendListen and FrontendHTTP, if set, are the gRPC and HTTP
+	// listen addresses of the first frontend (a container publishes
+	// them); the others, and every other component, take free loopback
+	// ports.
+	FrontendListen, FrontendHTTP string
 }
 
 // counts returns the number of frontends and managers opt asks for in a
@@ -428,6 +433,12 @@ func (d *deployment) startFrontends(ctx context.Context, n int, withLog bool) er
 				}
 			}
 			args = append(args, d.coordArgs("", d.opt.Audit)...)
+			if i == 0 && d.opt.FrontendListen != "" {
+				args = append(args, "--listen", d.opt.FrontendListen)
+			}
+			if i == 0 && d.opt.FrontendHTTP != "" {
+				args = append(args, "--http", d.opt.FrontendHTTP)
+			}
 			name := childName("frontend", strconv.Itoa(i))
 			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "http")})
 			if err != nil {

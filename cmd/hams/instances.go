@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/launch"
+	"github.com/hams-go/hams/internal/shm"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -131,7 +132,7 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	if audit != "" {
 		// One directory per instance: two instances of a model never
 		// append to one file.
-		audit = filepath.Join(audit, sanitizeKey(in.Sidecar))
+		audit = filepath.Join(audit, shm.KeyPart(in.Sidecar))
 	}
 	args := append([]string{"sidecar", "--model", model, "--role", role, "--id", in.ID, "--epoch", strconv.FormatUint(epoch, 10),
 		"--backend", in.BackendAddr, "--manager", d.managerList()}, d.common...)

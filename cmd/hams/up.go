@@ -82,6 +82,8 @@ func runUp(args []string) error {
 	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
+	feListen := fs.String("frontend-listen", "", "gRPC listen address of the first frontend (its own API, TF Serving and KServe v2), e.g. 0.0.0.0:8500 in a container (default: a free loopback port)")
+	feHTTP := fs.String("frontend-http", "", "HTTP/JSON listen address of the first frontend (default: a free loopback port)")
 	var cf controlFlags
 	cf.register(fs)
 	var tf taskFlags
@@ -120,6 +122,7 @@ func runUp(args []string) error {
 	opt := cf.options(*mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, log
 	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
+	opt.FrontendListen, opt.FrontendHTTP = *feListen, *feHTTP
 	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err

@@ -448,22 +448,26 @@ func (p *ackPacer) stop() error {
 const staleIncarnation = "stale sender incarnation"
 
 // accept runs one batch through the edge's Reorder and delivers what is
-// released. It returns max_in_order afterwards.
+// released. It returns max_in_order afterwards; a refusal that fences the
+// sender (not admitted, stale epoch or incarnation) returns 0 instead: the
+// edge's sequence space is then another sender's (the instance that
+// deposed this one numbers the edge on from where it stood), and a
+// sender that trimmed its buffer by it would drop items it still holds.
 func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if r.admit != nil {
 		if err := r.admit(from); err != nil {
-			return e.reorder.MaxInOrder(), err
+			return 0, err
 		}
 	}
 	if r.epochOf != nil {
 		if known, ok := r.epochOf(from); ok && b.GetEpoch() < known {
-			return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d (the topology's)", from, r.to, b.GetEpoch(), known)
+			return 0, status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d (the topology's)", from, r.to, b.GetEpoch(), known)
 		}
 	}
 	if b.GetEpoch() < e.epoch {
-		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d", from, r.to, b.GetEpoch(), e.epoch)
+		return 0, status.Errorf(codes.FailedPrecondition, "edge %s->%s: stale epoch %d < %d", from, r.to, b.GetEpoch(), e.epoch)
 	}
 	if b.GetEpoch() > e.epoch {
 		if e.epoch != 0 || e.reorder.MaxInOrder() != 0 {
@@ -473,7 +477,7 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 	}
 	switch inc := b.GetIncarnation(); {
 	case inc < e.incarnation:
-		return e.reorder.MaxInOrder(), status.Errorf(codes.FailedPrecondition, "edge %s->%s: %s %d < %d", from, r.to, staleIncarnation, inc, e.incarnation)
+		return 0, status.Errorf(codes.FailedPrecondition, "edge %s->%s: %s %d < %d", from, r.to, staleIncarnation, inc, e.incarnation)
 	case inc > e.incarnation:
 		// A new sender (a restarted process) numbers the edge afresh from
 		// 1: forget the old sequence space, or its items would all be

@@ -118,33 +118,45 @@ func TestReceiverFencesEpochsAndAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	send := func(from string, epoch uint64) error {
+	// send streams one batch and returns the refusal's max_in_order with
+	// the stream's error.
+	send := func(from string, epoch, inc uint64) (uint64, error) {
 		st, err := hamsv1.NewDataplaneClient(cc).Forward(context.Background())
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if err := st.Send(&hamsv1.ForwardBatch{FromModel: from, ToModel: "b", Epoch: epoch, Incarnation: 1,
+		if err := st.Send(&hamsv1.ForwardBatch{FromModel: from, ToModel: "b", Epoch: epoch, Incarnation: inc,
 			Items: []*hamsv1.Item{{EdgeSeq: 1, ReqId: 1}}}); err != nil {
-			return err
+			return 0, err
 		}
 		ack, err := st.Recv()
 		if err == nil && ack.Error != "" {
 			_, err = st.Recv()
+			return ack.GetMaxInOrder(), err
 		}
-		return err
+		return 0, err
 	}
-	if err := send("a", 2); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("stale epoch: %v", err)
-	}
-	if err := send("a", 3); err != nil {
+	if _, err := send("a", 3, 2); err != nil {
 		t.Fatalf("current epoch: %v", err)
 	}
-	if err := send("x", 0); err != nil {
+	// A refusal that fences the sender acknowledges nothing: the edge's
+	// max_in_order (1 now) counts another sender's items (the instance
+	// that deposed this one numbers the edge on from where it stood), and
+	// a sender that took it for its own would drop what it still holds.
+	for _, c := range []struct {
+		what       string
+		epoch, inc uint64
+	}{{"stale epoch", 2, 3}, {"stale incarnation", 3, 1}} {
+		if m, err := send("a", c.epoch, c.inc); status.Code(err) != codes.FailedPrecondition || m != 0 {
+			t.Fatalf("%s: refusal with max_in_order %d, %v", c.what, m, err)
+		}
+	}
+	if _, err := send("x", 0, 1); err != nil {
 		t.Fatalf("unfenced sender: %v", err)
 	}
 	closed.Store(true)
-	if err := send("a", 4); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("not admitted: %v", err)
+	if m, err := send("a", 4, 2); status.Code(err) != codes.FailedPrecondition || m != 0 {
+		t.Fatalf("not admitted: max_in_order %d, %v", m, err)
 	}
 }
 

@@ -81,8 +81,8 @@ func (r *Region) Close() error {
 	return nil
 }
 
-// Create makes a new object named key of size bytes (zero-filled) and maps
-// it read-write. It fails with an error wrapping os.ErrExist if the name is
+// Create makes a new object named key of size bytes (zero-filled, its
+// pages allocated where the filesystem can) and maps it read-write. It fails with an error wrapping os.ErrExist if the name is
 // taken.
 func Create(key string, size int) (*Region, error) {
 	p, err := Path(key)
@@ -100,6 +100,10 @@ func Create(key string, size int) (*Region, error) {
 	if err := f.Truncate(int64(size)); err != nil {
 		_ = os.Remove(p)
 		return nil, fmt.Errorf("shm: ftruncate %q to %d bytes: %w", key, size, err)
+	}
+	if err := reserve(f, size); err != nil {
+		_ = os.Remove(p)
+		return nil, fmt.Errorf("shm: reserve %d bytes for %q (is %s large enough? a container's is 64 MB unless --shm-size): %w", size, key, Dir, err)
 	}
 	data, err := mapFile(f, size)
 	if err != nil {
@@ -160,4 +164,16 @@ func Exists(key string) bool {
 	}
 	_, err = os.Stat(p)
 	return err == nil
+}
+
+// KeyPart maps s to characters safe in a key (letters, digits, '-' and
+// '_'; anything else becomes '_'), for building keys from model and
+// tensor names.
+func KeyPart(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, s)
 }

@@ -126,3 +126,9 @@ func TestBadInputs(t *testing.T) {
 		t.Fatal("failed create left an object behind")
 	}
 }
+
+func TestKeyPart(t *testing.T) {
+	if got := KeyPart("olv/learner.v2 x-_1"); got != "olv_learner_v2_x-_1" {
+		t.Fatalf("KeyPart: %q", got)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -153,6 +155,41 @@ func TestAllKindsRun(t *testing.T) {
 	}
 }
 
+// A transcriber with a context input reads each row of x together with
+// the same row of the context: its answer for a row changes with that
+// row's context only, and the context is required.
+func TestTranscriberContext(t *testing.T) {
+	m := mk(t, "transcriber", map[string]any{"in_dim": 12, "width": 16, "out_dim": 4, "context": "scores", "context_dim": 3})
+	if d := m.Describe(); len(d.Inputs) != 2 || d.Inputs[1].Name != "scores" || d.Inputs[1].Shape[1] != 3 {
+		t.Fatalf("inputs %v", d.Inputs)
+	}
+	x := randT("x", 2, 12, 1)
+	run := func(ctx *hamsv1.Tensor) []float32 {
+		t.Helper()
+		res, err := m.Infer(&Batch{Inputs: []*hamsv1.Tensor{x, ctx}, Rows: []uint32{2}, BatchID: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := tensor.Float32(res.Outputs[0])
+		return v
+	}
+	c1 := randT("scores", 2, 3, 2)
+	c2 := randT("scores", 2, 3, 2)
+	v, _ := tensor.Float32(c2)
+	v[4] += 1 // row 1's context only
+	c2 = tensor.FromFloat32("scores", []int64{2, 3}, v)
+	a, b := run(c1), run(c2)
+	if !slices.Equal(a[:4], b[:4]) {
+		t.Fatalf("row 0 changed with row 1's context: %v vs %v", a[:4], b[:4])
+	}
+	if slices.Equal(a[4:], b[4:]) {
+		t.Fatalf("row 1 did not change with its context: %v", a[4:])
+	}
+	if _, err := m.Infer(&Batch{Inputs: []*hamsv1.Tensor{x}, Rows: []uint32{2}, BatchID: 2}); !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), `"scores"`) {
+		t.Fatalf("without the context: %v", err)
+	}
+}
+
 func TestBadConfig(t *testing.T) {
 	for _, c := range []config.Model{
 		{Name: "x", Kind: "nope"},
@@ -163,6 +200,9 @@ func TestBadConfig(t *testing.T) {
 		{Name: "x", Kind: "cnn", Params: map[string]any{"in_dim": 3, "kernel": 5}},
 		{Name: "x", Kind: "knn", Params: map[string]any{"history": 3, "k": 5}},
 		{Name: "x", Kind: "olearn", Params: map[string]any{"state_mb": 4096}},
+		{Name: "x", Kind: "transcriber", Params: map[string]any{"context": "scores"}},
+		{Name: "x", Kind: "transcriber", Params: map[string]any{"context_dim": 10}},
+		{Name: "x", Kind: "transcriber", Params: map[string]any{"context": "x", "context_dim": 10}},
 	} {
 		if _, err := New(&c); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s %v: err %v", c.Kind, c.Params, err)

@@ -42,12 +42,26 @@ func (k *cnn) compute(in *inputs) ([]*hamsv1.Tensor, any, error) {
 type transcriber struct {
 	r               *nn.Reducer
 	layers          []*dense
-	outD            int
+	inD, outD       int
 	inName, outName string
+	// ctxName names an optional second input of ctxD columns appended to
+	// each row of the first before the first layer (ctxD 0: none).
+	ctxName string
+	ctxD    int
 }
 
 func (k *transcriber) compute(in *inputs) ([]*hamsv1.Tensor, any, error) {
 	h := in.float(k.inName)
+	if k.ctxD > 0 {
+		c := in.float(k.ctxName)
+		w := k.inD + k.ctxD
+		j := make([]float32, in.n*w)
+		for r := 0; r < in.n; r++ {
+			copy(j[r*w:], h[r*k.inD:(r+1)*k.inD])
+			copy(j[r*w+k.inD:], c[r*k.ctxD:(r+1)*k.ctxD])
+		}
+		h = j
+	}
 	for i, l := range k.layers {
 		h = l.forward(k.r, h, in.n)
 		if i < len(k.layers)-1 {
@@ -539,23 +553,38 @@ func init() {
 	// transcriber: x FP32 [N,in_dim] -> y FP32 [N,out_dim] through
 	// `layers` tanh dense layers of `width` (cost per row ≈
 	// in_dim·width + (layers-1)·width² + width·out_dim multiply-adds).
-	// Params: in_dim 1600, width 512, layers 2, out_dim 64, seed 2.
+	// Params: in_dim 1600, width 512, layers 2, out_dim 64, seed 2;
+	// context (an input name) with context_dim > 0 adds a second FP32
+	// input [N,context_dim] whose row is appended to x's before the first
+	// layer (a model that reads its inputs together with an upstream
+	// model's answer about them, e.g. images and the learner's scores).
 	register("transcriber", func(m *config.Model, p *params) (*core, error) {
 		inD, width, layers, outD := p.int("in_dim", 1600, 1, 1<<20), p.int("width", 512, 1, 1<<14), p.int("layers", 2, 1, 64), p.int("out_dim", 64, 1, 1<<16)
 		seed := p.int("seed", 2, 0, math.MaxInt32)
+		ctxName, ctxD := p.str("context", ""), p.int("context_dim", 0, 0, 1<<20)
 		inName, outName := names(p, "x", "y")
 		if p.err != nil {
 			return nil, p.err
 		}
+		if (ctxName == "") != (ctxD == 0) {
+			return nil, fmt.Errorf("context %q with context_dim %d: give both or neither", ctxName, ctxD)
+		}
+		if ctxName != "" && ctxName == inName {
+			return nil, fmt.Errorf("context %q is the input's own name", ctxName)
+		}
 		rng := nn.NewRand(uint64(seed))
-		k := &transcriber{r: p.reducer(), outD: outD, inName: inName, outName: outName}
-		prev := inD
+		k := &transcriber{r: p.reducer(), inD: inD, outD: outD, inName: inName, outName: outName, ctxName: ctxName, ctxD: ctxD}
+		prev := inD + ctxD
 		for i := 0; i < layers; i++ {
 			k.layers = append(k.layers, newDense(rng, prev, width))
 			prev = width
 		}
 		k.layers = append(k.layers, newDense(rng, prev, outD))
-		return &core{ins: []inputSpec{{spec: fp32Spec(inName, int64(inD))}}, outs: []*hamsv1.TensorSpec{fp32Spec(outName, int64(outD))}, k: k}, nil
+		ins := []inputSpec{{spec: fp32Spec(inName, int64(inD))}}
+		if ctxD > 0 {
+			ins = append(ins, inputSpec{spec: fp32Spec(ctxName, int64(ctxD))})
+		}
+		return &core{ins: ins, outs: []*hamsv1.TensorSpec{fp32Spec(outName, int64(outD))}, k: k}, nil
 	})
 	// prep: x FP32 [N,in_dim] -> y FP32 [N,in_dim], each row normalised
 	// (mode zscore | minmax | l2). in_dim 0 accepts any width. Param

@@ -304,8 +304,15 @@ type BatchRequest struct {
 	// between consecutive batches; a batch rejected as invalid installs
 	// nothing.
 	InstallBatchId uint64 `protobuf:"varint,7,opt,name=install_batch_id,json=installBatchId,proto3" json:"install_batch_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Compute with stage_delta: a system shared-memory region (registered
+	// with the server through KServe v2 SystemSharedMemoryRegister) the
+	// server may write the delta's data into instead of the response. The
+	// region belongs to the caller, who reads it once the response is back
+	// and before its next call names the region. A server that cannot use
+	// it (unknown region, too small) answers with the data inline.
+	DeltaRegion   string `protobuf:"bytes,8,opt,name=delta_region,json=deltaRegion,proto3" json:"delta_region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchRequest) Reset() {
@@ -387,6 +394,13 @@ func (x *BatchRequest) GetInstallBatchId() uint64 {
 	return 0
 }
 
+func (x *BatchRequest) GetDeltaRegion() string {
+	if x != nil {
+		return x.DeltaRegion
+	}
+	return ""
+}
+
 type BatchResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Outputs []*Tensor              `protobuf:"bytes,1,rep,name=outputs,proto3" json:"outputs,omitempty"`
@@ -402,8 +416,14 @@ type BatchResponse struct {
 	// has_state_delta tells an empty delta (nothing staged) from none.
 	StateDelta    []*StateRange `protobuf:"bytes,5,rep,name=state_delta,json=stateDelta,proto3" json:"state_delta,omitempty"`
 	HasStateDelta bool          `protobuf:"varint,6,opt,name=has_state_delta,json=hasStateDelta,proto3" json:"has_state_delta,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Set when the delta's data went into BatchRequest.delta_region: the
+	// region's name; the state_delta ranges then carry offsets only, and
+	// their data lies back to back from the region's start, range i holding
+	// state_delta_sizes[i] bytes.
+	StateDeltaRegion string   `protobuf:"bytes,7,opt,name=state_delta_region,json=stateDeltaRegion,proto3" json:"state_delta_region,omitempty"`
+	StateDeltaSizes  []uint64 `protobuf:"varint,8,rep,packed,name=state_delta_sizes,json=stateDeltaSizes,proto3" json:"state_delta_sizes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *BatchResponse) Reset() {
@@ -476,6 +496,20 @@ func (x *BatchResponse) GetHasStateDelta() bool {
 		return x.HasStateDelta
 	}
 	return false
+}
+
+func (x *BatchResponse) GetStateDeltaRegion() string {
+	if x != nil {
+		return x.StateDeltaRegion
+	}
+	return ""
+}
+
+func (x *BatchResponse) GetStateDeltaSizes() []uint64 {
+	if x != nil {
+		return x.StateDeltaSizes
+	}
+	return nil
 }
 
 // StateRange is data at a byte offset of the concatenated state.
@@ -1061,7 +1095,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\rstate_version\x18\a \x01(\x04R\fstateVersion\x12\x1f\n" +
 	"\vstate_delta\x18\b \x01(\bR\n" +
 	"stateDelta\x12)\n" +
-	"\x10compute_installs\x18\t \x01(\bR\x0fcomputeInstalls\"\xe6\x01\n" +
+	"\x10compute_installs\x18\t \x01(\bR\x0fcomputeInstalls\"\x89\x02\n" +
 	"\fBatchRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12'\n" +
 	"\x06inputs\x18\x02 \x03(\v2\x0f.hams.v1.TensorR\x06inputs\x12\x12\n" +
@@ -1071,7 +1105,8 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\bbatch_id\x18\x05 \x01(\x04R\abatchId\x12\x1f\n" +
 	"\vstage_delta\x18\x06 \x01(\bR\n" +
 	"stageDelta\x12(\n" +
-	"\x10install_batch_id\x18\a \x01(\x04R\x0einstallBatchId\"\xf5\x01\n" +
+	"\x10install_batch_id\x18\a \x01(\x04R\x0einstallBatchId\x12!\n" +
+	"\fdelta_region\x18\b \x01(\tR\vdeltaRegion\"\xcf\x02\n" +
 	"\rBatchResponse\x12)\n" +
 	"\aoutputs\x18\x01 \x03(\v2\x0f.hams.v1.TensorR\aoutputs\x12\x12\n" +
 	"\x04rows\x18\x02 \x03(\rR\x04rows\x12\x19\n" +
@@ -1079,7 +1114,9 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x12next_state_version\x18\x04 \x01(\x04R\x10nextStateVersion\x124\n" +
 	"\vstate_delta\x18\x05 \x03(\v2\x13.hams.v1.StateRangeR\n" +
 	"stateDelta\x12&\n" +
-	"\x0fhas_state_delta\x18\x06 \x01(\bR\rhasStateDelta\"8\n" +
+	"\x0fhas_state_delta\x18\x06 \x01(\bR\rhasStateDelta\x12,\n" +
+	"\x12state_delta_region\x18\a \x01(\tR\x10stateDeltaRegion\x12*\n" +
+	"\x11state_delta_sizes\x18\b \x03(\x04R\x0fstateDeltaSizes\"8\n" +
 	"\n" +
 	"StateRange\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x12\n" +
