@@ -96,6 +96,7 @@ func TestBulkStreamFaultsAreResent(t *testing.T) {
 				h.send(1, n)
 				waitFor(t, "all replies", func() bool { return h.sink.count() >= n })
 				waitFor(t, "backup durable to n", func() bool { return maxSeqOf(h.backups["a"]) == n })
+				waitFor(t, "the primary installed its last update", prim.settled)
 				if d := bkStateDigest(h.backups["a"]); prim.Digest() != d {
 					t.Fatalf("backup applied state %s != primary state %s", d, prim.Digest())
 				}

@@ -110,6 +110,17 @@ func (c *counterBackend) digestLocked() string {
 	return tensor.Digest(tensor.FromFloat32("counter", []int64{int64(c.width)}, c.state))
 }
 
+// settled reports whether every staged update was installed. With
+// deltas captured at compute the backup may apply a batch's state before
+// the primary's model server installs it (the install is folded into the
+// next compute, or runs foldIdle after the last one), so a comparison of
+// the two waits for this first.
+func (c *counterBackend) settled() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.staged) == 0
+}
+
 func (c *counterBackend) Digest() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -479,6 +490,7 @@ func backupConvergesToPrimary(t *testing.T, bulk bool) {
 				waitFor(t, "all replies", func() bool { return h.sink.count() >= n })
 				waitFor(t, "backup durable to n", func() bool { return maxSeqOf(h.backups["a"]) == n })
 				waitFor(t, "durability notice of n", func() bool { return h.durable.get("a") == n })
+				waitFor(t, "the primary installed its last update", prim.settled)
 				if d := bkStateDigest(h.backups["a"]); prim.Digest() != d {
 					t.Fatalf("backup applied state %s != primary state %s", d, prim.Digest())
 				}
