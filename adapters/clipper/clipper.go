@@ -291,7 +291,7 @@ func (b *Backend) predict(ctx context.Context, body []byte, rows int) ([]answer,
 			if expl == "" {
 				expl = "no explanation given"
 			}
-			return nil, status.Errorf(codes.Unavailable, "clipper %s: row %d got the app's default output instead of a prediction: %s", b.cfg.App, i, expl)
+			return nil, &fallbackError{app: b.cfg.App, row: i, explanation: expl}
 		}
 		if a.Output == nil {
 			return nil, status.Errorf(codes.Internal, "clipper %s predict: answer %d has no output", b.cfg.App, i)
@@ -477,7 +477,41 @@ func (b *Backend) Health(ctx context.Context) error {
 		return status.Errorf(codes.Internal, "clipper %s: health probe: %v", b.cfg.App, err)
 	}
 	_, err = b.predict(ctx, body, rows)
+	if fe := (*fallbackError)(nil); errors.As(err, &fe) {
+		// The probe proves the app answers: one that falls back cannot
+		// serve, which is what Unavailable tells the sidecar.
+		return status.Errorf(codes.Unavailable, "clipper %s: health probe: %s", b.cfg.App, fe.message())
+	}
 	return err
+}
+
+// fallbackError is an answer carrying the application's default output:
+// Clipper gave up on the models for that query. It fails the batch with
+// DeadlineExceeded when the models missed the app's latency SLO and
+// FailedPrecondition otherwise (no model linked, ...): errors of that
+// query, never Unavailable, which the sidecar reads as its model server
+// being unreachable (it holds the batch and, after BackendLostAfter,
+// stops so that the manager fails over, which cannot help a Clipper that
+// is up and answering).
+type fallbackError struct {
+	app         string
+	row         int
+	explanation string
+}
+
+func (e *fallbackError) message() string {
+	return fmt.Sprintf("row %d got the app's default output instead of a prediction: %s", e.row, e.explanation)
+}
+
+func (e *fallbackError) Error() string { return e.GRPCStatus().Message() }
+
+// GRPCStatus makes status.Code and status.FromError see the code.
+func (e *fallbackError) GRPCStatus() *status.Status {
+	code := codes.FailedPrecondition
+	if strings.Contains(strings.ToLower(e.explanation), "slo") || strings.Contains(strings.ToLower(e.explanation), "latency") {
+		code = codes.DeadlineExceeded
+	}
+	return status.New(code, fmt.Sprintf("clipper %s: %s", e.app, e.message()))
 }
 
 // Close releases idle connections of the default client.

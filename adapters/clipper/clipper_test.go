@@ -114,8 +114,13 @@ func (f *fakeClipper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			out = `{"x": 1}`
 		}
 		a := fmt.Sprintf(`{"query_id":%d,"output":%s,"default":false}`, id, out)
-		if mode == "default" && i == len(rows)-1 {
-			a = fmt.Sprintf(`{"query_id":%d,"output":-1,"default":true,"default_explanation":"Failed to retrieve a prediction response within the specified latency SLO"}`, id)
+		if (mode == "default" || mode == "default-unlinked") && i == len(rows)-1 {
+			// Clipper's two explanations (query_frontend.hpp).
+			expl := "Failed to retrieve a prediction response within the specified latency SLO"
+			if mode == "default-unlinked" {
+				expl = "No connected models found for query"
+			}
+			a = fmt.Sprintf(`{"query_id":%d,"output":-1,"default":true,"default_explanation":%q}`, id, expl)
 		}
 		answers = append(answers, a)
 	}
@@ -292,14 +297,25 @@ func TestPredictSingleAndBatch(t *testing.T) {
 	wantCode(t, "fraction as INT64", err, codes.Internal, "3.5")
 }
 
+// A default answer fails the batch with a code of that query's failure,
+// never Unavailable: the sidecar reads Unavailable as its model server
+// being down (it holds the batch and then stops for a failover).
 func TestDefaultFallbackIsAnError(t *testing.T) {
 	f, srv := startFake(t)
 	b := newB(t, srv.URL, nil)
-	f.set("default", 0)
-	for _, rows := range [][]uint32{{1}, {1, 1}} {
-		vals := make([]float32, 2*len(rows))
-		_, err := b.Infer(ctxT(t), batch(rows, vals...))
-		wantCode(t, "default", err, codes.Unavailable, "default output", "latency SLO")
+	for mode, want := range map[string]struct {
+		code codes.Code
+		text string
+	}{
+		"default":          {codes.DeadlineExceeded, "latency SLO"},
+		"default-unlinked": {codes.FailedPrecondition, "No connected models"},
+	} {
+		f.set(mode, 0)
+		for _, rows := range [][]uint32{{1}, {1, 1}} {
+			vals := make([]float32, 2*len(rows))
+			_, err := b.Infer(ctxT(t), batch(rows, vals...))
+			wantCode(t, mode, err, want.code, "default output", want.text)
+		}
 	}
 }
 

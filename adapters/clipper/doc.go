@@ -20,9 +20,13 @@
 //
 // "default": true means Clipper gave up on the models (latency SLO missed,
 // no model linked) and answered the application's default output. That is
-// not a prediction: the adapter fails the batch with Unavailable naming
-// the default_explanation, so the sidecar and the client see an error,
-// never a made-up answer.
+// not a prediction: the adapter fails the batch naming the
+// default_explanation, so the sidecar and the client see an error, never a
+// made-up answer. The code is DeadlineExceeded for a missed latency SLO
+// and FailedPrecondition otherwise, never Unavailable: that would make the
+// sidecar hold the batch as if its model server were unreachable and then
+// stop for a failover, which cannot help a query frontend that is up and
+// answering. A health probe that gets the default output is Unavailable.
 //
 // Errors: HTTP status codes map to gRPC codes (400 InvalidArgument, 404
 // NotFound, 408/504 DeadlineExceeded, 413/429 ResourceExhausted, 501
