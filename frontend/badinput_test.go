@@ -84,7 +84,7 @@ services: [{name: s, edges: [[frontend, a], [a, frontend]]}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newServiceInfo(&dep.Services[0])
+	s := newServiceInfo(dep, &dep.Services[0])
 	in := []*hamsv1.Tensor{
 		tensor.FromFloat32("small", []int64{2}, []float32{1, 2}),
 		tensor.FromFloat32("big", []int64{4}, []float32{1, 2, 3, 4}),

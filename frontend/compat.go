@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -32,9 +33,13 @@ import (
 // for a service with several sinks, "<sink model>/<tensor>". KServe's
 // "sequence_id" parameter becomes the stream id (TF Serving has none: the
 // frontend's default applies), and a string parameter "request_id" the
-// idempotency key. Model versions are not checked: HAMS serves whatever
-// the deployment runs. Calls for a pass-through model (ha: off, no
-// sidecar) are forwarded to its backend instead (passthrough.go).
+// idempotency key. A service has one version: backend.version of a
+// one-model service's model when it is a number, else 1; a backend.version
+// that is not a number is the service's version label (TF Serving's
+// version_label; KServe's model_version accepts the number or the label).
+// A request naming another version or label is NotFound, as it is from the
+// servers themselves. Calls for a pass-through model (ha: off, no sidecar)
+// are forwarded to its backend instead (passthrough.go).
 
 // Compatibility names.
 const (
@@ -148,14 +153,41 @@ func (f *Frontend) tfService(spec *tfapis.ModelSpec, checkSig bool) (*serviceInf
 	if err != nil {
 		return nil, err
 	}
+	switch v := spec.GetVersionChoice().(type) {
+	case *tfapis.ModelSpec_Version:
+		if v.Version != nil && v.Version.GetValue() != s.version {
+			return nil, status.Errorf(codes.NotFound, "model %q: version %d not found (serves version %d)", spec.GetName(), v.Version.GetValue(), s.version)
+		}
+	case *tfapis.ModelSpec_VersionLabel:
+		if v.VersionLabel != "" && v.VersionLabel != s.label {
+			return nil, status.Errorf(codes.NotFound, "model %q: version label %q not found (%s)", spec.GetName(), v.VersionLabel, s.labels())
+		}
+	}
 	if sig := spec.GetSignatureName(); checkSig && sig != "" && sig != CompatSignature {
 		return nil, status.Errorf(codes.InvalidArgument, "model %q: serving signature %q not found (only %q)", spec.GetName(), sig, CompatSignature)
 	}
 	return s, nil
 }
 
-func tfRespSpec(name string) *tfapis.ModelSpec {
-	return &tfapis.ModelSpec{Name: name, VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(compatVersion)}, SignatureName: CompatSignature}
+// labels describes the service's version labels for an error message.
+func (s *serviceInfo) labels() string {
+	if s.label == "" {
+		return "it has no version labels"
+	}
+	return fmt.Sprintf("its label is %q", s.label)
+}
+
+// kserveVersion checks a KServe model_version: empty, the service's
+// version number, or its label.
+func (s *serviceInfo) kserveVersion(model, v string) error {
+	if v == "" || v == strconv.FormatInt(s.version, 10) || (s.label != "" && v == s.label) {
+		return nil
+	}
+	return status.Errorf(codes.NotFound, "model %q: version %q not found (serves version %d; %s)", model, v, s.version, s.labels())
+}
+
+func tfRespSpec(name string, s *serviceInfo) *tfapis.ModelSpec {
+	return &tfapis.ModelSpec{Name: name, VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(s.version)}, SignatureName: CompatSignature}
 }
 
 func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictRequest) (*tfapis.PredictResponse, error) {
@@ -185,7 +217,7 @@ func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictReques
 	if err != nil {
 		return nil, err
 	}
-	out := &tfapis.PredictResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName()), Outputs: make(map[string]*tfpb.TensorProto, len(outs))}
+	out := &tfapis.PredictResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName(), svc), Outputs: make(map[string]*tfpb.TensorProto, len(outs))}
 	for _, o := range outs {
 		tp, err := wire.ToTensorProto(o)
 		if err != nil {
@@ -225,7 +257,7 @@ func (s *tfPredictServer) GetModelMetadata(ctx context.Context, req *tfapis.GetM
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode signature_def: %v", err)
 	}
-	return &tfapis.GetModelMetadataResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName()), Metadata: map[string]*anypb.Any{"signature_def": anyv}}, nil
+	return &tfapis.GetModelMetadataResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName(), svc), Metadata: map[string]*anypb.Any{"signature_def": anyv}}, nil
 }
 
 func (s *tfModelServer) GetModelStatus(ctx context.Context, req *tfapis.GetModelStatusRequest) (*tfapis.GetModelStatusResponse, error) {
@@ -236,7 +268,7 @@ func (s *tfModelServer) GetModelStatus(ctx context.Context, req *tfapis.GetModel
 	if err != nil {
 		return nil, err
 	}
-	st := &tfapis.ModelVersionStatus{Version: compatVersion, State: tfapis.ModelVersionStatus_AVAILABLE, Status: &tfapis.StatusProto{}}
+	st := &tfapis.ModelVersionStatus{Version: svc.version, State: tfapis.ModelVersionStatus_AVAILABLE, Status: &tfapis.StatusProto{}}
 	if missing := s.f.serviceUnresolved(svc); len(missing) > 0 {
 		st.State = tfapis.ModelVersionStatus_LOADING
 		st.Status = &tfapis.StatusProto{ErrorCode: int32(codes.Unavailable),
@@ -274,6 +306,9 @@ func (s *kserveServer) ModelReady(ctx context.Context, req *inference.ModelReady
 	if err != nil {
 		return nil, err
 	}
+	if err := svc.kserveVersion(req.GetName(), req.GetVersion()); err != nil {
+		return nil, err
+	}
 	return &inference.ModelReadyResponse{Ready: len(s.f.serviceUnresolved(svc)) == 0}, nil
 }
 
@@ -289,7 +324,10 @@ func (s *kserveServer) ModelMetadata(ctx context.Context, req *inference.ModelMe
 	if err != nil {
 		return nil, err
 	}
-	out := &inference.ModelMetadataResponse{Name: req.GetName(), Versions: []string{fmt.Sprint(compatVersion)}, Platform: "hams-go"}
+	if err := svc.kserveVersion(req.GetName(), req.GetVersion()); err != nil {
+		return nil, err
+	}
+	out := &inference.ModelMetadataResponse{Name: req.GetName(), Versions: []string{strconv.FormatInt(svc.version, 10)}, Platform: "hams-go"}
 	for _, in := range svc.inputs {
 		shape := in.Shape
 		if shape == nil {
@@ -306,6 +344,9 @@ func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInfer
 	}
 	svc, err := s.f.modelService(req.GetModelName())
 	if err != nil {
+		return nil, err
+	}
+	if err := svc.kserveVersion(req.GetModelName(), req.GetModelVersion()); err != nil {
 		return nil, err
 	}
 	hasRaw := len(req.GetRawInputContents()) > 0
@@ -350,7 +391,7 @@ func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInfer
 	if err != nil {
 		return nil, err
 	}
-	out := &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: fmt.Sprint(compatVersion), Id: req.GetId()}
+	out := &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: strconv.FormatInt(svc.version, 10), Id: req.GetId()}
 	for _, o := range outs {
 		out.Outputs = append(out.Outputs, wire.InferOutput(o))
 		out.RawOutputContents = append(out.RawOutputContents, o.GetData())

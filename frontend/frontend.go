@@ -308,7 +308,7 @@ func New(cfg Config) (*Frontend, error) {
 			f.pass[p.model], f.pass[p.service] = p, p
 			continue
 		}
-		s := newServiceInfo(&d.Services[i])
+		s := newServiceInfo(d, &d.Services[i])
 		if len(s.entries) == 0 || len(s.sinks) == 0 {
 			f.closePass()
 			return nil, fmt.Errorf("%w: service %q has no entry or no sink model", ErrConfig, s.name)

@@ -3,6 +3,7 @@ package frontend
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,18 +22,36 @@ type serviceInfo struct {
 	models  []string // topological order
 	inputs  []config.TensorSpec
 	graph   *config.Graph
+	// version and label are what the compatibility APIs serve: the one
+	// version of the service (backend.version of a one-model service's
+	// model when it is a number, else 1) and its label (backend.version
+	// when it is not a number, else none). Any other version or label is
+	// NotFound.
+	version int64
+	label   string
 }
 
-func newServiceInfo(s *config.Service) *serviceInfo {
+func newServiceInfo(d *config.Deployment, s *config.Service) *serviceInfo {
 	g := s.Graph()
-	return &serviceInfo{
+	info := &serviceInfo{
 		graph:   g,
 		name:    s.Name,
 		entries: append([]string(nil), g.Entries()...),
 		sinks:   g.Sinks(),
 		models:  g.Models(),
 		inputs:  s.Inputs,
+		version: compatVersion,
 	}
+	if len(info.models) == 1 {
+		if m := d.Model(info.models[0]); m != nil && m.Backend.Version != "" {
+			if v, err := strconv.ParseInt(m.Backend.Version, 10, 64); err == nil && v > 0 {
+				info.version = v
+			} else {
+				info.label = m.Backend.Version
+			}
+		}
+	}
+	return info
 }
 
 // proto describes the service for ListServices.
