@@ -609,8 +609,17 @@ func TestLeaderRetakesEntryFencedByAnotherFrontend(t *testing.T) {
 	resB.set(config.Frontend, fb.addr)
 	eventually(t, "b believes it leads", fb.fe.isLeader)
 	// b injects a request: the entry model moves to b's incarnation (the
-	// sink items go to a, which does not wait for them; b's client gives up).
-	_, _ = fb.client.Predict(ctxT(t, 300*time.Millisecond), &hamsv1.PredictRequest{Service: "echo", RequestId: "r-2", Inputs: echoInputs(1, 2)})
+	// sink items go to a, which does not wait for them; b's client gives up
+	// once the entry model executed it).
+	bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	bdone := make(chan struct{})
+	go func() {
+		defer close(bdone)
+		_, _ = fb.client.Predict(bctx, &hamsv1.PredictRequest{Service: "echo", RequestId: "r-2", Inputs: echoInputs(1, 2)})
+	}()
+	eventually(t, "the entry model executed b's request", func() bool { return e.models["a"].executed.Load() >= 2 })
+	bcancel()
+	<-bdone
 	resB.set(config.Frontend, e.fe.cfg.Address)
 	eventually(t, "b no longer leads", func() bool { return !fb.fe.isLeader() })
 

@@ -239,6 +239,28 @@ func (d *Deployment) applyDefaults() {
 			}
 		}
 	}
+	d.addImplicitServices()
+}
+
+// addImplicitServices gives every model that no service's edges name a
+// one-model service of its own name, [[frontend, m], [m, frontend]], so a
+// model is served by its one line under models: (retrofit). A model whose
+// name a service already takes gets none; Validate reports it.
+func (d *Deployment) addImplicitServices() {
+	named := map[string]bool{}
+	for _, s := range d.Services {
+		named[s.Name] = true
+		for _, e := range s.Edges {
+			named[e[0]], named[e[1]] = true, true
+		}
+	}
+	for _, m := range d.Models {
+		if m.Name == "" || named[m.Name] {
+			continue
+		}
+		named[m.Name] = true
+		d.Services = append(d.Services, Service{Name: m.Name, Edges: [][2]string{{Frontend, m.Name}, {m.Name, Frontend}}})
+	}
 }
 
 func invalid(format string, a ...any) error {
@@ -348,6 +370,11 @@ func (d *Deployment) Validate() error {
 		}
 		seenSvc[s.Name] = true
 		errs = append(errs, d.validateService(s, models, owner)...)
+	}
+	for _, m := range d.Models {
+		if _, ok := owner[m.Name]; !ok && m.Name != "" && seenSvc[m.Name] {
+			errs = append(errs, invalid("model %q is in no service, and the one-model service it would get is taken: service %q does not include it (name it in that service's edges or rename one of them)", m.Name, m.Name))
+		}
 	}
 	return errors.Join(errs...)
 }

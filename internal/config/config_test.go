@@ -29,6 +29,30 @@ services:
     edges: [[frontend, a], [a, b], [a, c], [b, d], [c, d], [d, frontend]]
 `
 
+// A model that no service names is served by its one line: an implicit
+// one-model service of its name.
+func TestModelWithoutServiceGetsItsOwn(t *testing.T) {
+	d, err := Parse([]byte(strings.SplitN(good, "services:", 2)[0] + "  - {name: solo, kind: prep, ha: off, backend: {type: tfserving, address: tf:8500}}\n" +
+		"services:\n  - {name: s, edges: [[frontend, a], [a, b], [b, frontend]]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range d.Services {
+		names = append(names, s.Name)
+	}
+	if got := strings.Join(names, ","); got != "s,c,d,solo" {
+		t.Fatalf("services %s, want s,c,d,solo", got)
+	}
+	g := d.Service("solo").Graph()
+	if got := strings.Join(g.Entries(), ","); got != "solo" || strings.Join(g.Sinks(), ",") != "solo" {
+		t.Fatalf("solo's service: entries %v sinks %v", g.Entries(), g.Sinks())
+	}
+	if !d.PassThrough("solo") {
+		t.Fatal("solo is not pass-through")
+	}
+}
+
 func TestParseGoodAppliesDefaults(t *testing.T) {
 	d, err := Parse([]byte(good))
 	if err != nil {
@@ -89,7 +113,8 @@ func TestValidationErrors(t *testing.T) {
 		{"duplicate edge", strings.Replace(good, "[a, b],", "[a, b], [a, b],", 1), "listed twice"},
 		{"ha stateful on stateless", strings.Replace(good, "kind: knn", "kind: knn\n    ha: stateful", 1), "not marked stateful"},
 		{"backend without address or kind", strings.Replace(good, "kind: knn", "backend: {type: tfserving}", 1), "needs an address"},
-		{"no services", strings.SplitN(good, "services:", 2)[0], "no services"},
+		{"model in no service, its name taken by another service", strings.Replace(good, "  - name: d\n", "  - name: s2\n    kind: prep\n  - name: d\n", 1) +
+			"  - {name: s2, edges: [[frontend, c], [c, frontend]]}\n", `model "s2" is in no service`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
