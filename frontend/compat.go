@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
@@ -244,20 +245,28 @@ func (s *tfPredictServer) GetModelMetadata(ctx context.Context, req *tfapis.GetM
 	}
 	def := &tfapis.SignatureDef{Inputs: map[string]*tfapis.TensorInfo{}, Outputs: map[string]*tfapis.TensorInfo{}, MethodName: "tensorflow/serving/predict"}
 	for _, in := range svc.inputs {
-		dt, _ := wire.TFDataType(in.Datatype)
-		ti := &tfapis.TensorInfo{Name: in.Name + ":0", Dtype: dt}
-		if in.Shape != nil {
-			ti.TensorShape = wire.TFShape(in.Shape)
-		} else {
-			ti.TensorShape = &tfpb.TensorShapeProto{UnknownRank: true}
-		}
-		def.Inputs[in.Name] = ti
+		def.Inputs[in.Name] = tfTensorInfo(in)
+	}
+	for _, out := range svc.outputs {
+		def.Outputs[out.Name] = tfTensorInfo(out)
 	}
 	anyv, err := anypb.New(&tfapis.SignatureDefMap{SignatureDef: map[string]*tfapis.SignatureDef{CompatSignature: def}})
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode signature_def: %v", err)
 	}
 	return &tfapis.GetModelMetadataResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName(), svc), Metadata: map[string]*anypb.Any{"signature_def": anyv}}, nil
+}
+
+// tfTensorInfo is a declared tensor as a signature_def lists it.
+func tfTensorInfo(spec config.TensorSpec) *tfapis.TensorInfo {
+	dt, _ := wire.TFDataType(spec.Datatype)
+	ti := &tfapis.TensorInfo{Name: spec.Name + ":0", Dtype: dt}
+	if spec.Shape != nil {
+		ti.TensorShape = wire.TFShape(spec.Shape)
+	} else {
+		ti.TensorShape = &tfpb.TensorShapeProto{UnknownRank: true}
+	}
+	return ti
 }
 
 func (s *tfModelServer) GetModelStatus(ctx context.Context, req *tfapis.GetModelStatusRequest) (*tfapis.GetModelStatusResponse, error) {
@@ -329,13 +338,22 @@ func (s *kserveServer) ModelMetadata(ctx context.Context, req *inference.ModelMe
 	}
 	out := &inference.ModelMetadataResponse{Name: req.GetName(), Versions: []string{strconv.FormatInt(svc.version, 10)}, Platform: "hams-go"}
 	for _, in := range svc.inputs {
-		shape := in.Shape
-		if shape == nil {
-			shape = []int64{-1}
-		}
-		out.Inputs = append(out.Inputs, &inference.ModelMetadataResponse_TensorMetadata{Name: in.Name, Datatype: in.Datatype, Shape: shape})
+		out.Inputs = append(out.Inputs, kserveTensorMetadata(in))
+	}
+	for _, o := range svc.outputs {
+		out.Outputs = append(out.Outputs, kserveTensorMetadata(o))
 	}
 	return out, nil
+}
+
+// kserveTensorMetadata is a declared tensor as ModelMetadata lists it (an
+// undeclared shape is [-1]).
+func kserveTensorMetadata(spec config.TensorSpec) *inference.ModelMetadataResponse_TensorMetadata {
+	shape := spec.Shape
+	if shape == nil {
+		shape = []int64{-1}
+	}
+	return &inference.ModelMetadataResponse_TensorMetadata{Name: spec.Name, Datatype: spec.Datatype, Shape: shape}
 }
 
 func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {

@@ -25,6 +25,8 @@ models:
 services:
   - name: echo
     edges: [[frontend, a], [a, frontend]]
+    inputs: [{name: images, datatype: FP32, shape: [-1, 4]}]
+    outputs: [{name: images, datatype: FP32, shape: [-1, 4]}]
   - name: lab
     edges: [[frontend, b], [b, frontend]]
 `
@@ -115,5 +117,36 @@ func TestCompatVersions(t *testing.T) {
 		wantStatus(t, "ready "+c.model+" "+c.v, err, codes.NotFound, c.v)
 		_, err = ks.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: c.model, Version: c.v})
 		wantStatus(t, "metadata "+c.model+" "+c.v, err, codes.NotFound, c.v)
+	}
+}
+
+// Metadata answers list the service's declared outputs, so clients that
+// discover output names from metadata find them.
+func TestCompatMetadataListsDeclaredOutputs(t *testing.T) {
+	e := newEnvWith(t, envOpts{yaml: versionYAML})
+	tf, _, ks := e.compatClients()
+	ctx := ctxT(t, 10*time.Second)
+	md, err := tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: tfSpec("echo"), MetadataField: []string{"signature_def"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sigs := &tfapis.SignatureDefMap{}
+	if err := md.Metadata["signature_def"].UnmarshalTo(sigs); err != nil {
+		t.Fatal(err)
+	}
+	out := sigs.SignatureDef[CompatSignature].GetOutputs()["images"]
+	if out.GetDtype() != tfpb.DataType_DT_FLOAT || len(out.GetTensorShape().GetDim()) != 2 || out.GetTensorShape().GetDim()[1].GetSize() != 4 {
+		t.Fatalf("signature_def outputs %v", sigs.SignatureDef[CompatSignature].GetOutputs())
+	}
+	km, err := ks.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "echo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(km.GetOutputs()) != 1 || km.GetOutputs()[0].GetName() != "images" || km.GetOutputs()[0].GetDatatype() != "FP32" || len(km.GetOutputs()[0].GetShape()) != 2 {
+		t.Fatalf("ModelMetadata outputs %v", km.GetOutputs())
+	}
+	// None declared: none listed.
+	if km, err := ks.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "lab"}); err != nil || len(km.GetOutputs()) != 0 {
+		t.Fatalf("lab's metadata: %v %v", km, err)
 	}
 }

@@ -21,6 +21,7 @@ type serviceInfo struct {
 	sinks   []string // models feeding the frontend, sorted by name
 	models  []string // topological order
 	inputs  []config.TensorSpec
+	outputs []config.TensorSpec
 	graph   *config.Graph
 	// version and label are what the compatibility APIs serve: the one
 	// version of the service (backend.version of a one-model service's
@@ -40,6 +41,7 @@ func newServiceInfo(d *config.Deployment, s *config.Service) *serviceInfo {
 		sinks:   g.Sinks(),
 		models:  g.Models(),
 		inputs:  s.Inputs,
+		outputs: s.Outputs,
 		version: compatVersion,
 	}
 	if len(info.models) == 1 {

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/loadgen"
@@ -319,6 +320,52 @@ func TestRetrofitUp(t *testing.T) {
 				t.Fatalf("batch %d: KServe via HAMS vs model server: %s", i, why)
 			}
 			matched["kserve"]++
+		}
+	}
+
+	// Metadata names the output the model server names, and a version
+	// neither serves is NotFound from both.
+	{
+		c, cancel := ctx()
+		defer cancel()
+		outputsOf := func(via *tfapisConns) (string, string) {
+			t.Helper()
+			md, err := via.tf.GetModelMetadata(c, &tfapis.GetModelMetadataRequest{ModelSpec: spec, MetadataField: []string{"signature_def"}})
+			if err != nil {
+				t.Fatalf("GetModelMetadata: %v", err)
+			}
+			sigs := &tfapis.SignatureDefMap{}
+			if err := md.GetMetadata()["signature_def"].UnmarshalTo(sigs); err != nil {
+				t.Fatal(err)
+			}
+			km, err := via.ks.ModelMetadata(c, &inference.ModelMetadataRequest{Name: "fashion"})
+			if err != nil {
+				t.Fatalf("ModelMetadata: %v", err)
+			}
+			var tfOut, ksOut []string
+			for n, ti := range sigs.GetSignatureDef()["serving_default"].GetOutputs() {
+				tfOut = append(tfOut, n+":"+ti.GetDtype().String())
+			}
+			for _, o := range km.GetOutputs() {
+				ksOut = append(ksOut, o.GetName()+":"+o.GetDatatype())
+			}
+			return strings.Join(tfOut, ","), strings.Join(ksOut, ",")
+		}
+		dtf, dks := outputsOf(dir)
+		htf, hks := outputsOf(viaTF)
+		if dtf != htf || dks != hks || htf == "" || hks == "" {
+			t.Fatalf("metadata outputs: model server %q / %q, via HAMS %q / %q", dtf, dks, htf, hks)
+		}
+		for _, via := range []*tfapisConns{dir, viaTF} {
+			_, err := via.tf.Predict(c, &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion", VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(9)}},
+				Inputs: map[string]*tfpb.TensorProto{"images": tfImages(batches[0].rows, false)}})
+			if status.Code(err) != codes.NotFound {
+				t.Fatalf("Predict of version 9: %v, want NotFound", err)
+			}
+			_, err = via.ks.ModelInfer(c, &inference.ModelInferRequest{ModelName: "fashion", ModelVersion: "9"})
+			if status.Code(err) != codes.NotFound {
+				t.Fatalf("ModelInfer of version 9: %v, want NotFound", err)
+			}
 		}
 	}
 

@@ -162,6 +162,11 @@ type Service struct {
 	Edges [][2]string `yaml:"edges"`
 	// Inputs the client sends (documentation and request validation).
 	Inputs []TensorSpec `yaml:"inputs"`
+	// Outputs the client gets back, as the compatibility APIs name them
+	// (tensor names; "<sink model>/<tensor>" for several sinks): what
+	// TF Serving's GetModelMetadata and KServe's ModelMetadata answer
+	// (documentation only: replies are not checked against them).
+	Outputs []TensorSpec `yaml:"outputs"`
 }
 
 // TensorSpec describes a client input.
