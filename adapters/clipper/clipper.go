@@ -72,9 +72,46 @@ type Config struct {
 }
 
 // ConfigFrom builds a Config from a deployment's model backend entry: the
-// address, the app name (Backend.Model) and the timeout.
-func ConfigFrom(b config.Backend) Config {
-	return Config{Address: b.Address, App: b.Model, Timeout: b.Timeout.D()}
+// address, the app name (Backend.Model), the timeout, and the tensors of
+// backend.clipper (a health probe's numbers become a one-row tensor of
+// the input datatype, FP32 when unset; New validates the rest).
+func ConfigFrom(b config.Backend) (Config, error) {
+	c := b.Clipper
+	cfg := Config{Address: b.Address, App: b.Model, Timeout: b.Timeout.D(),
+		Input: c.Input, InputDatatype: c.InputDatatype, Output: c.Output, OutputDatatype: c.OutputDatatype}
+	if len(c.HealthProbe) > 0 {
+		name := c.Input
+		if name == "" {
+			name = DefaultInput
+		}
+		dt := c.InputDatatype
+		if dt == "" {
+			dt = tensor.FP32
+		}
+		es := tensor.ElemSize(dt)
+		data := make([]byte, 0, es*len(c.HealthProbe))
+		for _, x := range c.HealthProbe {
+			switch dt {
+			case tensor.FP32:
+				data = binary.LittleEndian.AppendUint32(data, math.Float32bits(float32(x)))
+			case tensor.FP64:
+				data = binary.LittleEndian.AppendUint64(data, math.Float64bits(x))
+			case tensor.Int32, tensor.Int64:
+				if x != math.Trunc(x) || (dt == tensor.Int32 && (x < math.MinInt32 || x > math.MaxInt32)) || math.Abs(x) > 1<<53 {
+					return Config{}, fmt.Errorf("%w: health probe value %v is not an integer of input datatype %s", ErrConfig, x, dt)
+				}
+				if dt == tensor.Int32 {
+					data = binary.LittleEndian.AppendUint32(data, uint32(int32(x)))
+				} else {
+					data = binary.LittleEndian.AppendUint64(data, uint64(int64(x)))
+				}
+			default:
+				return Config{}, fmt.Errorf("%w: a health probe needs a numeric input datatype (FP32, FP64, INT32, INT64), not %q", ErrConfig, dt)
+			}
+		}
+		cfg.HealthProbe = &hamsv1.Tensor{Name: name, Datatype: dt, Shape: []int64{1, int64(len(c.HealthProbe))}, Data: data}
+	}
+	return cfg, nil
 }
 
 // Backend drives one Clipper application.

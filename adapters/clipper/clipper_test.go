@@ -2,6 +2,7 @@ package clipper
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/tensor"
@@ -217,9 +219,9 @@ func TestNewValidates(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	c := ConfigFrom(config.Backend{Address: "h:1337", Model: "app", Timeout: config.Duration(time.Second)})
-	if c.Address != "h:1337" || c.App != "app" || c.Timeout != time.Second {
-		t.Fatalf("ConfigFrom %+v", c)
+	c, err := ConfigFrom(config.Backend{Address: "h:1337", Model: "app", Timeout: config.Duration(time.Second)})
+	if err != nil || c.Address != "h:1337" || c.App != "app" || c.Timeout != time.Second || c.HealthProbe != nil {
+		t.Fatalf("ConfigFrom %+v %v", c, err)
 	}
 	b, err := New(Config{Address: "h:1337", App: "app"})
 	if err != nil || b.predictURL != "http://h:1337/app/predict" || b.metricsURL != "http://h:1337/metrics" {
@@ -228,6 +230,53 @@ func TestNewValidates(t *testing.T) {
 	d, _ := b.Describe(context.Background())
 	if d.Kind != Kind || d.Inputs[0].Name != DefaultInput || d.Outputs[0].Name != DefaultOutput || d.Outputs[0].Datatype != "FP32" {
 		t.Fatalf("describe %v", d)
+	}
+}
+
+// backend.clipper of a deployment reaches the adapter: tensor names and
+// datatypes, and a health probe as a one-row tensor of the input datatype.
+func TestConfigFromClipperTensors(t *testing.T) {
+	for _, c := range []struct {
+		dt   string
+		want *hamsv1.Tensor
+	}{
+		{"", tensor.FromFloat32("pixels", []int64{1, 2}, []float32{0.5, 2})},
+		{"FP32", tensor.FromFloat32("pixels", []int64{1, 2}, []float32{0.5, 2})},
+		{"INT64", tensor.FromInt64("pixels", []int64{1, 2}, []int64{3, -4})},
+	} {
+		vals := []float64{0.5, 2}
+		if c.dt == "INT64" {
+			vals = []float64{3, -4}
+		}
+		cfg, err := ConfigFrom(config.Backend{Address: "h:1337", Model: "app", Clipper: config.ClipperTensors{
+			Input: "pixels", InputDatatype: c.dt, Output: "label", OutputDatatype: "INT64", HealthProbe: vals}})
+		if err != nil {
+			t.Fatalf("%q: %v", c.dt, err)
+		}
+		if cfg.Input != "pixels" || cfg.Output != "label" || cfg.OutputDatatype != "INT64" || cfg.InputDatatype != c.dt {
+			t.Fatalf("%q: config %+v", c.dt, cfg)
+		}
+		if !proto.Equal(cfg.HealthProbe, c.want) {
+			t.Fatalf("%q: probe %v, want %v", c.dt, cfg.HealthProbe, c.want)
+		}
+		if _, err := New(cfg); err != nil {
+			t.Fatalf("%q: New: %v", c.dt, err)
+		}
+	}
+	probe := []int32{7, -1}
+	cfg, err := ConfigFrom(config.Backend{Address: "h:1337", Model: "app", Clipper: config.ClipperTensors{InputDatatype: "INT32", HealthProbe: []float64{7, -1}}})
+	if err != nil || cfg.HealthProbe.GetDatatype() != "INT32" || len(cfg.HealthProbe.GetData()) != 8 || cfg.HealthProbe.GetName() != DefaultInput ||
+		int32(binary.LittleEndian.Uint32(cfg.HealthProbe.GetData()[4:])) != probe[1] {
+		t.Fatalf("INT32 probe %v %v", cfg.HealthProbe, err)
+	}
+	for what, c := range map[string]config.ClipperTensors{
+		"fraction as INT64": {InputDatatype: "INT64", HealthProbe: []float64{1.5}},
+		"INT32 overflow":    {InputDatatype: "INT32", HealthProbe: []float64{1 << 40}},
+		"BYTES probe":       {InputDatatype: "BYTES", HealthProbe: []float64{1}},
+	} {
+		if _, err := ConfigFrom(config.Backend{Address: "h:1337", Model: "app", Clipper: c}); !errors.Is(err, ErrConfig) {
+			t.Fatalf("%s: %v", what, err)
+		}
 	}
 }
 

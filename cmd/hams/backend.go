@@ -135,7 +135,10 @@ func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log 
 		}
 		return be, func() { cc.Close() }, nil
 	case "clipper":
-		cfg := clipper.ConfigFrom(m.Backend)
+		cfg, err := clipper.ConfigFrom(m.Backend)
+		if err != nil {
+			return nil, nil, fmt.Errorf("model %q: %w", m.Name, err)
+		}
 		cfg.Address = addr
 		cfg.Logger = log
 		be, err := clipper.New(cfg)

@@ -134,6 +134,51 @@ type Backend struct {
 	StateMemory string `yaml:"state_memory"`
 	// CUDADevice is the device ordinal of state_memory cuda (default 0).
 	CUDADevice int `yaml:"cuda_device"`
+	// Clipper names a clipper application's tensors (type clipper only).
+	Clipper ClipperTensors `yaml:"clipper"`
+}
+
+// ClipperTensors describes what a Clipper application takes and answers:
+// Clipper's REST API has no names or datatypes of its own.
+type ClipperTensors struct {
+	// Input names the one input tensor (default "input").
+	Input string `yaml:"input"`
+	// InputDatatype is declared to the sidecar (default: none, any
+	// numeric or BYTES tensor is accepted).
+	InputDatatype string `yaml:"input_datatype"`
+	// Output names the output tensor (default "output").
+	Output string `yaml:"output"`
+	// OutputDatatype: FP32 (default), FP64, INT32, INT64 or BYTES.
+	OutputDatatype string `yaml:"output_datatype"`
+	// HealthProbe is one input row that health checks predict (after
+	// GET /metrics); an answer with the app's default output is
+	// unhealthy. Numbers, sent as input_datatype (FP32 when unset).
+	HealthProbe []float64 `yaml:"health_probe"`
+}
+
+// ClipperOutputDatatypes lists the values of ClipperTensors.OutputDatatype.
+var ClipperOutputDatatypes = []string{"FP32", "FP64", "INT32", "INT64", "BYTES"}
+
+// clipperProbeDatatypes are the input datatypes a health probe's numbers
+// can be sent as.
+var clipperProbeDatatypes = []string{"", "FP32", "FP64", "INT32", "INT64"}
+
+func (b *Backend) validateClipper(where string) []error {
+	c := b.Clipper
+	if b.Type != "clipper" {
+		if c.Input != "" || c.InputDatatype != "" || c.Output != "" || c.OutputDatatype != "" || len(c.HealthProbe) > 0 {
+			return []error{invalid("%s: backend.clipper is for backend type clipper, not %s", where, b.Type)}
+		}
+		return nil
+	}
+	var errs []error
+	if c.OutputDatatype != "" && !oneOf(c.OutputDatatype, ClipperOutputDatatypes) {
+		errs = append(errs, invalid("%s: backend.clipper.output_datatype %q is not one of %s", where, c.OutputDatatype, strings.Join(ClipperOutputDatatypes, ", ")))
+	}
+	if len(c.HealthProbe) > 0 && !oneOf(c.InputDatatype, clipperProbeDatatypes) {
+		errs = append(errs, invalid("%s: backend.clipper.health_probe needs a numeric input_datatype (FP32, FP64, INT32, INT64), not %q", where, c.InputDatatype))
+	}
+	return errs
 }
 
 // StateMemories lists the values of Backend.StateMemory.
@@ -331,6 +376,7 @@ func (d *Deployment) Validate() error {
 			errs = append(errs, invalid("%s: backend type %s needs an address (a running server), or a kind for the deployment to start a server speaking that API", where, m.Backend.Type))
 		}
 		errs = append(errs, m.Backend.validateStateMemory(where, m.Stateful)...)
+		errs = append(errs, m.Backend.validateClipper(where)...)
 		if !oneOf(m.HA, []string{"off", "stateless", "stateful"}) {
 			errs = append(errs, invalid("%s: ha %q is not one of off, stateless, stateful", where, m.HA))
 		}

@@ -113,6 +113,10 @@ func TestValidationErrors(t *testing.T) {
 		{"duplicate edge", strings.Replace(good, "[a, b],", "[a, b], [a, b],", 1), "listed twice"},
 		{"ha stateful on stateless", strings.Replace(good, "kind: knn", "kind: knn\n    ha: stateful", 1), "not marked stateful"},
 		{"backend without address or kind", strings.Replace(good, "kind: knn", "backend: {type: tfserving}", 1), "needs an address"},
+		{"clipper tensors on a tfserving backend", strings.Replace(good, "kind: knn", "kind: knn\n    backend: {type: tfserving, clipper: {input: x}}", 1), "backend.clipper is for backend type clipper"},
+		{"clipper output datatype", strings.Replace(good, "kind: knn", "kind: knn\n    backend: {type: clipper, clipper: {output_datatype: FP16}}", 1), `output_datatype "FP16"`},
+		{"clipper probe of BYTES", strings.Replace(good, "kind: knn", "kind: knn\n    backend: {type: clipper, clipper: {input_datatype: BYTES, health_probe: [1]}}", 1), "needs a numeric input_datatype"},
+		{"clipper tensors", strings.Replace(good, "kind: knn", "kind: knn\n    backend: {type: clipper, clipper: {input: x, input_datatype: FP64, output: y, output_datatype: INT64, health_probe: [0.5, 1]}}", 1), ""},
 		{"model in no service, its name taken by another service", strings.Replace(good, "  - name: d\n", "  - name: s2\n    kind: prep\n  - name: d\n", 1) +
 			"  - {name: s2, edges: [[frontend, c], [c, frontend]]}\n", `model "s2" is in no service`},
 	}
