@@ -75,6 +75,13 @@ func startServer(t *testing.T) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, lis)
+}
+
+// serveOn runs a reference model server on lis until the test ends (or
+// stop).
+func serveOn(t *testing.T, lis net.Listener) *server {
+	t.Helper()
 	srv, err := refserver.New(refserver.Config{Deployment: deployment(t), Models: []string{"fashion", "seqx", "olx"}, GRPCListener: lis, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +160,9 @@ func (p *proxy) ModelMetadata(ctx context.Context, r *inference.ModelMetadataReq
 }
 func (p *proxy) SystemSharedMemoryRegister(ctx context.Context, r *inference.SystemSharedMemoryRegisterRequest) (*inference.SystemSharedMemoryRegisterResponse, error) {
 	return p.up.SystemSharedMemoryRegister(ctx, r)
+}
+func (p *proxy) SystemSharedMemoryStatus(ctx context.Context, r *inference.SystemSharedMemoryStatusRequest) (*inference.SystemSharedMemoryStatusResponse, error) {
+	return p.up.SystemSharedMemoryStatus(ctx, r)
 }
 func (p *proxy) SystemSharedMemoryUnregister(ctx context.Context, r *inference.SystemSharedMemoryUnregisterRequest) (*inference.SystemSharedMemoryUnregisterResponse, error) {
 	return p.up.SystemSharedMemoryUnregister(ctx, r)
