@@ -6,7 +6,10 @@
 // tensors in raw_input_contents, outputs read from raw or typed contents,
 // ModelMetadata as Describe, ServerLive + ServerReady + ModelReady as
 // Health. gRPC status codes of the server reach the sidecar unchanged, and
-// every call is bounded by Config.Timeout.
+// every call is bounded by Config.Timeout. The idempotent calls (metadata,
+// health, shared memory Status) are retried on Unavailable
+// (Config.Retries, internal/grpcretry); ModelInfer and shared memory
+// Register and Unregister are not.
 //
 // Stateful (NewStateful) drives a model that serves its state as explicit
 // tensors (state s is input s+"_in" and output s+"_out"). The adapter owns
