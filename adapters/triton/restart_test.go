@@ -134,8 +134,10 @@ func TestRestartedServerGetsRegionsAgain(t *testing.T) {
 }
 
 // TestBadInputIsNotRetried: an InvalidArgument with every region
-// registered is the batch's own error: returned as it is, ModelInfer
-// called once, no region registered again.
+// registered (or a server without the Status call) is the batch's own
+// error: returned with its code, ModelInfer called once, no region
+// registered again. A region the server lost is registered again and the
+// call made a second time.
 func TestBadInputIsNotRetried(t *testing.T) {
 	srv := startServer(t)
 	p, addr := startProxy(t, srv.addr)
@@ -158,6 +160,12 @@ func TestBadInputIsNotRetried(t *testing.T) {
 	if n := infers.Load(); n != 1 {
 		t.Fatalf("ModelInfer called %d times for a bad batch, want 1", n)
 	}
+	// A server that cannot say which regions it holds: the batch's own
+	// error, code unchanged.
+	p.noStatus.Store(true)
+	_, err = a.Compute(ctx, bad)
+	wantCode(t, "bad compute, no status", err, codes.InvalidArgument, "no status here")
+	p.noStatus.Store(false)
 	// A region the server lost: one failed call, then one after the
 	// regions are registered again.
 	ks := inference.NewGRPCInferenceServiceClient(dial(t, srv.addr))

@@ -415,7 +415,16 @@ func (s *Stateful) infer(ctx context.Context, r *inference.ModelInferRequest) (*
 	if !lostRegion(err) {
 		return resp, err
 	}
-	lost, rerr := s.reregister(ctx)
+	cctx, cancel := s.ctx(ctx)
+	known, serr := s.mem.registered(cctx)
+	cancel()
+	if serr != nil {
+		// Unknown whether a region is lost: the compute's own error
+		// (its code decides what the sidecar does), with the probe's.
+		serr = s.mapErr(s.mem.kind()+" shared memory status", serr)
+		return nil, status.Errorf(status.Code(err), "%s (%s)", status.Convert(err).Message(), status.Convert(serr).Message())
+	}
+	lost, rerr := s.reregister(ctx, known)
 	if rerr != nil {
 		return nil, status.Errorf(status.Code(rerr), "%s; state regions unknown to the server not registered again: %s", status.Convert(err).Message(), status.Convert(rerr).Message())
 	}
@@ -448,16 +457,10 @@ func (s *Stateful) modelInfer(ctx context.Context, r *inference.ModelInferReques
 	return resp, s.mapErr("compute", err)
 }
 
-// reregister registers the regions the server does not hold (their
+// reregister registers the regions not in known (the server's; their
 // memory and contents unchanged) and returns their names; none when it
 // holds them all. Caller holds stepMu.
-func (s *Stateful) reregister(ctx context.Context) ([]string, error) {
-	cctx, cancel := s.ctx(ctx)
-	known, err := s.mem.registered(cctx)
-	cancel()
-	if err != nil {
-		return nil, s.mapErr(s.mem.kind()+" shared memory status", err)
-	}
+func (s *Stateful) reregister(ctx context.Context, known map[string]bool) ([]string, error) {
 	var lost []string
 	for _, sb := range s.bufs {
 		for i := range 2 {

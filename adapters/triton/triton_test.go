@@ -144,6 +144,8 @@ type proxy struct {
 	before func(ctx context.Context, req *inference.ModelInferRequest) error
 	// typed re-encodes responses as typed contents.
 	typed atomic.Bool
+	// noStatus answers SystemSharedMemoryStatus Unimplemented.
+	noStatus atomic.Bool
 }
 
 func (p *proxy) ServerLive(ctx context.Context, r *inference.ServerLiveRequest) (*inference.ServerLiveResponse, error) {
@@ -162,6 +164,9 @@ func (p *proxy) SystemSharedMemoryRegister(ctx context.Context, r *inference.Sys
 	return p.up.SystemSharedMemoryRegister(ctx, r)
 }
 func (p *proxy) SystemSharedMemoryStatus(ctx context.Context, r *inference.SystemSharedMemoryStatusRequest) (*inference.SystemSharedMemoryStatusResponse, error) {
+	if p.noStatus.Load() {
+		return nil, status.Error(codes.Unimplemented, "no status here")
+	}
 	return p.up.SystemSharedMemoryStatus(ctx, r)
 }
 func (p *proxy) SystemSharedMemoryUnregister(ctx context.Context, r *inference.SystemSharedMemoryUnregisterRequest) (*inference.SystemSharedMemoryUnregisterResponse, error) {
