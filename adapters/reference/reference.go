@@ -3,6 +3,9 @@
 // implements for every model it hosts. gRPC status codes of the model
 // server reach the sidecar unchanged (InvalidArgument stays
 // InvalidArgument, so the sidecar can re-run a rejected batch per request).
+// Describe and Health are idempotent and retried on Unavailable
+// (internal/grpcretry); Infer, Compute, Update and the state streams are
+// attempted once.
 package reference
 
 import (
@@ -16,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/grpcretry"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
 )
@@ -33,9 +37,13 @@ type Backend struct {
 }
 
 // New creates a Backend for model over cc (owned by the caller). timeout
-// bounds every call (0: only the caller's context).
+// bounds every call, retries included (0: only the caller's context).
+// Describe and Health are idempotent and attempted up to
+// grpcretry.DefaultAttempts times on Unavailable; Infer, Compute, Update,
+// the state streams and the delta region's Register and Unregister once.
 func New(cc grpc.ClientConnInterface, model string, timeout time.Duration) *Backend {
-	b := &Backend{rt: hamsv1.NewModelRuntimeClient(cc), ks: inference.NewGRPCInferenceServiceClient(cc), model: model, timeout: timeout}
+	rc := grpcretry.Idempotent(cc, grpcretry.DefaultAttempts, hamsv1.ModelRuntime_Describe_FullMethodName, hamsv1.ModelRuntime_Health_FullMethodName)
+	b := &Backend{rt: hamsv1.NewModelRuntimeClient(rc), ks: inference.NewGRPCInferenceServiceClient(cc), model: model, timeout: timeout}
 	b.delta.retryEvery = deltaRetry
 	return b
 }

@@ -15,7 +15,8 @@
 //   - Health: ModelService/GetModelStatus; AVAILABLE is ready, every other
 //     state (or an error_code in its status) is Unavailable naming it.
 //     GetModelMetadata and GetModelStatus are idempotent and retried on
-//     Unavailable with the go-grpc-middleware v2 retry interceptor.
+//     Unavailable with the go-grpc-middleware v2 retry interceptor
+//     (internal/grpcretry, which retries only the methods it is given).
 //
 // Every call is bounded by Config.Timeout; gRPC status codes of TF Serving
 // reach the sidecar unchanged (InvalidArgument, NotFound, Unavailable,

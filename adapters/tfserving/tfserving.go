@@ -11,13 +11,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcretry"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -41,7 +41,7 @@ const (
 	// Kind is the ModelDescription kind of every model behind this adapter.
 	Kind = "tfserving"
 	// DefaultRetries is the number of attempts of an idempotent call.
-	DefaultRetries = 3
+	DefaultRetries = grpcretry.DefaultAttempts
 )
 
 // Sentinel errors.
@@ -160,32 +160,13 @@ func New(cc grpc.ClientConnInterface, cfg Config) (*Backend, error) {
 		}
 		return s
 	}
-	rc := &retryConn{cc: cc, icpt: retry.UnaryClientInterceptor(
-		retry.WithMax(uint(cfg.Retries)),
-		retry.WithCodes(codes.Unavailable),
-		retry.WithBackoff(retry.BackoffExponentialWithJitter(20*time.Millisecond, 0.2)),
-	)}
+	// GetModelMetadata and GetModelStatus are idempotent; Predict is not
+	// named, so it is attempted once on any client.
+	rc := grpcretry.Idempotent(cc, cfg.Retries, tfapis.PredictionService_GetModelMetadata_FullMethodName, tfapis.ModelService_GetModelStatus_FullMethodName)
 	b.pred = tfapis.NewPredictionServiceClient(cc)
 	b.meta = tfapis.NewPredictionServiceClient(rc)
 	b.stat = tfapis.NewModelServiceClient(rc)
 	return b, nil
-}
-
-// retryConn runs unary calls through the retry interceptor; it is used
-// only for the idempotent calls.
-type retryConn struct {
-	cc   grpc.ClientConnInterface
-	icpt grpc.UnaryClientInterceptor
-}
-
-func (r *retryConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	return r.icpt(ctx, method, args, reply, nil, func(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, opts ...grpc.CallOption) error {
-		return r.cc.Invoke(ctx, method, req, reply, opts...)
-	}, opts...)
-}
-
-func (r *retryConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	return r.cc.NewStream(ctx, desc, method, opts...)
 }
 
 func (b *Backend) ctx(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -6,12 +6,17 @@
 // tensors in raw_input_contents, outputs read from raw or typed contents,
 // ModelMetadata as Describe, ServerLive + ServerReady + ModelReady as
 // Health. gRPC status codes of the server reach the sidecar unchanged, and
-// every call is bounded by Config.Timeout.
+// every call is bounded by Config.Timeout. The idempotent calls (metadata,
+// health, shared memory Status) are retried on Unavailable
+// (Config.Retries, internal/grpcretry); ModelInfer and shared memory
+// Register and Unregister are not.
 //
 // Stateful (NewStateful) drives a model that serves its state as explicit
 // tensors (state s is input s+"_in" and output s+"_out"). The adapter owns
 // the state: two regions per state tensor, A and B, registered once, so
-// the state never crosses gRPC. The regions are POSIX shared memory
+// the state never crosses gRPC; a server that lost them (it restarted) has
+// the missing ones registered again by the next Compute, which is retried
+// once, the regions' contents and which one is current unchanged. The regions are POSIX shared memory
 // (SystemSharedMemoryRegister, the default) or, with
 // WithStateMemory(StateMemory{Kind: MemoryCUDA}), device allocations of
 // the adapter's process registered with CudaSharedMemoryRegister as raw

@@ -69,6 +69,10 @@ type Stateful struct {
 	flipMu  sync.RWMutex
 	cur     int
 	version uint64
+	// released is set by Close once the regions are freed (written
+	// holding stepMu and flipMu, so either lock reads it): a call that
+	// passed setup before Close must not touch them.
+	released bool
 }
 
 // NewStateful validates cfg and the options and returns a Stateful
@@ -107,7 +111,7 @@ func (s *Stateful) Setup(ctx context.Context) error {
 	s.setupMu.Lock()
 	defer s.setupMu.Unlock()
 	if s.closed {
-		return status.Errorf(codes.FailedPrecondition, "triton %s: backend closed", s.cfg.Model)
+		return s.errClosed()
 	}
 	if s.ready {
 		return nil
@@ -180,6 +184,10 @@ func (s *Stateful) Setup(ctx context.Context) error {
 	}
 	s.log.Info("state regions registered", "memory", s.mem.describe(), "tensors", len(bufs), "bytes", totalBytes(bufs))
 	return nil
+}
+
+func (s *Stateful) errClosed() error {
+	return status.Errorf(codes.FailedPrecondition, "triton %s: backend closed", s.cfg.Model)
 }
 
 func (s *Stateful) register(ctx context.Context, sb *stateBuf, i int) error {
@@ -343,6 +351,9 @@ func (s *Stateful) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hams
 }
 
 func (s *Stateful) computeLocked(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if s.released {
+		return nil, s.errClosed()
+	}
 	r, err := s.request(ctx, req)
 	if err != nil {
 		return nil, err
@@ -371,11 +382,9 @@ func (s *Stateful) computeLocked(ctx context.Context, req *hamsv1.BatchRequest) 
 			Parameters: wire.ShmParams(sb.region(1-cur), 0, int64(sb.bytes))})
 	}
 	s.staged = false
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	resp, err := s.cl.ModelInfer(cctx, r)
+	resp, err := s.infer(ctx, r)
 	if err != nil {
-		return nil, s.mapErr("compute", err)
+		return nil, err
 	}
 	out, err := s.response(req, resp)
 	if err != nil {
@@ -384,6 +393,87 @@ func (s *Stateful) computeLocked(ctx context.Context, req *hamsv1.BatchRequest) 
 	s.staged, s.stagedID = true, req.GetBatchId()
 	out.NextStateVersion = v + 1
 	return out, nil
+}
+
+// infer is Compute's ModelInfer. A server that no longer knows the state
+// regions (it restarted while the adapter stayed up; Triton answers
+// NotFound "Unable to find shared memory region: 'x'", as does the
+// refserver; older releases and forks another code with the same words)
+// fails every compute while its health checks pass, so no failover would
+// happen. After a failure that may be one (lostRegion), infer asks the
+// server which regions it holds (Status: the answer, not the message's
+// wording, decides), registers the missing ones again and retries the
+// call once. The retry is safe: the model keeps no state
+// (explicit state tensors), a compute reads only the current regions and
+// writes only the other ones, and the regions are the adapter's memory,
+// registered again under the same names over the same objects, so the
+// installed state and which region is current do not change. An error
+// with every region known is returned as it is (a bad input). Caller
+// holds stepMu.
+func (s *Stateful) infer(ctx context.Context, r *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+	resp, err := s.modelInfer(ctx, r)
+	if !lostRegion(err) {
+		return resp, err
+	}
+	cctx, cancel := s.ctx(ctx)
+	known, serr := s.mem.registered(cctx)
+	cancel()
+	if serr != nil {
+		// Unknown whether a region is lost: the compute's own error
+		// (its code decides what the sidecar does), with the probe's.
+		serr = s.mapErr(s.mem.kind()+" shared memory status", serr)
+		return nil, status.Errorf(status.Code(err), "%s (%s)", status.Convert(err).Message(), status.Convert(serr).Message())
+	}
+	lost, rerr := s.reregister(ctx, known)
+	if rerr != nil {
+		return nil, status.Errorf(status.Code(rerr), "%s; state regions unknown to the server not registered again: %s", status.Convert(err).Message(), status.Convert(rerr).Message())
+	}
+	if len(lost) == 0 {
+		return nil, err
+	}
+	s.flipMu.RLock()
+	cur, v := s.cur, s.version
+	s.flipMu.RUnlock()
+	s.log.Warn("the model server had lost the state regions (restarted?); registered them again and retrying the compute",
+		"memory", s.mem.kind(), "regions", lost, "current", string("AB"[cur]), "version", v, "err", err)
+	return s.modelInfer(ctx, r)
+}
+
+// lostRegion is true for an infer error that may be a region the server
+// does not know: NotFound or InvalidArgument, or any code whose message
+// names a shared memory region.
+func lostRegion(err error) bool {
+	st, ok := status.FromError(err)
+	if err == nil || !ok {
+		return false
+	}
+	return st.Code() == codes.NotFound || st.Code() == codes.InvalidArgument || strings.Contains(st.Message(), "shared memory region")
+}
+
+func (s *Stateful) modelInfer(ctx context.Context, r *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.cl.ModelInfer(cctx, r)
+	return resp, s.mapErr("compute", err)
+}
+
+// reregister registers the regions not in known (the server's; their
+// memory and contents unchanged) and returns their names; none when it
+// holds them all. Caller holds stepMu.
+func (s *Stateful) reregister(ctx context.Context, known map[string]bool) ([]string, error) {
+	var lost []string
+	for _, sb := range s.bufs {
+		for i := range 2 {
+			if known[sb.region(i)] {
+				continue
+			}
+			if err := s.register(ctx, sb, i); err != nil {
+				return nil, err
+			}
+			lost = append(lost, sb.region(i))
+		}
+	}
+	return lost, nil
 }
 
 // Update installs the state Compute of batchID wrote: it flips the current
@@ -441,6 +531,9 @@ func (s *Stateful) ReadState(ctx context.Context) ([]*hamsv1.Tensor, uint64, err
 	}
 	s.flipMu.RLock()
 	defer s.flipMu.RUnlock()
+	if s.released {
+		return nil, 0, s.errClosed()
+	}
 	out := make([]*hamsv1.Tensor, len(s.bufs))
 	for i, sb := range s.bufs {
 		d := make([]byte, sb.bytes)
@@ -467,6 +560,9 @@ func (s *Stateful) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, ver
 	defer s.stepMu.Unlock()
 	s.flipMu.Lock()
 	defer s.flipMu.Unlock()
+	if s.released {
+		return s.errClosed()
+	}
 	s.staged = false
 	for i, sb := range s.bufs {
 		if err := sb.regs[s.cur].write(tensors[i].GetData()); err != nil {
@@ -489,10 +585,12 @@ func (s *Stateful) Regions() []string {
 	return out
 }
 
-// Close unregisters the regions at the server (best effort, bounded),
-// then frees them (system: unmap and unlink; CUDA: cuMemFree, after the
-// unregistration, so the server drops its mapping first) and releases
-// the CUDA device. Closing twice is a no-op.
+// Close waits for a compute in flight, unregisters the regions at the
+// server (best effort, bounded), then frees them (system: unmap and
+// unlink; CUDA: cuMemFree, after the unregistration, so the server drops
+// its mapping first) and releases the CUDA device. Calls that passed their setup check before Close
+// answer FailedPrecondition instead of touching freed regions. Closing
+// twice is a no-op.
 func (s *Stateful) Close() error {
 	s.setupMu.Lock()
 	defer s.setupMu.Unlock()
@@ -509,6 +607,11 @@ func (s *Stateful) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// stepMu first: a compute in flight (which may register lost regions
+	// again) ends before the registrations are dropped, and none starts
+	// on freed regions after (released).
+	s.stepMu.Lock()
+	defer s.stepMu.Unlock()
 	var errs []error
 	for _, sb := range s.bufs {
 		for i := range 2 {
@@ -517,14 +620,13 @@ func (s *Stateful) Close() error {
 			}
 		}
 	}
-	s.stepMu.Lock()
 	s.flipMu.Lock()
 	s.release(s.bufs)
+	s.released = true
 	if err := s.mem.close(); err != nil {
 		s.log.Warn("state memory not released", "memory", s.mem.describe(), "err", err)
 	}
 	s.flipMu.Unlock()
-	s.stepMu.Unlock()
 	s.ready = false
 	if len(errs) > 0 {
 		s.log.Warn("state regions not unregistered; freed anyway", "err", errors.Join(errs...))

@@ -93,6 +93,9 @@ type memory interface {
 	// for this kind (codes unchanged; the caller maps them).
 	register(ctx context.Context, name string, r region, size int) error
 	unregister(ctx context.Context, name string) error
+	// registered is the set of region names of this kind the server
+	// holds now (its Status call with no name: every region).
+	registered(ctx context.Context) (map[string]bool, error)
 	// describe is a short description for logs ("system", "cuda:0 (H100)").
 	describe() string
 	// close releases what open took (after every region is freed).
@@ -150,6 +153,24 @@ func (s *systemMemory) register(ctx context.Context, name string, r region, size
 func (s *systemMemory) unregister(ctx context.Context, name string) error {
 	_, err := s.cl.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{Name: name})
 	return err
+}
+
+func (s *systemMemory) registered(ctx context.Context) (map[string]bool, error) {
+	st, err := s.cl.SystemSharedMemoryStatus(ctx, &inference.SystemSharedMemoryStatusRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return regionSet(st.GetRegions()), nil
+}
+
+// regionSet is the set of keys of a Status response's regions (Triton
+// keys them by region name).
+func regionSet[R any](regions map[string]R) map[string]bool {
+	out := make(map[string]bool, len(regions))
+	for n := range regions {
+		out[n] = true
+	}
+	return out
 }
 
 // cudaMemory is device memory of this process: each buffer its own
@@ -211,6 +232,14 @@ func (c *cudaMemory) register(ctx context.Context, name string, r region, size i
 func (c *cudaMemory) unregister(ctx context.Context, name string) error {
 	_, err := c.cl.CudaSharedMemoryUnregister(ctx, &inference.CudaSharedMemoryUnregisterRequest{Name: name})
 	return err
+}
+
+func (c *cudaMemory) registered(ctx context.Context) (map[string]bool, error) {
+	st, err := c.cl.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return regionSet(st.GetRegions()), nil
 }
 
 func (c *cudaMemory) close() error {

@@ -316,5 +316,31 @@ func BenchmarkReadState(b *testing.B) {
 // TestCUDAWithFakeDriver runs the GPU tests above against the fakecuda
 // test double (where there is no GPU and gcc exists).
 func TestCUDAWithFakeDriver(t *testing.T) {
-	cudatest.RunWithFakeDriver(t, "^(TestCUDAStateMatchesSystem|TestChildServer)$", "TestCUDAStateMatchesSystem")
+	cudatest.RunWithFakeDriver(t, "^(TestCUDAStateMatchesSystem|TestCUDARegionsRegisteredAgain|TestChildServer)$", "TestCUDAStateMatchesSystem", "TestCUDARegionsRegisteredAgain")
+}
+
+// TestCUDARegionsRegisteredAgain: the server drops every CUDA region (as
+// a restarted one holds none) between two computes; the next Compute
+// registers the regions again (CudaSharedMemoryStatus tells which are
+// missing) and the state in device memory continues where it was, as the
+// internal-state model computes without the loss.
+func TestCUDARegionsRegisteredAgain(t *testing.T) {
+	needGPU(t)
+	addr := childServer(t)
+	ctx := ctxT(t)
+	ks := inference.NewGRPCInferenceServiceClient(dial(t, addr))
+	l := &lockstep{t: t, a: statefulMem(t, addr, "seqx", nil, StateMemory{Kind: MemoryCUDA}), twin: internalTwin(t, "seqx")}
+	for i := range 3 {
+		l.step(ctx, i)
+	}
+	if _, err := ks.CudaSharedMemoryUnregister(ctx, &inference.CudaSharedMemoryUnregisterRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 3; i < 5; i++ {
+		l.step(ctx, i)
+	}
+	st, err := ks.CudaSharedMemoryStatus(ctx, &inference.CudaSharedMemoryStatusRequest{})
+	if err != nil || len(st.Regions) != len(l.a.Regions()) {
+		t.Fatalf("server's CUDA regions %v (%v), adapter's %v", st, err, l.a.Regions())
+	}
 }

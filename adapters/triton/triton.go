@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/grpcretry"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
@@ -22,14 +23,38 @@ import (
 // ErrConfig is wrapped by every Config validation error.
 var ErrConfig = errors.New("triton: invalid config")
 
+// DefaultRetries is the number of attempts of an idempotent call.
+const DefaultRetries = grpcretry.DefaultAttempts
+
+// idempotent are the calls retried on Unavailable: they read, or (health)
+// change nothing. ModelInfer is not one (the sidecar owns its recovery; a
+// Stateful compute retries only after registering lost regions), nor is
+// a shared memory Register (a repeat of one that took effect is
+// AlreadyExists).
+var idempotent = []string{
+	inference.GRPCInferenceService_ModelMetadata_FullMethodName,
+	inference.GRPCInferenceService_ServerLive_FullMethodName,
+	inference.GRPCInferenceService_ServerReady_FullMethodName,
+	inference.GRPCInferenceService_ModelReady_FullMethodName,
+	inference.GRPCInferenceService_SystemSharedMemoryStatus_FullMethodName,
+	inference.GRPCInferenceService_CudaSharedMemoryStatus_FullMethodName,
+}
+
 // Config of a Backend or Stateful backend.
 type Config struct {
 	// Conn reaches the KServe v2 server (owned by the caller).
 	Conn grpc.ClientConnInterface
 	// Model is the model's name at the server; Version is optional.
 	Model, Version string
-	// Timeout bounds every call (0: only the caller's context).
+	// Timeout bounds every call, retries included (0: only the caller's
+	// context).
 	Timeout time.Duration
+	// Retries is the number of attempts of the idempotent calls
+	// (ModelMetadata, ServerLive, ServerReady, ModelReady and the shared
+	// memory Status calls) on Unavailable (default DefaultRetries; 1
+	// disables retries). ModelInfer and the shared memory Register and
+	// Unregister calls are attempted once.
+	Retries int
 	// StateTensors names the explicit state tensors of a Stateful model
 	// (each s has input s+"_in" and output s+"_out"); empty means every
 	// such pair in the model's metadata with a fixed shape.
@@ -65,6 +90,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("%w: negative timeout %v", ErrConfig, cfg.Timeout))
 	}
+	if cfg.Retries < 0 {
+		errs = append(errs, fmt.Errorf("%w: negative retries %d", ErrConfig, cfg.Retries))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -74,7 +102,10 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = "hams"
 	}
-	return &Backend{cfg: cfg, cl: inference.NewGRPCInferenceServiceClient(cfg.Conn),
+	if cfg.Retries == 0 {
+		cfg.Retries = DefaultRetries
+	}
+	return &Backend{cfg: cfg, cl: inference.NewGRPCInferenceServiceClient(grpcretry.Idempotent(cfg.Conn, cfg.Retries, idempotent...)),
 		log: cfg.Logger.With("component", "triton", "model", cfg.Model)}, nil
 }
 

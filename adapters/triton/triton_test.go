@@ -75,6 +75,13 @@ func startServer(t *testing.T) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, lis)
+}
+
+// serveOn runs a reference model server on lis until the test ends (or
+// stop).
+func serveOn(t *testing.T, lis net.Listener) *server {
+	t.Helper()
 	srv, err := refserver.New(refserver.Config{Deployment: deployment(t), Models: []string{"fashion", "seqx", "olx"}, GRPCListener: lis, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +144,8 @@ type proxy struct {
 	before func(ctx context.Context, req *inference.ModelInferRequest) error
 	// typed re-encodes responses as typed contents.
 	typed atomic.Bool
+	// noStatus answers SystemSharedMemoryStatus Unimplemented.
+	noStatus atomic.Bool
 }
 
 func (p *proxy) ServerLive(ctx context.Context, r *inference.ServerLiveRequest) (*inference.ServerLiveResponse, error) {
@@ -153,6 +162,12 @@ func (p *proxy) ModelMetadata(ctx context.Context, r *inference.ModelMetadataReq
 }
 func (p *proxy) SystemSharedMemoryRegister(ctx context.Context, r *inference.SystemSharedMemoryRegisterRequest) (*inference.SystemSharedMemoryRegisterResponse, error) {
 	return p.up.SystemSharedMemoryRegister(ctx, r)
+}
+func (p *proxy) SystemSharedMemoryStatus(ctx context.Context, r *inference.SystemSharedMemoryStatusRequest) (*inference.SystemSharedMemoryStatusResponse, error) {
+	if p.noStatus.Load() {
+		return nil, status.Error(codes.Unimplemented, "no status here")
+	}
+	return p.up.SystemSharedMemoryStatus(ctx, r)
 }
 func (p *proxy) SystemSharedMemoryUnregister(ctx context.Context, r *inference.SystemSharedMemoryUnregisterRequest) (*inference.SystemSharedMemoryUnregisterResponse, error) {
 	return p.up.SystemSharedMemoryUnregister(ctx, r)
