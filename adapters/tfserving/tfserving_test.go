@@ -522,11 +522,16 @@ func TestBadSignatures(t *testing.T) {
 
 func TestTimeoutAndRetries(t *testing.T) {
 	f := &fake{sig: accSig(), metaFails: 2}
-	f.predict = func(ctx context.Context, _ *tfapis.PredictRequest) (*tfapis.PredictResponse, error) {
-		<-ctx.Done()
+	// The slow server answers only when the test ends: an answer when its
+	// side of the deadline fires could reach the client before the
+	// client's own deadline does.
+	hang := make(chan struct{})
+	f.predict = func(context.Context, *tfapis.PredictRequest) (*tfapis.PredictResponse, error) {
+		<-hang
 		return nil, status.Error(codes.Unavailable, "too late")
 	}
 	cc := startFake(t, f)
+	t.Cleanup(func() { close(hang) }) // before the fake server stops
 	ctx := ctxT(t)
 	b, err := New(cc, Config{Model: "acc", Timeout: 100 * time.Millisecond})
 	if err != nil {
