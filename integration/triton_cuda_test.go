@@ -187,8 +187,9 @@ func TestTritonLSTMCudaState(t *testing.T) {
 	states := []string{"h", "c"}
 	probe := probeStream(t, 4, 16)
 	tritonStateReplication(t, cfgPath, stateMemory{
-		name:    "CUDA",
-		digests: func(t *testing.T, addr string) map[string]string { return cudaStateDigests(t, addr, states, probe) },
+		name:         "CUDA",
+		digests:      func(t *testing.T, addr string) map[string]string { return cudaStateDigests(t, addr, states, probe) },
+		readsByInfer: true,
 		loaded: func(t *testing.T, pri, bak tritonInstance) {
 			// The state is in CUDA regions only: no system region, no shm object.
 			for _, addr := range []string{pri.backend, bak.backend} {

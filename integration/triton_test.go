@@ -209,6 +209,10 @@ type stateMemory struct {
 	name    string
 	digests func(t *testing.T, addr string) map[string]string
 	loaded  func(t *testing.T, pri, bak tritonInstance)
+	// readsByInfer: digests reads the buffers with probe ModelInfers,
+	// which the model servers' logs of state calls cannot tell from the
+	// sidecars' (the checks on those logs are skipped).
+	readsByInfer bool
 }
 
 // tritonStateReplication runs the deployment of cfgPath (the triton-lstm
@@ -225,7 +229,8 @@ func tritonStateReplication(t *testing.T, cfgPath string, mem stateMemory) (sigk
 	t.Helper()
 	audit := filepath.Join(t.TempDir(), "audit")
 	runDir := t.TempDir()
-	up := startHams(t, 90*time.Second, "up", "--config", cfgPath, "--run-dir", runDir, "--audit", audit, "--suspicion-timeout", suspicion)
+	up := startHams(t, 90*time.Second, "up", "--config", cfgPath, "--run-dir", runDir, "--audit", audit, "--suspicion-timeout", suspicion,
+		"--log-level", "debug") // the model servers log each call's state digests
 	dep := tritonDeployment(t, cfgPath)
 	cc, err := grpcx.Dial(up.str(t, "frontend_grpc"), 0)
 	if err != nil {
@@ -287,6 +292,15 @@ func tritonStateReplication(t *testing.T, cfgPath string, mem stateMemory) (sigk
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	if !mem.readsByInfer {
+		if n := len(stateCalls(t, runDir, "backup-modelserver_tl-seq")); n != 0 {
+			t.Fatalf("the backup's model server ran %d ModelInfers before any failover", n)
+		}
+		if n := len(stateCalls(t, runDir, "modelserver_tl-seq")); n == 0 {
+			t.Fatal("the primary's model server logged no state calls (debug logging of explicit state calls missing)")
+		}
+	}
+
 	// Failover: SIGKILL the primary sidecar (its model server goes with
 	// it) under load; the manager promotes the backup, whose adapter owns
 	// the replicated state; replies continue the same streams.
@@ -317,6 +331,20 @@ func tritonStateReplication(t *testing.T, cfgPath string, mem stateMemory) (sigk
 		// durable state or a later one it computed
 		if d := mem.digests(t, bak.backend); d == nil {
 			t.Fatalf("the new primary has no %s state buffers", mem.name)
+		}
+		// The streams go on from the replicated state: the promoted
+		// backup's model server ran no ModelInfer before the failover, and
+		// its first one started from the state the backup last applied.
+		if !mem.readsByInfer {
+			_, promoted := lastDurable(t, filepath.Join(audit, "backup-sidecar_tl-seq"), "tl-seq")
+			bcalls := stateCalls(t, runDir, "backup-modelserver_tl-seq")
+			if len(bcalls) == 0 || promoted == "" {
+				t.Fatalf("the promoted backup's model server logged %d state calls; the backup's last applied state %q", len(bcalls), promoted)
+			}
+			if bcalls[0].in != promoted {
+				t.Fatalf("the promoted backup's first ModelInfer started from state %s, the backup last applied %s", bcalls[0].in, promoted)
+			}
+			t.Logf("the promoted backup's first ModelInfer started from its last applied state %s…", promoted[:16])
 		}
 		checkAudit(t, audit)
 		t.Logf("failover: %d replies, %d after the kill; audit consistent", st.Replies, after.Load())

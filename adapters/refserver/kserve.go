@@ -2,6 +2,9 @@ package refserver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -164,6 +167,13 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 	if err != nil {
 		return nil, err
 	}
+	if states, ok := models.Explicit(h.m); ok && a.s.log.Enabled(ctx, slog.LevelDebug) {
+		// The state each call started from and produced, as the audit's
+		// state_digest of adapters/triton has it (the model's state
+		// order): what the adapter's regions held, seen from here.
+		a.s.log.Debug("explicit state call", "model", h.name, "api", "ModelInfer", "rows", rowsOf(ins), "streams", len(streams),
+			"state_in", explicitStateDigest(states, ins, models.StateIn), "state_out", explicitStateDigest(states, outs, models.StateOut))
+	}
 	outs, err = filterOutputs(outs, requestedNames(req.Outputs))
 	if err != nil {
 		return nil, err
@@ -302,4 +312,25 @@ func (a *kserveAPI) CudaSharedMemoryUnregister(_ context.Context, req *inference
 	a.s.cuda.unregister(req.GetName())
 	a.s.log.Info("CUDA shared memory unregistered", "region", req.GetName())
 	return &inference.CudaSharedMemoryUnregisterResponse{}, nil
+}
+
+// explicitStateDigest is the hex SHA-256 of the state tensors among ts
+// (named state name + suffix) in the model's state order; "" when one is
+// missing.
+func explicitStateDigest(states []*hamsv1.TensorSpec, ts []*hamsv1.Tensor, suffix string) string {
+	h := sha256.New()
+	for _, s := range states {
+		var found *hamsv1.Tensor
+		for _, t := range ts {
+			if t.GetName() == s.GetName()+suffix {
+				found = t
+				break
+			}
+		}
+		if found == nil {
+			return ""
+		}
+		h.Write(found.GetData())
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
