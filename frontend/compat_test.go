@@ -477,3 +477,50 @@ func closeTo(t *testing.T, what string, got, want []float32) {
 		}
 	}
 }
+
+// TestCompatHostileShapes sends the few-dozen-byte requests whose declared
+// shape once made the frontend allocate from it (4 TiB for [1<<40] with one
+// value: fatal error: out of memory) or panic in make ([1<<61]: Internal):
+// each must come back InvalidArgument naming the tensor, and the frontend
+// must keep serving.
+func TestCompatHostileShapes(t *testing.T) {
+	e := newEnv(t, "5s")
+	tf, _, ks := e.compatClients()
+	ctx := ctxT(t, 10*time.Second)
+	in := echoInputs(1, 1)
+	ids, err := wire.ToTensorProto(in[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what  string
+		shape []int64
+		vals  []float32
+		says  string
+	}{
+		{"one value for 4 TiB", []int64{1 << 40}, []float32{1}, "limit"},
+		{"byte size overflow", []int64{1 << 61}, []float32{1}, "int64"},
+		{"element count overflow", []int64{1 << 32, 1 << 32}, []float32{1}, "overflows"},
+		{"negative dim", []int64{1, -4}, []float32{1}, "dimension 1 is -4"},
+		{"count mismatch", []int64{1, 4}, []float32{1, 2, 3}, "float_val holds 3"},
+	} {
+		images := &tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, TensorShape: wire.TFShape(c.shape), FloatVal: c.vals}
+		_, err := tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: tfSpec("echo"), Inputs: map[string]*tfpb.TensorProto{"images": images, "ids": ids}})
+		wantStatus(t, "Predict "+c.what, err, codes.InvalidArgument, `"images"`, c.says)
+
+		says := c.says
+		if says == "limit" || says == "float_val holds 3" {
+			says = "fp32_contents" // KServe has no broadcast: the count is wrong
+		}
+		_, err = ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "echo", Inputs: []*inference.ModelInferRequest_InferInputTensor{
+			{Name: "images", Datatype: "FP32", Shape: c.shape, Contents: &inference.InferTensorContents{Fp32Contents: c.vals}},
+			{Name: "ids", Datatype: "INT64", Shape: in[1].Shape, Contents: &inference.InferTensorContents{Int64Contents: []int64{1}}},
+		}})
+		wantStatus(t, "ModelInfer "+c.what, err, codes.InvalidArgument, `"images"`, says)
+	}
+	// still serving
+	if _, err := ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "echo", Inputs: []*inference.ModelInferRequest_InferInputTensor{wire.InferInput(in[0]), wire.InferInput(in[1])},
+		RawInputContents: [][]byte{in[0].Data, in[1].Data}}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -89,6 +89,9 @@ func Validate(t *hamsv1.Tensor) error {
 		}
 		return nil
 	}
+	if n > math.MaxInt64/int64(es) {
+		return fmt.Errorf("%w: tensor %q: shape %v of %s: byte size overflows int64", ErrInvalid, t.Name, t.Shape, t.Datatype)
+	}
 	if want := n * int64(es); int64(len(t.Data)) != want {
 		return fmt.Errorf("%w: tensor %q: shape %v of %s wants %d bytes, data holds %d", ErrInvalid, t.Name, t.Shape, t.Datatype, want, len(t.Data))
 	}

@@ -40,6 +40,9 @@ func TestValidateRejects(t *testing.T) {
 		{&hamsv1.Tensor{Name: "d", Datatype: Bytes, Shape: []int64{2}, Data: bytesElem("hi")}, "wants 2 BYTES elements"},
 		{&hamsv1.Tensor{Name: "e", Datatype: Bytes, Shape: []int64{1}, Data: []byte{9, 0, 0, 0, 1}}, "overruns"},
 		{&hamsv1.Tensor{Name: "f", Datatype: FP32, Shape: []int64{1 << 62, 1 << 62}}, "overflows"},
+		// (1<<62+1)*4 wraps to 4 in int64: the 4 bytes must not pass for it
+		{&hamsv1.Tensor{Name: "g", Datatype: FP32, Shape: []int64{1<<62 + 1}, Data: make([]byte, 4)}, "byte size overflows"},
+		{&hamsv1.Tensor{Name: "h", Datatype: FP64, Shape: []int64{1 << 61}}, "byte size overflows"},
 		{nil, "nil tensor"},
 	}
 	for _, c := range cases {

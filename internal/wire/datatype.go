@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/hams-go/hams/internal/tensor"
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
@@ -54,13 +55,33 @@ func TFDataType(dt string) (tfpb.DataType, bool) {
 	return v, ok
 }
 
-// elemCount validates shape and returns its number of elements.
-func elemCount(name string, shape []int64) (int64, error) {
-	n, err := tensor.NumElements(shape)
+// MaxDecodedBytes bounds the data a decode may produce beyond the values
+// the message itself carries, which today means TF Serving's one-value
+// broadcast: a float_val of one value with shape [N] expands to 4N bytes
+// from a 60-byte request. It equals the gRPC message limit every HAMS
+// server and client uses by default (grpcx.DefaultMaxMessageBytes, 64 MiB;
+// a test keeps the two equal): a larger tensor could not be forwarded to a
+// model in one message anyway. Decodes whose values are all in the message
+// (raw contents, tensor_content, typed values one per element) are bounded
+// by the message size the gRPC server already enforced and are not
+// checked against it.
+const MaxDecodedBytes = 64 << 20
+
+// shapeSize validates shape for datatype dt (whose element size must be
+// known) and returns its number of elements and, for fixed-size
+// datatypes, its data size in bytes (0 for BYTES). A negative dimension,
+// an element count or a byte size over int64 is an error naming the
+// tensor; nothing is allocated.
+func shapeSize(name, dt string, shape []int64) (n, size int64, err error) {
+	n, err = tensor.NumElements(shape)
 	if err != nil {
-		return 0, fmt.Errorf("%w: tensor %q: %w", ErrInvalid, name, err)
+		return 0, 0, fmt.Errorf("%w: tensor %q: %w", ErrInvalid, name, err)
 	}
-	return n, nil
+	es := int64(max(tensor.ElemSize(dt), 0))
+	if es > 0 && n > math.MaxInt64/es {
+		return 0, 0, fmt.Errorf("%w: tensor %q: shape %v of %s is %d elements of %d bytes, more bytes than int64 holds", ErrInvalid, name, shape, dt, n, es)
+	}
+	return n, n * es, nil
 }
 
 func appendUint(b []byte, v uint64, size int) []byte {

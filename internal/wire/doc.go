@@ -12,6 +12,11 @@
 //     InferTensorContents and raw_input_contents / raw_output_contents.
 //     FP16 and BF16 exist only as raw contents.
 //
+// A decoder allocates nothing from a client's declared shape alone: the
+// element count and byte size are overflow-checked, the values present
+// counted against them first, and a TF broadcast may expand to at most
+// MaxDecodedBytes (the 64 MiB gRPC message limit).
+//
 // Every error wraps ErrInvalid and names the tensor, so a server maps it
 // to InvalidArgument and a client learns which tensor was wrong. The
 // package does no I/O and holds no state.

@@ -31,7 +31,7 @@ func FromKServe(name, datatype string, shape []int64, c *inference.InferTensorCo
 	if tensor.ElemSize(datatype) < 0 {
 		return nil, fmt.Errorf("%w: tensor %q: unsupported datatype %q", ErrInvalid, name, datatype)
 	}
-	n, err := elemCount(name, shape)
+	n, _, err := shapeSize(name, datatype, shape)
 	if err != nil {
 		return nil, err
 	}
@@ -72,21 +72,25 @@ func FromInferOutput(out *inference.ModelInferResponse_InferOutputTensor, raw []
 }
 
 // ContentsToRaw encodes typed contents of datatype dt holding n elements.
+// The count of values present is checked against n before anything is
+// allocated, and the data is sized from the values present, never from n
+// (a client's shape alone cannot make it allocate).
 func ContentsToRaw(name, dt string, c *inference.InferTensorContents, n int64) ([]byte, error) {
 	if c == nil {
 		c = &inference.InferTensorContents{}
 	}
+	es := tensor.ElemSize(dt)
+	var b []byte
 	count := func(got int, field string) error {
 		if int64(got) != n || ContentsCount(c) != got {
 			return fmt.Errorf("%w: tensor %q: %s shape wants %d elements in %s, contents hold %d (of %d typed values)", ErrInvalid, name, dt, n, field, got, ContentsCount(c))
 		}
+		b = make([]byte, 0, got*max(es, 0))
 		return nil
 	}
 	rangeErr := func(i int, v any) error {
 		return fmt.Errorf("%w: tensor %q: value %v at index %d is out of range for %s", ErrInvalid, name, v, i, dt)
 	}
-	es := tensor.ElemSize(dt)
-	b := make([]byte, 0, int(n)*max(es, 0))
 	switch dt {
 	case tensor.FP32:
 		if err := count(len(c.Fp32Contents), "fp32_contents"); err != nil {

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -15,7 +16,10 @@ import (
 // the typed field of the dtype must hold exactly as many values as the
 // shape has elements, or one value, which is broadcast to all of them.
 // An empty typed field for a non-empty shape is an error (TF would fill
-// zeros; a silent all-zero input is more often a client bug).
+// zeros; a silent all-zero input is more often a client bug). The shape is
+// checked (no negative dimension, element count and byte size within
+// int64) and the values present counted before anything is allocated; a
+// broadcast may expand to at most MaxDecodedBytes.
 func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) {
 	if tp == nil {
 		return nil, fmt.Errorf("%w: tensor %q: empty TensorProto", ErrInvalid, name)
@@ -34,7 +38,7 @@ func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) 
 		}
 		shape[i] = d.GetSize()
 	}
-	n, err := elemCount(name, shape)
+	n, size, err := shapeSize(name, dt, shape)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +48,7 @@ func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) 
 			return nil, fmt.Errorf("%w: tensor %q: DT_STRING in tensor_content (use string_val)", ErrInvalid, name)
 		}
 		t.Data = tp.TensorContent
-	} else if t.Data, err = typedTF(name, dt, tp, n); err != nil {
+	} else if t.Data, err = typedTF(name, dt, tp, n, size); err != nil {
 		return nil, err
 	}
 	if err := tensor.Validate(t); err != nil {
@@ -53,8 +57,10 @@ func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) 
 	return t, nil
 }
 
-// typedTF encodes the typed field of dt; one value with n > 1 broadcasts.
-func typedTF(name, dt string, tp *tfpb.TensorProto, n int64) ([]byte, error) {
+// typedTF encodes the typed field of dt for n elements (size bytes for a
+// fixed-size dt); one value with n > 1 broadcasts, up to MaxDecodedBytes.
+// Nothing is allocated before the value count and the size are checked.
+func typedTF(name, dt string, tp *tfpb.TensorProto, n, size int64) ([]byte, error) {
 	es := tensor.ElemSize(dt)
 	var (
 		count int
@@ -118,33 +124,32 @@ func typedTF(name, dt string, tp *tfpb.TensorProto, n int64) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("%w: tensor %q: datatype %s has no typed TensorProto field", ErrInvalid, name, dt)
 	}
-	switch {
-	case int64(count) == n:
-	case count == 1 && n > 1:
-	default:
+	broadcast := count == 1 && n > 1
+	if int64(count) != n && !broadcast {
 		return nil, fmt.Errorf("%w: tensor %q: shape wants %d values of %s, %s holds %d (and tensor_content is empty)", ErrInvalid, name, n, dt, field, count)
 	}
-	b := make([]byte, 0, int(n)*max(es, 1))
-	var err error
-	for i := int64(0); i < n; i++ {
-		j := int(i)
-		if count == 1 {
-			j = 0
-		}
-		if b, err = enc(b, j); err != nil {
+	if broadcast {
+		first, err := enc(nil, 0)
+		if err != nil {
 			return nil, err
 		}
-		if count == 1 && i == 0 && n > 1 && dt != tensor.Bytes {
-			// broadcast: repeat the first encoded element
-			first := append([]byte(nil), b...)
-			for k := int64(1); k < n; k++ {
-				b = append(b, first...)
+		// size of n copies of first without overflowing: n*len(first) <= limit
+		if per := int64(len(first)); n > MaxDecodedBytes/per {
+			if dt != tensor.Bytes {
+				return nil, fmt.Errorf("%w: tensor %q: one %s value broadcast to %d elements of %s is %d bytes, over the %d-byte limit", ErrInvalid, name, field, n, dt, size, MaxDecodedBytes)
 			}
-			break
+			return nil, fmt.Errorf("%w: tensor %q: one %s value of %d bytes broadcast to %d elements is over the %d-byte limit", ErrInvalid, name, field, len(first)-4, n, MaxDecodedBytes)
 		}
+		return bytes.Repeat(first, int(n)), nil
 	}
-	if b == nil {
-		b = []byte{}
+	// One value per element: the data is no larger than the values the
+	// message carries (BYTES adds a 4-byte length to each).
+	b := make([]byte, 0, count*max(es, 1))
+	var err error
+	for i := range count {
+		if b, err = enc(b, i); err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }
