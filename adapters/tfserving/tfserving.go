@@ -83,7 +83,7 @@ type Config struct {
 // ConfigFrom builds a Config from a deployment's model backend entry
 // (Model, Version, Signature, Timeout).
 func ConfigFrom(b config.Backend) Config {
-	return Config{Model: b.Model, Version: b.Version, Signature: b.Signature, Timeout: b.Timeout.D()}
+	return Config{Model: b.Model, Version: b.Version, Signature: b.Signature, Timeout: b.Timeout.D(), TypedInputs: b.TypedInputs}
 }
 
 // Backend drives one TF Serving model. It implements sidecar.Backend and,

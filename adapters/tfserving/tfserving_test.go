@@ -147,8 +147,8 @@ func TestNewValidates(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	c := ConfigFrom(config.Backend{Model: "x", Version: "3", Signature: "sig", Timeout: config.Duration(time.Second)})
-	if c.Model != "x" || c.Version != "3" || c.Signature != "sig" || c.Timeout != time.Second {
+	c := ConfigFrom(config.Backend{Model: "x", Version: "3", Signature: "sig", Timeout: config.Duration(time.Second), TypedInputs: true})
+	if c.Model != "x" || c.Version != "3" || c.Signature != "sig" || c.Timeout != time.Second || !c.TypedInputs {
 		t.Fatalf("ConfigFrom: %+v", c)
 	}
 }

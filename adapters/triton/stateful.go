@@ -369,8 +369,10 @@ func (s *Stateful) computeLocked(ctx context.Context, req *hamsv1.BatchRequest) 
 	for _, sb := range s.bufs {
 		r.Inputs = append(r.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: sb.spec.Name + wire.StateInSuffix,
 			Datatype: sb.spec.Datatype, Shape: sb.spec.Shape, Parameters: wire.ShmParams(sb.region(cur), 0, int64(sb.bytes))})
-		// an empty entry keeps raw_input_contents positional
-		r.RawInputContents = append(r.RawInputContents, []byte{})
+		if r.RawInputContents != nil {
+			// an empty entry keeps raw_input_contents positional
+			r.RawInputContents = append(r.RawInputContents, []byte{})
+		}
 	}
 	for _, o := range md.GetOutputs() {
 		if !s.batch(o.GetName()) {

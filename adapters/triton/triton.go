@@ -65,6 +65,11 @@ type Config struct {
 	// KeyPrefix starts the shared-memory keys and region names of a
 	// Stateful backend (default "hams").
 	KeyPrefix string
+	// TypedInputs sends inputs in the typed InferTensorContents fields
+	// (fp32_contents, ...; FP16/BF16 have none and stay raw: then every
+	// input is raw, as KServe allows no mix) instead of
+	// raw_input_contents; for servers or proxies that take only those.
+	TypedInputs bool
 	Logger    *slog.Logger
 }
 
@@ -200,13 +205,35 @@ func (b *Backend) request(ctx context.Context, req *hamsv1.BatchRequest) (*infer
 	// One more slot for the stream ids input.
 	r := &inference.ModelInferRequest{ModelName: b.cfg.Model, ModelVersion: b.cfg.Version, Id: strconv.FormatUint(req.GetBatchId(), 10),
 		Inputs: make([]*inference.ModelInferRequest_InferInputTensor, 0, len(ins)+1), RawInputContents: make([][]byte, 0, len(ins)+1)}
-	for _, t := range ins {
-		r.Inputs = append(r.Inputs, wire.InferInput(t))
+	typed := b.cfg.TypedInputs
+	var contents []*inference.InferTensorContents
+	if typed {
+		contents = make([]*inference.InferTensorContents, len(ins))
+		for i, t := range ins {
+			c, err := wire.Contents(t)
+			if err != nil {
+				// No typed field for this datatype: all raw.
+				typed, contents = false, nil
+				break
+			}
+			contents[i] = c
+		}
+	}
+	for i, t := range ins {
+		in := wire.InferInput(t)
+		r.Inputs = append(r.Inputs, in)
+		if typed {
+			in.Contents = contents[i]
+			continue
+		}
 		d := t.GetData()
 		if d == nil {
 			d = []byte{}
 		}
 		r.RawInputContents = append(r.RawInputContents, d)
+	}
+	if typed {
+		r.RawInputContents = nil
 	}
 	ids := req.GetStreamIds()
 	anyID := false
@@ -226,8 +253,13 @@ func (b *Backend) request(ctx context.Context, req *hamsv1.BatchRequest) (*infer
 				perRow = append(perRow, []byte(ids[i]))
 			}
 		}
-		r.Inputs = append(r.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: wire.StreamIDsInput, Datatype: "BYTES", Shape: []int64{int64(len(perRow))}})
-		r.RawInputContents = append(r.RawInputContents, wire.JoinBytes(perRow))
+		in := &inference.ModelInferRequest_InferInputTensor{Name: wire.StreamIDsInput, Datatype: "BYTES", Shape: []int64{int64(len(perRow))}}
+		r.Inputs = append(r.Inputs, in)
+		if typed {
+			in.Contents = &inference.InferTensorContents{BytesContents: perRow}
+		} else {
+			r.RawInputContents = append(r.RawInputContents, wire.JoinBytes(perRow))
+		}
 		return r, nil
 	}
 	for _, id := range ids {

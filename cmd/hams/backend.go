@@ -75,7 +75,7 @@ func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log 
 			return nil, nil, err
 		}
 		cfg := triton.Config{Conn: cc, Model: m.Backend.Model, Version: m.Backend.Version, Timeout: m.Backend.Timeout.D(),
-			KeyPrefix: "hams-" + shm.KeyPart(m.Name) + "-" + role, Logger: log}
+			KeyPrefix: "hams-" + shm.KeyPart(m.Name) + "-" + role, Logger: log, TypedInputs: m.Backend.TypedInputs}
 		if m.Stateful && managed(m) {
 			// The backend is our reference model server: its explicit
 			// state starts where the internal-state model would (zeros

@@ -134,6 +134,11 @@ type Backend struct {
 	StateMemory string `yaml:"state_memory"`
 	// CUDADevice is the device ordinal of state_memory cuda (default 0).
 	CUDADevice int `yaml:"cuda_device"`
+	// TypedInputs makes the tfserving and triton adapters send inputs in
+	// the typed value fields (TensorProto *_val, KServe
+	// InferTensorContents) instead of tensor_content /
+	// raw_input_contents, for servers or proxies that take only those.
+	TypedInputs bool `yaml:"typed_inputs"`
 	// Clipper names a clipper application's tensors (type clipper only).
 	Clipper ClipperTensors `yaml:"clipper"`
 }
@@ -166,12 +171,18 @@ var clipperProbeDatatypes = []string{"", "FP32", "FP64", "INT32", "INT64"}
 func (b *Backend) validateClipper(where string) []error {
 	c := b.Clipper
 	if b.Type != "clipper" {
+		if b.TypedInputs && b.Type == "reference" {
+			return []error{invalid("%s: backend.typed_inputs is for backend types tfserving and triton", where)}
+		}
 		if c.Input != "" || c.InputDatatype != "" || c.Output != "" || c.OutputDatatype != "" || len(c.HealthProbe) > 0 {
 			return []error{invalid("%s: backend.clipper is for backend type clipper, not %s", where, b.Type)}
 		}
 		return nil
 	}
 	var errs []error
+	if b.TypedInputs {
+		errs = append(errs, invalid("%s: backend.typed_inputs is for backend types tfserving and triton (Clipper takes JSON)", where))
+	}
 	if c.OutputDatatype != "" && !oneOf(c.OutputDatatype, ClipperOutputDatatypes) {
 		errs = append(errs, invalid("%s: backend.clipper.output_datatype %q is not one of %s", where, c.OutputDatatype, strings.Join(ClipperOutputDatatypes, ", ")))
 	}
