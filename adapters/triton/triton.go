@@ -70,7 +70,7 @@ type Config struct {
 	// input is raw, as KServe allows no mix) instead of
 	// raw_input_contents; for servers or proxies that take only those.
 	TypedInputs bool
-	Logger    *slog.Logger
+	Logger      *slog.Logger
 }
 
 // Backend drives one stateless model over KServe v2.
