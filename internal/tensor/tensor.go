@@ -230,6 +230,9 @@ func Split(t *hamsv1.Tensor, rows []uint32) ([]*hamsv1.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
+	if rowElems > math.MaxInt/int64(es) || rowElems > 0 && total > math.MaxInt/(rowElems*int64(es)) {
+		return nil, fmt.Errorf("%w: tensor %q: shape %v of %s: byte size overflows int", ErrInvalid, t.Name, t.Shape, t.Datatype)
+	}
 	rowBytes := int(rowElems) * es
 	if len(t.Data) != int(total)*rowBytes {
 		return nil, fmt.Errorf("%w: tensor %q: data length %d does not match shape %v", ErrInvalid, t.Name, len(t.Data), t.Shape)
@@ -267,6 +270,9 @@ func SpecsBytes(specs []*hamsv1.TensorSpec) (uint64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
 		}
+		if uint64(n) > (math.MaxUint64-total)/uint64(es) {
+			return 0, fmt.Errorf("state tensor %q: shape %v of %s: the state's byte size overflows", sp.GetName(), sp.GetShape(), sp.GetDatatype())
+		}
 		total += uint64(n) * uint64(es)
 	}
 	return total, nil
@@ -287,10 +293,10 @@ func SplitBySpecs(specs []*hamsv1.TensorSpec, data []byte) ([]*hamsv1.Tensor, er
 		if err != nil {
 			return nil, fmt.Errorf("state tensor %q: %w", sp.GetName(), err)
 		}
-		size := int(n) * es
-		if size < 0 || off+size > len(data) {
-			return nil, fmt.Errorf("state tensor %q needs %d bytes at offset %d, state has %d", sp.GetName(), size, off, len(data))
+		if n > int64(len(data)-off)/int64(es) {
+			return nil, fmt.Errorf("state tensor %q: shape %v of %s needs more than the %d bytes left at offset %d", sp.GetName(), sp.GetShape(), sp.GetDatatype(), len(data)-off, off)
 		}
+		size := int(n) * es // fits: n*es <= len(data)-off
 		out[i] = &hamsv1.Tensor{Name: sp.GetName(), Datatype: sp.GetDatatype(), Shape: sp.GetShape(), Data: data[off : off+size : off+size]}
 		off += size
 	}

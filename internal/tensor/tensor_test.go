@@ -96,9 +96,47 @@ func TestSplitBySpecs(t *testing.T) {
 		"long":     {specs, 12},
 		"bytes":    {[]*hamsv1.TensorSpec{{Name: "s", Datatype: "BYTES", Shape: []int64{1}}}, 4},
 		"negative": {[]*hamsv1.TensorSpec{{Name: "s", Datatype: "FP32", Shape: []int64{-1}}}, 4},
+		// 1<<61 FP64 values are 1<<64 bytes: an int product wraps to 0
+		// and would match an empty state.
+		"wraps to zero": {[]*hamsv1.TensorSpec{{Name: "w", Datatype: "FP64", Shape: []int64{1 << 61}}}, 0},
+		"wraps after a tensor": {[]*hamsv1.TensorSpec{{Name: "a", Datatype: "FP32", Shape: []int64{2}},
+			{Name: "w", Datatype: "FP64", Shape: []int64{1 << 61}}}, 8},
 	} {
 		if _, err := SplitBySpecs(c.specs, make([]byte, c.n)); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// A state whose byte size does not fit 64 bits is refused by name, not
+// wrapped to a small size.
+func TestSpecsBytesOverflow(t *testing.T) {
+	ok := []*hamsv1.TensorSpec{{Name: "a", Datatype: "FP32", Shape: []int64{2, 3}}, {Name: "b", Datatype: "INT64", Shape: []int64{1}}}
+	if n, err := SpecsBytes(ok); err != nil || n != 32 {
+		t.Fatalf("SpecsBytes = %d, %v; want 32", n, err)
+	}
+	for name, specs := range map[string][]*hamsv1.TensorSpec{
+		"one tensor": {{Name: "w", Datatype: "FP64", Shape: []int64{1 << 61}}},
+		"sum of two": {{Name: "a", Datatype: "FP32", Shape: []int64{1 << 61}}, {Name: "w", Datatype: "FP32", Shape: []int64{1 << 61}}},
+		"elems wrap": {{Name: "w", Datatype: "FP32", Shape: []int64{1 << 32, 1 << 32}}},
+	} {
+		_, err := SpecsBytes(specs)
+		if err == nil || !strings.Contains(err.Error(), `"w"`) {
+			t.Errorf("%s: err %v, want one naming tensor w", name, err)
+		}
+	}
+}
+
+// Split refuses a row whose byte size wraps int (shape [2, 1<<61] of FP64
+// with no data once matched 2*0 bytes).
+func TestSplitOverflow(t *testing.T) {
+	for name, x := range map[string]*hamsv1.Tensor{
+		"row wraps":   {Name: "x", Datatype: FP64, Shape: []int64{2, 1 << 61}},
+		"total wraps": {Name: "x", Datatype: FP32, Shape: []int64{1 << 32, 1 << 31}},
+	} {
+		_, err := Split(x, []uint32{1, uint32(x.Shape[0] - 1)})
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "overflows") {
+			t.Errorf("%s: err %v, want ErrInvalid naming the overflow", name, err)
 		}
 	}
 }
