@@ -60,8 +60,8 @@ func (l *lease) run(ctx context.Context) error {
 		case <-ctx.Done():
 			if l.active && !l.keep {
 				rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				if err := l.kv.Delete(rctx, LeaseKey, jetstream.LastRevision(l.rev)); err != nil {
-					l.log.Debug("release manager lease", "err", err)
+				if err := l.release(rctx); err != nil {
+					l.log.Warn("release manager lease; a successor waits for it to expire", "err", err)
 				}
 				cancel()
 				l.set(false)
@@ -71,6 +71,33 @@ func (l *lease) run(ctx context.Context) error {
 			l.step(ctx, now)
 		}
 	}
+}
+
+// release deletes the lease so a successor takes it at once. A renewal
+// whose answer was lost (stop cancelled it in flight, or it timed out)
+// may have landed all the same: the key then sits at a later revision
+// than rev, still holding our id. Only this manager writes its id, so
+// that revision is ours too and is released; a lease another manager
+// took meanwhile (another id) is left alone.
+func (l *lease) release(ctx context.Context) error {
+	err := l.kv.Delete(ctx, LeaseKey, jetstream.LastRevision(l.rev))
+	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return err
+	}
+	e, gerr := l.kv.Get(ctx, LeaseKey)
+	if gerr != nil {
+		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			return nil // released or expired and deleted: nothing to do
+		}
+		return fmt.Errorf("release at revision %d: %w; read it back: %w", l.rev, err, gerr)
+	}
+	if string(e.Value()) != l.id {
+		return nil // taken over by another manager
+	}
+	if err := l.kv.Delete(ctx, LeaseKey, jetstream.LastRevision(e.Revision())); err != nil {
+		return fmt.Errorf("release at revision %d (ours after a renewal whose answer was lost): %w", e.Revision(), err)
+	}
+	return nil
 }
 
 func (l *lease) set(active bool) {
