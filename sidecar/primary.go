@@ -298,6 +298,8 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 	computed, _, _, _, _ := p.pipe.Progress()
 	id := computed + 1
 	s := p.s
+	// Read on the driver goroutine, which alone writes them.
+	stage, install := p.capture, p.pendingInstall
 	p.spawn(ctx, func() opDone {
 		ev := opDone{kind: evComputed, batch: id, reqs: reqs}
 		req, err := s.batchRequest(reqs, id)
@@ -305,8 +307,8 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 			ev.err = err
 			return ev
 		}
-		req.StageDelta = p.capture
-		req.InstallBatchId = p.pendingInstall
+		req.StageDelta = stage
+		req.InstallBatchId = install
 		// Compute leaves the state untouched, so a compute that found
 		// the backend unreachable is retried (retryBackend).
 		var resp *hamsv1.BatchResponse
@@ -319,7 +321,7 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 			s.metrics.batchSize.Observe(float64(len(reqs)))
 			return err
 		})
-		if err == nil && p.capture && !resp.GetHasStateDelta() {
+		if err == nil && stage && !resp.GetHasStateDelta() {
 			err = fmt.Errorf("compute of batch %d: the backend advertises state deltas but returned none", id)
 		}
 		if err == nil {
