@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,7 +45,8 @@ import (
 
 // Compatibility names.
 const (
-	// CompatSignature is the only TF Serving signature the frontend serves.
+	// CompatSignature is the TF Serving signature every service answers to
+	// (a one-model service also answers to its model's backend.signature).
 	CompatSignature = "serving_default"
 	// ParamRequestID is the KServe request parameter carrying the
 	// idempotency key (request_id of the HAMS API).
@@ -105,7 +107,10 @@ func filterNamed(outs []*hamsv1.Tensor, names []string) ([]*hamsv1.Tensor, error
 		return outs, nil
 	}
 	kept := make([]*hamsv1.Tensor, 0, len(names))
-	for _, n := range names {
+	for i, n := range names {
+		if slices.Contains(names[:i], n) {
+			return nil, status.Errorf(codes.InvalidArgument, "duplicate output tensor alias %q in output_filter", n)
+		}
 		var found *hamsv1.Tensor
 		for _, o := range outs {
 			if o.GetName() == n {
@@ -125,9 +130,13 @@ func filterNamed(outs []*hamsv1.Tensor, names []string) ([]*hamsv1.Tensor, error
 	return kept, nil
 }
 
-// wireErr turns a conversion error into InvalidArgument (it names the
-// tensor).
+// wireErr turns a conversion error into InvalidArgument, or
+// ResourceExhausted for a tensor over the request's byte budget (the
+// message names the tensor).
 func wireErr(service string, err error) error {
+	if errors.Is(err, wire.ErrTooLarge) {
+		return status.Errorf(codes.ResourceExhausted, "service %q: %v", service, err)
+	}
 	if _, ok := status.FromError(err); ok && !errors.Is(err, wire.ErrInvalid) {
 		return err
 	}
@@ -160,14 +169,32 @@ func (f *Frontend) tfService(spec *tfapis.ModelSpec, checkSig bool) (*serviceInf
 			return nil, status.Errorf(codes.NotFound, "model %q: version %d not found (serves version %d)", spec.GetName(), v.Version.GetValue(), s.version)
 		}
 	case *tfapis.ModelSpec_VersionLabel:
+		// TF Serving: INVALID_ARGUMENT "Unrecognized servable version label".
 		if v.VersionLabel != "" && v.VersionLabel != s.label {
-			return nil, status.Errorf(codes.NotFound, "model %q: version label %q not found (%s)", spec.GetName(), v.VersionLabel, s.labels())
+			return nil, status.Errorf(codes.InvalidArgument, "model %q: unrecognized servable version label %q (%s)", spec.GetName(), v.VersionLabel, s.labels())
 		}
 	}
-	if sig := spec.GetSignatureName(); checkSig && sig != "" && sig != CompatSignature {
-		return nil, status.Errorf(codes.InvalidArgument, "model %q: serving signature %q not found (only %q)", spec.GetName(), sig, CompatSignature)
+	if sig := spec.GetSignatureName(); checkSig && !s.hasSignature(sig) {
+		// TF Serving: FAILED_PRECONDITION `Serving signature key "x" not found.`
+		return nil, status.Errorf(codes.FailedPrecondition, "model %q: serving signature key %q not found (signatures: %s)", spec.GetName(), sig, strings.Join(s.signatures(), ", "))
 	}
 	return s, nil
+}
+
+// signatures are the TF Serving signature keys the service answers to:
+// serving_default, and backend.signature of a one-model service's model
+// (the key its clients name when they call TF Serving itself).
+func (s *serviceInfo) signatures() []string {
+	if s.signature == "" || s.signature == CompatSignature {
+		return []string{CompatSignature}
+	}
+	return []string{CompatSignature, s.signature}
+}
+
+// hasSignature says whether a request's signature_name names the service
+// (empty means serving_default).
+func (s *serviceInfo) hasSignature(sig string) bool {
+	return sig == "" || slices.Contains(s.signatures(), sig)
 }
 
 // labels describes the service's version labels for an error message.
@@ -187,8 +214,14 @@ func (s *serviceInfo) kserveVersion(model, v string) error {
 	return status.Errorf(codes.NotFound, "model %q: version %q not found (serves version %d; %s)", model, v, s.version, s.labels())
 }
 
-func tfRespSpec(name string, s *serviceInfo) *tfapis.ModelSpec {
-	return &tfapis.ModelSpec{Name: name, VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(s.version)}, SignatureName: CompatSignature}
+// tfRespSpec is a response's model_spec: the version served and the
+// signature used (the request's, else serving_default).
+func tfRespSpec(req *tfapis.ModelSpec, s *serviceInfo) *tfapis.ModelSpec {
+	sig := req.GetSignatureName()
+	if sig == "" {
+		sig = CompatSignature
+	}
+	return &tfapis.ModelSpec{Name: req.GetName(), VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(s.version)}, SignatureName: sig}
 }
 
 func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictRequest) (*tfapis.PredictResponse, error) {
@@ -204,11 +237,24 @@ func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictReques
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	// Names first, then decodes within what is left of the request's byte
+	// budget: a one-value broadcast makes a tensor much larger than its
+	// message, and a small request naming many inputs must not expand to
+	// many times the limit before predict's own checks see it.
+	if len(svc.inputs) > 0 {
+		for _, k := range keys {
+			if svc.spec(k) == nil {
+				return nil, status.Errorf(codes.InvalidArgument, "service %q: unknown input %q (declared: %s)", svc.name, k, svc.inputNames())
+			}
+		}
+	}
 	ins := make([]*hamsv1.Tensor, len(keys))
+	left := int64(s.f.maxBytes)
 	for i, k := range keys {
-		if ins[i], err = wire.FromTensorProto(k, req.GetInputs()[k]); err != nil {
+		if ins[i], err = wire.FromTensorProtoLimit(k, req.GetInputs()[k], left); err != nil {
 			return nil, wireErr(svc.name, err)
 		}
+		left -= int64(len(ins[i].GetData()))
 	}
 	resp, err := s.f.predict(ctx, &hamsv1.PredictRequest{Service: svc.name, Inputs: ins})
 	if err != nil {
@@ -218,9 +264,9 @@ func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictReques
 	if err != nil {
 		return nil, err
 	}
-	out := &tfapis.PredictResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName(), svc), Outputs: make(map[string]*tfpb.TensorProto, len(outs))}
+	out := &tfapis.PredictResponse{ModelSpec: tfRespSpec(req.GetModelSpec(), svc), Outputs: make(map[string]*tfpb.TensorProto, len(outs))}
 	for _, o := range outs {
-		tp, err := wire.ToTensorProto(o)
+		tp, err := wire.ToTensorProtoTyped(o)
 		if err != nil {
 			// A model answered a tensor TF Serving cannot express.
 			return nil, status.Errorf(codes.Internal, "service %q: output: %v", svc.name, err)
@@ -238,10 +284,8 @@ func (s *tfPredictServer) GetModelMetadata(ctx context.Context, req *tfapis.GetM
 	if err != nil {
 		return nil, err
 	}
-	for _, fld := range req.GetMetadataField() {
-		if fld != "signature_def" {
-			return nil, status.Errorf(codes.InvalidArgument, "metadata field %q is not supported (only signature_def)", fld)
-		}
+	if err := checkMetadataFields(req.GetMetadataField()); err != nil {
+		return nil, err
 	}
 	def := &tfapis.SignatureDef{Inputs: map[string]*tfapis.TensorInfo{}, Outputs: map[string]*tfapis.TensorInfo{}, MethodName: "tensorflow/serving/predict"}
 	for _, in := range svc.inputs {
@@ -250,11 +294,29 @@ func (s *tfPredictServer) GetModelMetadata(ctx context.Context, req *tfapis.GetM
 	for _, out := range svc.outputs {
 		def.Outputs[out.Name] = tfTensorInfo(out)
 	}
-	anyv, err := anypb.New(&tfapis.SignatureDefMap{SignatureDef: map[string]*tfapis.SignatureDef{CompatSignature: def}})
+	defs := map[string]*tfapis.SignatureDef{}
+	for _, sig := range svc.signatures() {
+		defs[sig] = def
+	}
+	anyv, err := anypb.New(&tfapis.SignatureDefMap{SignatureDef: defs})
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode signature_def: %v", err)
 	}
-	return &tfapis.GetModelMetadataResponse{ModelSpec: tfRespSpec(req.GetModelSpec().GetName(), svc), Metadata: map[string]*anypb.Any{"signature_def": anyv}}, nil
+	return &tfapis.GetModelMetadataResponse{ModelSpec: tfRespSpec(req.GetModelSpec(), svc), Metadata: map[string]*anypb.Any{"signature_def": anyv}}, nil
+}
+
+// checkMetadataFields answers a GetModelMetadata's metadata_field as TF
+// Serving does: at least one, and only signature_def.
+func checkMetadataFields(fields []string) error {
+	if len(fields) == 0 {
+		return status.Error(codes.InvalidArgument, "GetModelMetadataRequest must specify at least one metadata_field (signature_def)")
+	}
+	for _, fld := range fields {
+		if fld != "signature_def" {
+			return status.Errorf(codes.InvalidArgument, "metadata field %q is not supported (only signature_def)", fld)
+		}
+	}
+	return nil
 }
 
 // tfTensorInfo is a declared tensor as a signature_def lists it.
@@ -273,7 +335,13 @@ func (s *tfModelServer) GetModelStatus(ctx context.Context, req *tfapis.GetModel
 	if p := s.f.passFor(req.GetModelSpec().GetName()); p != nil && req.GetModelSpec() != nil {
 		return s.f.passStatus(ctx, p, req)
 	}
-	svc, err := s.f.tfService(req.GetModelSpec(), false)
+	// TF Serving's GetModelStatus ignores version_label: it answers the
+	// one version asked for, or every version.
+	spec := req.GetModelSpec()
+	if _, ok := spec.GetVersionChoice().(*tfapis.ModelSpec_VersionLabel); ok {
+		spec = &tfapis.ModelSpec{Name: spec.GetName()}
+	}
+	svc, err := s.f.tfService(spec, false)
 	if err != nil {
 		return nil, err
 	}
@@ -311,12 +379,14 @@ func (s *kserveServer) ModelReady(ctx context.Context, req *inference.ModelReady
 	if p := s.f.passFor(req.GetName()); p != nil {
 		return s.f.passReady(ctx, p, req)
 	}
-	svc, err := s.f.modelService(req.GetName())
-	if err != nil {
-		return nil, err
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "no model named in the request")
 	}
-	if err := svc.kserveVersion(req.GetName(), req.GetVersion()); err != nil {
-		return nil, err
+	// As Triton answers (InferenceServer::ModelIsReady): an unknown model
+	// or version is not ready, not an error, so is_model_ready() is False.
+	svc, err := s.f.modelService(req.GetName())
+	if err != nil || svc.kserveVersion(req.GetName(), req.GetVersion()) != nil {
+		return &inference.ModelReadyResponse{Ready: false}, nil
 	}
 	return &inference.ModelReadyResponse{Ready: len(s.f.serviceUnresolved(svc)) == 0}, nil
 }
@@ -367,26 +437,30 @@ func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInfer
 	if err := svc.kserveVersion(req.GetModelName(), req.GetModelVersion()); err != nil {
 		return nil, err
 	}
-	hasRaw := len(req.GetRawInputContents()) > 0
-	if hasRaw && len(req.GetRawInputContents()) != len(req.GetInputs()) {
-		return nil, status.Errorf(codes.InvalidArgument, "service %q: %d raw_input_contents for %d inputs", svc.name, len(req.GetRawInputContents()), len(req.GetInputs()))
-	}
-	ins := make([]*hamsv1.Tensor, len(req.GetInputs()))
-	for i, in := range req.GetInputs() {
+	for _, in := range req.GetInputs() {
 		if _, shm := in.GetParameters()[wire.ParamShmRegion]; shm {
 			return nil, status.Errorf(codes.InvalidArgument, "service %q: input %q: shared-memory inputs are not supported by the HAMS frontend (send the data in the request)", svc.name, in.GetName())
 		}
-		var raw []byte
-		if hasRaw {
-			raw = req.GetRawInputContents()[i]
-		}
-		if ins[i], err = wire.FromInferInput(in, raw, hasRaw); err != nil {
+	}
+	raws, takes, err := wire.RawInputs(req.GetInputs(), req.GetRawInputContents())
+	if err != nil {
+		return nil, wireErr(svc.name, err)
+	}
+	ins := make([]*hamsv1.Tensor, len(req.GetInputs()))
+	for i, in := range req.GetInputs() {
+		if ins[i], err = wire.FromInferInput(in, raws[i], takes[i]); err != nil {
 			return nil, wireErr(svc.name, err)
 		}
 	}
 	for _, o := range req.GetOutputs() {
 		if _, shm := o.GetParameters()[wire.ParamShmRegion]; shm {
 			return nil, status.Errorf(codes.InvalidArgument, "service %q: output %q: shared-memory outputs are not supported by the HAMS frontend", svc.name, o.GetName())
+		}
+		// Triton's classification extension answers top-k labels as
+		// BYTES; answering the raw tensor instead would be silently
+		// wrong.
+		if _, cls := o.GetParameters()[wire.ParamClassification]; cls {
+			return nil, status.Errorf(codes.InvalidArgument, "service %q: output %q: the classification extension (parameter %q) is not supported by the HAMS frontend; ask for the tensor and take the top k", svc.name, o.GetName(), wire.ParamClassification)
 		}
 	}
 	stream, err := wire.SequenceID(req.GetParameters())

@@ -3,6 +3,7 @@ package frontend
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -89,6 +90,11 @@ func TestCompatTFServingPredict(t *testing.T) {
 		if len(resp.Outputs) != 2 || resp.ModelSpec.GetName() != name || resp.ModelSpec.GetVersion().GetValue() != 1 {
 			t.Fatalf("%s: reply %v", name, resp)
 		}
+		// Answered in the typed fields, TF Serving's default encoding:
+		// a client reading outputs["images"].float_val finds the values.
+		if img := resp.Outputs["images"]; len(img.GetFloatVal()) != 12 || len(img.GetTensorContent()) != 0 || len(resp.Outputs["ids"].GetInt64Val()) != 3 {
+			t.Fatalf("%s: outputs not in the typed fields: %v", name, resp.Outputs)
+		}
 		for _, want := range in {
 			got, err := wire.FromTensorProto(want.Name, resp.Outputs[want.Name])
 			if err != nil {
@@ -133,7 +139,22 @@ func TestCompatTFServingPredict(t *testing.T) {
 	bad("model of a multi-model service", &tfapis.PredictRequest{ModelSpec: tfSpec("p"), Inputs: imgs(typed)}, codes.NotFound, `"p"`)
 	bad("no spec", &tfapis.PredictRequest{Inputs: imgs(typed)}, codes.InvalidArgument, "model_spec")
 	bad("no name", &tfapis.PredictRequest{ModelSpec: tfSpec(""), Inputs: imgs(typed)}, codes.InvalidArgument, "no model")
-	bad("signature", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "echo", SignatureName: "classify"}, Inputs: imgs(typed)}, codes.InvalidArgument, "classify")
+	bad("signature", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "echo", SignatureName: "classify"}, Inputs: imgs(typed)}, codes.FailedPrecondition, "classify", CompatSignature)
+	bad("duplicate filter", &tfapis.PredictRequest{ModelSpec: tfSpec("echo"), Inputs: imgs(typed), OutputFilter: []string{"ids", "ids"}}, codes.InvalidArgument, "duplicate", "ids")
+	undeclared := map[string]*tfpb.TensorProto{"images": typed, "ids": content}
+	for i := range 6 {
+		// 176 bytes of request that would decode to 384 MiB: an
+		// undeclared name is refused before anything is decoded.
+		undeclared[fmt.Sprintf("x%d", i)] = &tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, TensorShape: wire.TFShape([]int64{16 << 20}), FloatVal: []float32{1}}
+	}
+	bad("undeclared inputs", &tfapis.PredictRequest{ModelSpec: tfSpec("echo"), Inputs: undeclared}, codes.InvalidArgument, "unknown input", `"x0"`)
+	// The same broadcasts to a service that declares no inputs: refused
+	// against the request's byte budget as a whole.
+	manyBC := map[string]*tfpb.TensorProto{}
+	for i := range 6 {
+		manyBC[fmt.Sprintf("x%d", i)] = &tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, TensorShape: wire.TFShape([]int64{4096}), FloatVal: []float32{1}}
+	}
+	bad("broadcast budget", &tfapis.PredictRequest{ModelSpec: tfSpec("fan"), Inputs: manyBC}, codes.ResourceExhausted, "left of the request's limit")
 	short := &tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, TensorShape: wire.TFShape([]int64{3, 4}), FloatVal: []float32{1, 2}}
 	bad("value count", &tfapis.PredictRequest{ModelSpec: tfSpec("echo"), Inputs: imgs(short)}, codes.InvalidArgument, "images")
 	cplx := &tfpb.TensorProto{Dtype: tfpb.DataType_DT_COMPLEX64, TensorShape: wire.TFShape([]int64{3, 4})}
@@ -162,7 +183,9 @@ func TestCompatTFServingPredict(t *testing.T) {
 	}
 	_, err = tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: tfSpec("echo"), MetadataField: []string{"graph"}})
 	wantStatus(t, "metadata field", err, codes.InvalidArgument, "graph")
-	_, err = tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: tfSpec("nope")})
+	_, err = tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: tfSpec("echo")})
+	wantStatus(t, "no metadata field", err, codes.InvalidArgument, "metadata_field")
+	_, err = tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: tfSpec("nope"), MetadataField: []string{"signature_def"}})
 	wantStatus(t, "metadata unknown", err, codes.NotFound)
 
 	// Status follows whether the entry models resolve.
@@ -334,8 +357,10 @@ func TestCompatKServeInfer(t *testing.T) {
 		t.Fatalf("other service stays ready: %v %v", mr, err)
 	}
 	e.res.set("a", addr)
-	_, err = ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: "nope"})
-	wantStatus(t, "ready unknown", err, codes.NotFound)
+	// As Triton answers: an unknown model is not ready, not an error.
+	if mr, err := ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: "nope"}); err != nil || mr.Ready {
+		t.Fatalf("ready unknown: %v %v", mr, err)
+	}
 	sm, err := ks.ServerMetadata(ctx, &inference.ServerMetadataRequest{})
 	if err != nil || sm.Name == "" {
 		t.Fatalf("server metadata %v %v", sm, err)
@@ -506,7 +531,12 @@ func TestCompatHostileShapes(t *testing.T) {
 	} {
 		images := &tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, TensorShape: wire.TFShape(c.shape), FloatVal: c.vals}
 		_, err := tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: tfSpec("echo"), Inputs: map[string]*tfpb.TensorProto{"images": images, "ids": ids}})
-		wantStatus(t, "Predict "+c.what, err, codes.InvalidArgument, `"images"`, c.says)
+		code := codes.InvalidArgument
+		if c.says == "limit" {
+			// Decodes to more than the request's byte budget.
+			code = codes.ResourceExhausted
+		}
+		wantStatus(t, "Predict "+c.what, err, code, `"images"`, c.says)
 
 		says := c.says
 		if says == "limit" || says == "float_val holds 3" {

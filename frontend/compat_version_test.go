@@ -13,14 +13,15 @@ import (
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
 )
 
-// versionYAML: service echo's one model declares backend version 3, lab's
-// a version label, fan (several models) has none (version 1).
+// versionYAML: service echo's one model declares backend version 3 and
+// signature predict_images, lab's a version label, fan (several models)
+// has none (version 1).
 const versionYAML = `
 name: test
 mode: bare
 limits: {max_message_bytes: 65536, request_timeout: 5s}
 models:
-  - {name: a, kind: prep, backend: {version: "3"}}
+  - {name: a, kind: prep, backend: {version: "3", signature: predict_images}}
   - {name: b, kind: prep, backend: {version: stable}}
 services:
   - name: echo
@@ -32,7 +33,8 @@ services:
 `
 
 // The compatibility APIs serve one version per service and answer any
-// other version or label NotFound, as TF Serving and Triton do.
+// other version NotFound, as TF Serving and Triton do (an unknown TF
+// label is InvalidArgument, as TF Serving answers it).
 func TestCompatVersions(t *testing.T) {
 	e := newEnvWith(t, envOpts{yaml: versionYAML})
 	tf, ms, ks := e.compatClients()
@@ -67,22 +69,49 @@ func TestCompatVersions(t *testing.T) {
 			t.Fatalf("%s: reply names version %d, want %d", what, got, want)
 		}
 	}
+	// TF Serving: an unknown version is NotFound, an unknown label
+	// InvalidArgument ("Unrecognized servable version label"); its
+	// GetModelStatus ignores version_label and answers every version.
 	for what, c := range map[string]struct {
 		spec  *tfapis.ModelSpec
+		code  codes.Code
 		parts []string
 	}{
-		"echo v2":         {version("echo", 2), []string{"version 2", "serves version 3"}},
-		"lab v3":          {version("lab", 3), []string{"version 3"}},
-		"echo label":      {label("echo", "stable"), []string{`"stable"`, "no version labels"}},
-		"lab wrong label": {label("lab", "canary"), []string{`"canary"`, `"stable"`}},
+		"echo v2":         {version("echo", 2), codes.NotFound, []string{"version 2", "serves version 3"}},
+		"lab v3":          {version("lab", 3), codes.NotFound, []string{"version 3"}},
+		"echo label":      {label("echo", "stable"), codes.InvalidArgument, []string{`"stable"`, "no version labels"}},
+		"lab wrong label": {label("lab", "canary"), codes.InvalidArgument, []string{`"canary"`, `"stable"`}},
 	} {
 		_, err := tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: c.spec, Inputs: inputs})
-		wantStatus(t, "predict "+what, err, codes.NotFound, c.parts...)
+		wantStatus(t, "predict "+what, err, c.code, c.parts...)
 		_, err = tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: c.spec, MetadataField: []string{"signature_def"}})
-		wantStatus(t, "metadata "+what, err, codes.NotFound, c.parts...)
-		_, err = ms.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: c.spec})
-		wantStatus(t, "status "+what, err, codes.NotFound, c.parts...)
+		wantStatus(t, "metadata "+what, err, c.code, c.parts...)
+		st, err := ms.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: c.spec})
+		if c.code == codes.NotFound {
+			wantStatus(t, "status "+what, err, codes.NotFound, c.parts...)
+		} else if err != nil || len(st.GetModelVersionStatus()) != 1 {
+			t.Fatalf("status %s: the label is ignored, as TF Serving does: %v %v", what, st, err)
+		}
 	}
+	// A client naming the signature it used against TF Serving itself
+	// (backend.signature) is served; the reply names that signature, and
+	// the metadata lists it beside serving_default.
+	sig := &tfapis.ModelSpec{Name: "echo", SignatureName: "predict_images"}
+	resp, err := tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: sig, Inputs: inputs})
+	if err != nil || resp.GetModelSpec().GetSignatureName() != "predict_images" {
+		t.Fatalf("predict with backend.signature: %v %v", resp, err)
+	}
+	tmd, err := tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: sig, MetadataField: []string{"signature_def"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sigs := &tfapis.SignatureDefMap{}
+	if err := tmd.GetMetadata()["signature_def"].UnmarshalTo(sigs); err != nil || sigs.SignatureDef["predict_images"] == nil || sigs.SignatureDef[CompatSignature] == nil {
+		t.Fatalf("signatures %v %v", sigs, err)
+	}
+	_, err = tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "lab", SignatureName: "predict_images"}, Inputs: inputs})
+	wantStatus(t, "another service's signature", err, codes.FailedPrecondition, "predict_images")
+
 	st, err := ms.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: version("echo", 3)})
 	if err != nil || len(st.GetModelVersionStatus()) != 1 || st.GetModelVersionStatus()[0].GetVersion() != 3 ||
 		st.GetModelVersionStatus()[0].GetState() != tfapis.ModelVersionStatus_AVAILABLE {
@@ -113,8 +142,9 @@ func TestCompatVersions(t *testing.T) {
 	for _, c := range []struct{ model, v string }{{"echo", "2"}, {"echo", "stable"}, {"lab", "canary"}, {"lab", "3"}} {
 		_, err := ks.ModelInfer(ctx, req(c.model, c.v))
 		wantStatus(t, "infer "+c.model+" "+c.v, err, codes.NotFound, c.v)
-		_, err = ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: c.model, Version: c.v})
-		wantStatus(t, "ready "+c.model+" "+c.v, err, codes.NotFound, c.v)
+		if mr, err := ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: c.model, Version: c.v}); err != nil || mr.GetReady() {
+			t.Fatalf("ready %s %s: not ready, no error, as Triton answers: %v %v", c.model, c.v, mr, err)
+		}
 		_, err = ks.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: c.model, Version: c.v})
 		wantStatus(t, "metadata "+c.model+" "+c.v, err, codes.NotFound, c.v)
 	}

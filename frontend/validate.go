@@ -30,6 +30,10 @@ type serviceInfo struct {
 	// NotFound.
 	version int64
 	label   string
+	// signature is backend.signature of a one-model service's model: a
+	// TF Serving signature key the service answers to besides
+	// serving_default.
+	signature string
 }
 
 func newServiceInfo(d *config.Deployment, s *config.Service) *serviceInfo {
@@ -45,6 +49,9 @@ func newServiceInfo(d *config.Deployment, s *config.Service) *serviceInfo {
 		version: compatVersion,
 	}
 	if len(info.models) == 1 {
+		if m := d.Model(info.models[0]); m != nil {
+			info.signature = m.Backend.Signature
+		}
 		if m := d.Model(info.models[0]); m != nil && m.Backend.Version != "" {
 			if v, err := strconv.ParseInt(m.Backend.Version, 10, 64); err == nil && v > 0 {
 				info.version = v

@@ -216,7 +216,7 @@ func TestCudaSharedMemoryLSTM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cudaResp.Outputs[1].Parameters[wire.ParamShmRegion].GetStringParam() != "h_out" || len(cudaResp.RawOutputContents[1]) != 0 {
+	if cudaResp.Outputs[1].GetName() != "h_out" || len(cudaResp.Outputs[1].Parameters) != 0 || len(cudaResp.RawOutputContents[1]) != 0 {
 		t.Fatalf("CUDA output response %v", cudaResp.Outputs)
 	}
 	gotH, gotC := make([]byte, sb), make([]byte, sb)

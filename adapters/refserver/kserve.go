@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,9 +31,13 @@ func (a *kserveAPI) ServerReady(context.Context, *inference.ServerReadyRequest) 
 }
 
 func (a *kserveAPI) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "no model named in the request")
+	}
+	// As Triton answers: an unknown model or version is not ready (OK).
 	h, err := a.s.lookup(req.GetName())
-	if err != nil {
-		return nil, err
+	if err != nil || (req.GetVersion() != "" && req.GetVersion() != "1") {
+		return &inference.ModelReadyResponse{Ready: false}, nil
 	}
 	return &inference.ModelReadyResponse{Ready: h.ready()}, nil
 }
@@ -53,6 +58,9 @@ func (a *kserveAPI) ModelMetadata(ctx context.Context, req *inference.ModelMetad
 	h, err := a.s.lookup(req.GetName())
 	if err != nil {
 		return nil, err
+	}
+	if v := req.GetVersion(); v != "" && v != "1" {
+		return nil, status.Errorf(codes.NotFound, "model %q has no version %q (only 1)", h.name, v)
 	}
 	d := h.m.Describe()
 	ins := specsMeta(d.Inputs)
@@ -98,9 +106,9 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 	if len(req.Inputs) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "model %q: request has no inputs", h.name)
 	}
-	hasRaw := len(req.RawInputContents) > 0
-	if hasRaw && len(req.RawInputContents) != len(req.Inputs) {
-		return nil, status.Errorf(codes.InvalidArgument, "%d raw_input_contents for %d inputs", len(req.RawInputContents), len(req.Inputs))
+	raws, takes, err := wire.RawInputs(req.Inputs, req.RawInputContents)
+	if err != nil {
+		return nil, wireStatus(err)
 	}
 	ins := make([]*hamsv1.Tensor, 0, len(req.Inputs))
 	var streamIDs *hamsv1.Tensor
@@ -108,11 +116,7 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		if in == nil {
 			return nil, status.Errorf(codes.InvalidArgument, "input %d is empty", i)
 		}
-		var raw []byte
-		if hasRaw {
-			raw = req.RawInputContents[i]
-		}
-		t, err := a.kserveTensor(in, raw, hasRaw)
+		t, err := a.kserveTensor(in, raws[i], takes[i])
 		if err != nil {
 			return nil, err
 		}
@@ -151,6 +155,9 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		}
 	}()
 	for _, o := range req.Outputs {
+		if _, cls := o.GetParameters()[wire.ParamClassification]; cls {
+			return nil, status.Errorf(codes.InvalidArgument, "model %q: output %q: the classification extension is not supported by the reference server", h.name, o.GetName())
+		}
 		if _, ok := o.GetParameters()[wire.ParamShmRegion]; !ok {
 			continue
 		}
@@ -191,10 +198,10 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 			if err := w.write(o.Data); err != nil {
 				return nil, status.Errorf(codes.Internal, "output '%s': copy to shared memory region '%s': %v", o.Name, w.region, err)
 			}
-			ot.Parameters = map[string]*inference.InferParameter{
-				wire.ParamShmRegion: wire.StrParam(w.region), wire.ParamShmByteSize: wire.I64Param(int64(len(o.Data))),
-			}
-			// An empty entry keeps raw_output_contents positional.
+			// As Triton answers an output it wrote to shared memory: name,
+			// datatype and shape, no parameters, and an empty entry that
+			// keeps raw_output_contents positional. The client knows which
+			// outputs it placed in shared memory.
 			data = []byte{}
 		}
 		resp.Outputs = append(resp.Outputs, ot)
@@ -246,7 +253,10 @@ func filterOutputs(outs []*hamsv1.Tensor, names []string) ([]*hamsv1.Tensor, err
 		return outs, nil
 	}
 	var kept []*hamsv1.Tensor
-	for _, n := range names {
+	for i, n := range names {
+		if slices.Contains(names[:i], n) {
+			return nil, status.Errorf(codes.InvalidArgument, "duplicate output tensor alias %q", n)
+		}
 		var found *hamsv1.Tensor
 		for _, o := range outs {
 			if o.Name == n {

@@ -49,6 +49,9 @@ type Server struct {
 	srv     *grpc.Server
 	shm     *shmManager
 	cuda    *cudaManager
+	// maxBytes is the gRPC message limit, also the byte budget of a
+	// request's decoded tensors.
+	maxBytes int
 }
 
 type hosted struct {
@@ -109,7 +112,11 @@ func New(cfg Config) (*Server, error) {
 	sort.Strings(s.names)
 	s.metrics = newMetrics(cfg.Registry, built)
 	gm := register(cfg.Registry, grpcx.NewServerMetrics(nil))
-	s.srv = grpc.NewServer(grpcx.ServerOptions(s.log, gm, cfg.Deployment.Limits.MaxMessageBytes)...)
+	s.maxBytes = cfg.Deployment.Limits.MaxMessageBytes
+	if s.maxBytes <= 0 {
+		s.maxBytes = grpcx.DefaultMaxMessageBytes
+	}
+	s.srv = grpc.NewServer(grpcx.ServerOptions(s.log, gm, s.maxBytes)...)
 	hamsv1.RegisterModelRuntimeServer(s.srv, &runtimeAPI{s: s})
 	inference.RegisterGRPCInferenceServiceServer(s.srv, &kserveAPI{s: s})
 	tfapis.RegisterPredictionServiceServer(s.srv, &predictAPI{s: s})

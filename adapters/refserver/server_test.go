@@ -1,11 +1,13 @@
 package refserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -353,8 +355,14 @@ func TestKServe(t *testing.T) {
 	if r, err := e.ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: "fashion"}); err != nil || !r.Ready {
 		t.Fatal(r, err)
 	}
-	_, err := e.ks.ModelReady(ctx, &inference.ModelReadyRequest{Name: "ghost"})
-	wantCode(t, "ready ghost", err, codes.NotFound, "ghost")
+	// Unknown model or version: not ready, no error, as Triton answers.
+	for _, r := range []*inference.ModelReadyRequest{{Name: "ghost"}, {Name: "fashion", Version: "7"}} {
+		if mr, err := e.ks.ModelReady(ctx, r); err != nil || mr.Ready {
+			t.Fatalf("ready %v: %v %v", r, mr, err)
+		}
+	}
+	_, err := e.ks.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "fashion", Version: "7"})
+	wantCode(t, "metadata version 7", err, codes.NotFound, "7")
 	if r, err := e.ks.ServerMetadata(ctx, &inference.ServerMetadataRequest{}); err != nil || r.Name == "" {
 		t.Fatal(r, err)
 	}
@@ -409,6 +417,15 @@ func TestKServe(t *testing.T) {
 	if err != nil || len(lr.Outputs) != 2 || lr.Outputs[1].Datatype != "INT64" {
 		t.Fatal(lr, err)
 	}
+	// Raw and typed inputs in one request, as Triton takes them: the one
+	// raw entry belongs to the one input without typed contents.
+	mixed, err := e.ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "norm", Inputs: []*inference.ModelInferRequest_InferInputTensor{
+		{Name: "labels", Datatype: "INT64", Shape: []int64{2}, Contents: &inference.InferTensorContents{Int64Contents: []int64{4, -1}}},
+		{Name: "x", Datatype: "FP32", Shape: []int64{2, 3}}},
+		RawInputContents: [][]byte{tensor.FromFloat32("x", []int64{2, 3}, []float32{1, 2, 3, 4, 5, 6}).Data}})
+	if err != nil || len(mixed.Outputs) != 2 || !bytes.Equal(mixed.RawOutputContents[0], lr.RawOutputContents[0]) {
+		t.Fatal("raw and typed inputs in one request:", mixed, err)
+	}
 	// bad inputs
 	bad := func(name string, req *inference.ModelInferRequest, code codes.Code, want string) {
 		_, err := e.ks.ModelInfer(ctx, req)
@@ -428,7 +445,7 @@ func TestKServe(t *testing.T) {
 	bad("negative dim", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{-1, 784}, nil)}, codes.InvalidArgument, "images")
 	bad("raw count", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, nil), RawInputContents: [][]byte{{1}, {2}}}, codes.InvalidArgument, "raw_input_contents")
 	bad("raw size", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, nil), RawInputContents: [][]byte{{1, 2, 3}}}, codes.InvalidArgument, "images")
-	bad("raw and typed", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, &inference.InferTensorContents{Fp32Contents: img}), RawInputContents: [][]byte{raw.RawInputContents[0]}}, codes.InvalidArgument, "images")
+	bad("raw and typed", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, &inference.InferTensorContents{Fp32Contents: img}), RawInputContents: [][]byte{raw.RawInputContents[0]}}, codes.InvalidArgument, "belongs to no input")
 	bad("unknown output", &inference.ModelInferRequest{ModelName: "fashion", Inputs: raw.Inputs, RawInputContents: raw.RawInputContents,
 		Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "logits"}}}, codes.InvalidArgument, "logits")
 	bad("nil input", &inference.ModelInferRequest{ModelName: "fashion", Inputs: []*inference.ModelInferRequest_InferInputTensor{nil}}, codes.InvalidArgument, "")
@@ -475,7 +492,8 @@ func TestTFServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := r1.Outputs["scores"]
-	if out == nil || out.Dtype != tfpb.DataType_DT_FLOAT || len(out.TensorContent) != 40 || r1.ModelSpec.GetName() != "fashion" || r1.ModelSpec.SignatureName != DefaultSignature {
+	// Typed fields, TF Serving's default response encoding.
+	if out == nil || out.Dtype != tfpb.DataType_DT_FLOAT || len(out.FloatVal) != 10 || len(out.TensorContent) != 0 || r1.ModelSpec.GetName() != "fashion" || r1.ModelSpec.SignatureName != DefaultSignature {
 		t.Fatal(r1)
 	}
 	// broadcast of a single value and tensor_content give the same answer
@@ -483,13 +501,13 @@ func TestTFServing(t *testing.T) {
 	bc.FloatVal = []float32{0.5}
 	r2, err := e.tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion", SignatureName: DefaultSignature,
 		VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(1)}}, Inputs: map[string]*tfpb.TensorProto{"images": bc}, OutputFilter: []string{"scores"}})
-	if err != nil || !closeRaw(r2.Outputs["scores"].GetTensorContent(), out.TensorContent) {
+	if err != nil || !closeFloats(r2.Outputs["scores"].GetFloatVal(), out.FloatVal) {
 		t.Fatal("broadcast differs", err)
 	}
 	ct := tp(tfpb.DataType_DT_FLOAT, []int64{1, 784})
 	ct.TensorContent = tensor.FromFloat32("images", []int64{1, 784}, img).Data
 	r3, err := e.tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: spec, Inputs: map[string]*tfpb.TensorProto{"images": ct}})
-	if err != nil || !closeRaw(r3.Outputs["scores"].GetTensorContent(), out.TensorContent) {
+	if err != nil || !closeFloats(r3.Outputs["scores"].GetFloatVal(), out.FloatVal) {
 		t.Fatal("tensor_content differs", err)
 	}
 	// int64 typed values (prep labels passthrough)
@@ -511,7 +529,18 @@ func TestTFServing(t *testing.T) {
 	bad("no spec", &tfapis.PredictRequest{}, codes.InvalidArgument, "model_spec")
 	bad("unknown", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "ghost"}}, codes.NotFound, "ghost")
 	bad("version", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion", VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(3)}}}, codes.NotFound, "3")
-	bad("signature", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion", SignatureName: "other"}}, codes.InvalidArgument, "other")
+	bad("signature", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion", SignatureName: "other"}}, codes.FailedPrecondition, "other")
+	bad("label", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion", VersionChoice: &tfapis.ModelSpec_VersionLabel{VersionLabel: "canary"}}}, codes.InvalidArgument, "canary")
+	bad("duplicate filter", &tfapis.PredictRequest{ModelSpec: spec, Inputs: in(typed), OutputFilter: []string{"scores", "scores"}}, codes.InvalidArgument, "duplicate")
+	// Many one-value broadcasts of a tiny message: refused against the
+	// message limit as a whole, before they are expanded.
+	many := map[string]*tfpb.TensorProto{}
+	for i := range 8 {
+		b := tp(tfpb.DataType_DT_FLOAT, []int64{4 << 20})
+		b.FloatVal = []float32{1}
+		many[fmt.Sprintf("in%d", i)] = b
+	}
+	bad("broadcast budget", &tfapis.PredictRequest{ModelSpec: spec, Inputs: many}, codes.ResourceExhausted, "left of the request's limit")
 	bad("no inputs", &tfapis.PredictRequest{ModelSpec: spec}, codes.InvalidArgument, "")
 	short := tp(tfpb.DataType_DT_FLOAT, []int64{1, 784})
 	short.FloatVal = img[:3]
@@ -541,9 +570,11 @@ func TestTFServing(t *testing.T) {
 	if sd == nil || sd.Inputs["images"].GetDtype() != tfpb.DataType_DT_FLOAT || len(sd.Outputs["scores"].GetTensorShape().GetDim()) != 2 {
 		t.Fatal(&sigs)
 	}
+	_, err = e.tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: spec})
+	wantCode(t, "no metadata field", err, codes.InvalidArgument, "metadata_field")
 	_, err = e.tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: spec, MetadataField: []string{"other"}})
 	wantCode(t, "metadata field", err, codes.InvalidArgument, "other")
-	_, err = e.tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: &tfapis.ModelSpec{Name: "ghost"}})
+	_, err = e.tf.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: &tfapis.ModelSpec{Name: "ghost"}, MetadataField: []string{"signature_def"}})
 	wantCode(t, "metadata ghost", err, codes.NotFound, "ghost")
 	st, err := e.ms.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: spec})
 	if err != nil || st.ModelVersionStatus[0].State != tfapis.ModelVersionStatus_AVAILABLE {
@@ -553,6 +584,19 @@ func TestTFServing(t *testing.T) {
 	wantCode(t, "status ghost", err, codes.NotFound, "ghost")
 	_, err = e.ms.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{})
 	wantCode(t, "status no spec", err, codes.InvalidArgument, "model_spec")
+}
+
+// closeFloats compares FP32 typed outputs as closeRaw does.
+func closeFloats(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Abs(float64(a[i]-b[i])) > 1e-5 {
+			return false
+		}
+	}
+	return true
 }
 
 // closeRaw compares FP32 outputs up to the low-bit drift of the parallel

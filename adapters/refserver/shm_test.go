@@ -75,7 +75,8 @@ func TestSystemSharedMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.RawOutputContents) != 1 || len(resp.RawOutputContents[0]) != 0 || resp.Outputs[0].Parameters[wire.ParamShmRegion].GetStringParam() != "out" {
+	// As Triton answers it: no parameters, an empty raw entry.
+	if len(resp.RawOutputContents) != 1 || len(resp.RawOutputContents[0]) != 0 || len(resp.Outputs[0].Parameters) != 0 {
 		t.Fatalf("shm output response %v", resp)
 	}
 	if !closeRaw(outReg.Bytes()[16:56], direct.RawOutputContents[0]) {
@@ -97,7 +98,9 @@ func TestSystemSharedMemory(t *testing.T) {
 	bad("output region unknown", req(wire.ShmParams("in", 0, 4*784), wire.ShmParams("nope", 0, 40)), codes.NotFound, "nope")
 	both := req(wire.ShmParams("in", 0, 4*784), nil)
 	both.RawInputContents = [][]byte{img.Data}
-	bad("shm and raw", both, codes.InvalidArgument, "images")
+	// Data both in a region and in the request: the raw entry belongs to
+	// no input (shared-memory inputs take none).
+	bad("shm and raw", both, codes.InvalidArgument, "belongs to no input")
 
 	// unregister one, unknown (a no-op, as in Triton), then all
 	for _, n := range []string{"in", "ghost", ""} {

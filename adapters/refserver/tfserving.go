@@ -2,6 +2,7 @@ package refserver
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sort"
 	"strings"
@@ -22,10 +23,14 @@ import (
 // DefaultSignature is the only signature the reference models have.
 const DefaultSignature = "serving_default"
 
-// wireStatus maps a wire conversion error to InvalidArgument.
+// wireStatus maps a wire conversion error to InvalidArgument, or
+// ResourceExhausted for a tensor over the message limit.
 func wireStatus(err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, wire.ErrTooLarge) {
+		return status.Error(codes.ResourceExhausted, err.Error())
 	}
 	if _, ok := status.FromError(err); ok {
 		return err
@@ -51,11 +56,19 @@ func (a *predictAPI) hostedOf(spec *tfapis.ModelSpec) (*hosted, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := spec.VersionChoice.(*tfapis.ModelSpec_Version); ok && v.Version != nil && v.Version.Value != 1 {
-		return nil, status.Errorf(codes.NotFound, "model %q has no version %d (only 1)", h.name, v.Version.Value)
+	switch v := spec.VersionChoice.(type) {
+	case *tfapis.ModelSpec_Version:
+		if v.Version != nil && v.Version.Value != 1 {
+			return nil, status.Errorf(codes.NotFound, "model %q has no version %d (only 1)", h.name, v.Version.Value)
+		}
+	case *tfapis.ModelSpec_VersionLabel:
+		// As TF Serving answers a label its model_config_list does not set.
+		if v.VersionLabel != "" {
+			return nil, status.Errorf(codes.InvalidArgument, "model %q: unrecognized servable version label %q (the model has no version labels)", h.name, v.VersionLabel)
+		}
 	}
 	if sig := spec.SignatureName; sig != "" && sig != DefaultSignature {
-		return nil, status.Errorf(codes.InvalidArgument, "model %q: serving signature %q not found (only %q)", h.name, sig, DefaultSignature)
+		return nil, status.Errorf(codes.FailedPrecondition, "model %q: serving signature key %q not found (only %q)", h.name, sig, DefaultSignature)
 	}
 	return h, nil
 }
@@ -84,11 +97,15 @@ func (a *predictAPI) Predict(ctx context.Context, req *tfapis.PredictRequest) (*
 	ins := make([]*hamsv1.Tensor, 0, len(keys))
 	var streams []string
 	var stateIn []*hamsv1.Tensor
+	// Each decode within what the earlier inputs left of the message
+	// limit: a one-value broadcast expands a small message.
+	left := int64(a.s.maxBytes)
 	for _, k := range keys {
-		t, err := wire.FromTensorProto(k, req.Inputs[k])
+		t, err := wire.FromTensorProtoLimit(k, req.Inputs[k], left)
 		if err != nil {
 			return nil, wireStatus(err)
 		}
+		left -= int64(len(t.Data))
 		switch {
 		case k == wire.StreamIDsInput && names.perStream:
 			if t.Datatype != "BYTES" || len(t.Shape) != 1 {
@@ -133,7 +150,8 @@ func (a *predictAPI) Predict(ctx context.Context, req *tfapis.PredictRequest) (*
 	}
 	resp := &tfapis.PredictResponse{ModelSpec: respSpec(h.name), Outputs: map[string]*tfpb.TensorProto{}}
 	for _, o := range outs {
-		if resp.Outputs[o.Name], err = wire.ToTensorProto(o); err != nil {
+		// TF Serving's default response encoding: the typed *_val fields.
+		if resp.Outputs[o.Name], err = wire.ToTensorProtoTyped(o); err != nil {
 			return nil, status.Errorf(codes.Internal, "model %q: output: %v", h.name, err)
 		}
 	}
@@ -214,6 +232,9 @@ func (a *predictAPI) GetModelMetadata(ctx context.Context, req *tfapis.GetModelM
 	h, err := a.hostedOf(req.ModelSpec)
 	if err != nil {
 		return nil, err
+	}
+	if len(req.MetadataField) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "GetModelMetadataRequest must specify at least one metadata_field (signature_def)")
 	}
 	for _, f := range req.MetadataField {
 		if f != "signature_def" {

@@ -35,7 +35,7 @@ func BenchmarkConvert(b *testing.B) {
 		if err != nil || len(r.Inputs) != 1 {
 			b.Fatal(err)
 		}
-		out, err := be.response(req, resp)
+		out, err := be.response(req, r, resp)
 		if err != nil || len(out.Outputs) != 1 {
 			b.Fatal(err)
 		}

@@ -369,10 +369,8 @@ func (s *Stateful) computeLocked(ctx context.Context, req *hamsv1.BatchRequest) 
 	for _, sb := range s.bufs {
 		r.Inputs = append(r.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: sb.spec.Name + wire.StateInSuffix,
 			Datatype: sb.spec.Datatype, Shape: sb.spec.Shape, Parameters: wire.ShmParams(sb.region(cur), 0, int64(sb.bytes))})
-		if r.RawInputContents != nil {
-			// an empty entry keeps raw_input_contents positional
-			r.RawInputContents = append(r.RawInputContents, []byte{})
-		}
+		// No raw_input_contents entry: Triton reads them only for inputs
+		// with neither a region nor typed contents.
 	}
 	for _, o := range md.GetOutputs() {
 		if !s.batch(o.GetName()) {
@@ -388,7 +386,7 @@ func (s *Stateful) computeLocked(ctx context.Context, req *hamsv1.BatchRequest) 
 	if err != nil {
 		return nil, err
 	}
-	out, err := s.response(req, resp)
+	out, err := s.response(req, r, resp)
 	if err != nil {
 		return nil, err
 	}

@@ -271,9 +271,21 @@ func (b *Backend) request(ctx context.Context, req *hamsv1.BatchRequest) (*infer
 	return r, nil
 }
 
-// response converts the outputs (raw or typed); outputs placed in shared
-// memory are skipped (the caller reads them from its regions).
-func (b *Backend) response(req *hamsv1.BatchRequest, resp *inference.ModelInferResponse) (*hamsv1.BatchResponse, error) {
+// response converts the outputs (raw or typed). Outputs the request
+// placed in shared memory are skipped (the caller reads them from its
+// regions): known by name from the request, since Triton answers them
+// with no parameters and an empty raw entry; an output carrying a
+// shared_memory_region parameter is skipped too.
+func (b *Backend) response(req *hamsv1.BatchRequest, r *inference.ModelInferRequest, resp *inference.ModelInferResponse) (*hamsv1.BatchResponse, error) {
+	var shmOut map[string]bool
+	for _, o := range r.GetOutputs() {
+		if _, ok := o.GetParameters()[wire.ParamShmRegion]; ok {
+			if shmOut == nil {
+				shmOut = map[string]bool{}
+			}
+			shmOut[o.GetName()] = true
+		}
+	}
 	raw := resp.GetRawOutputContents()
 	hasRaw := len(raw) > 0
 	if hasRaw && len(raw) != len(resp.GetOutputs()) {
@@ -281,7 +293,7 @@ func (b *Backend) response(req *hamsv1.BatchRequest, resp *inference.ModelInferR
 	}
 	out := &hamsv1.BatchResponse{Rows: req.GetRows(), BatchId: req.GetBatchId()}
 	for i, o := range resp.GetOutputs() {
-		if _, inShm := o.GetParameters()[wire.ParamShmRegion]; inShm {
+		if _, inShm := o.GetParameters()[wire.ParamShmRegion]; inShm || shmOut[o.GetName()] {
 			continue
 		}
 		var r []byte
@@ -309,11 +321,12 @@ func (b *Backend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.
 	if err != nil {
 		return nil, b.mapErr("infer", err)
 	}
-	return b.response(req, resp)
+	return b.response(req, r, resp)
 }
 
 // Health is nil when the server is live and ready and the model ready;
-// otherwise Unavailable (or the call's own error code).
+// otherwise Unavailable, NotFound for a model or version the server does
+// not know, or the call's own error code.
 func (b *Backend) Health(ctx context.Context) error {
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
@@ -336,6 +349,13 @@ func (b *Backend) Health(ctx context.Context) error {
 		return b.mapErr("model ready", err)
 	}
 	if !mr.GetReady() {
+		// Triton answers ModelReady false, not an error, for a model or
+		// version it does not know: ModelMetadata tells a misconfigured
+		// name (NotFound, which an operator must fix) from a model still
+		// loading (Unavailable).
+		if _, err := b.cl.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: b.cfg.Model, Version: b.cfg.Version}); status.Code(err) == codes.NotFound {
+			return b.mapErr("model ready", err)
+		}
 		return status.Errorf(codes.Unavailable, "triton %s: model not ready", b.cfg.Model)
 	}
 	return nil

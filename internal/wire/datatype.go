@@ -10,8 +10,13 @@ import (
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
 )
 
-// ErrInvalid is wrapped by every conversion error.
+// ErrInvalid is wrapped by every conversion error of a malformed tensor.
 var ErrInvalid = errors.New("wire: invalid tensor")
+
+// ErrTooLarge is wrapped by a decode refused because its data would be
+// over the caller's limit (FromTensorProtoLimit): a server answers
+// ResourceExhausted, as for an oversized message.
+var ErrTooLarge = errors.New("wire: tensor over the size limit")
 
 // KServe v2 datatype names beyond those internal/tensor names.
 const (

@@ -11,11 +11,16 @@ import (
 const (
 	// Per-tensor parameters of system (and CUDA) shared memory: the tensor's
 	// data is in the registered region, at offset, byte_size bytes; its
-	// contents and raw contents are then unset (or an empty raw entry that
-	// only keeps raw_input_contents positional).
+	// contents are unset and it takes no raw_input_contents entry
+	// (RawInputs). Triton answers such an output with no parameters and an
+	// empty raw_output_contents entry.
 	ParamShmRegion   = "shared_memory_region"
 	ParamShmByteSize = "shared_memory_byte_size"
 	ParamShmOffset   = "shared_memory_offset"
+	// ParamClassification is the per-output parameter of Triton's
+	// classification extension (top-k labels as BYTES instead of the
+	// tensor).
+	ParamClassification = "classification"
 	// Request parameters of Triton's sequence batcher.
 	ParamSequenceID    = "sequence_id"
 	ParamSequenceStart = "sequence_start"

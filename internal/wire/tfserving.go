@@ -16,11 +16,26 @@ import (
 // the typed field of the dtype must hold exactly as many values as the
 // shape has elements, or one value, which is broadcast to all of them.
 // An empty typed field for a non-empty shape is an error (TF would fill
-// zeros; a silent all-zero input is more often a client bug). The shape is
-// checked (no negative dimension, element count and byte size within
+// zeros; a silent all-zero input is more often a client bug). A missing
+// tensor_shape is a scalar, as in TF; unknown_rank is an error. The shape
+// is checked (no negative dimension, element count and byte size within
 // int64) and the values present counted before anything is allocated; a
 // broadcast may expand to at most MaxDecodedBytes.
 func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) {
+	return fromTensorProto(name, tp, -1)
+}
+
+// FromTensorProtoLimit is FromTensorProto for a decode that may produce at
+// most limit bytes of data (what is left of a request's budget): a tensor
+// whose data would be larger is refused with ErrTooLarge before anything
+// is allocated. A server decoding several tensors of one request passes
+// what the earlier ones left, so that N broadcast inputs of a small
+// message cannot expand to N times the limit.
+func FromTensorProtoLimit(name string, tp *tfpb.TensorProto, limit int64) (*hamsv1.Tensor, error) {
+	return fromTensorProto(name, tp, max(limit, 0))
+}
+
+func fromTensorProto(name string, tp *tfpb.TensorProto, limit int64) (*hamsv1.Tensor, error) {
 	if tp == nil {
 		return nil, fmt.Errorf("%w: tensor %q: empty TensorProto", ErrInvalid, name)
 	}
@@ -28,11 +43,11 @@ func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) 
 	if !ok {
 		return nil, fmt.Errorf("%w: tensor %q: unsupported dtype %v", ErrInvalid, name, tp.Dtype)
 	}
-	if tp.TensorShape == nil || tp.TensorShape.UnknownRank {
-		return nil, fmt.Errorf("%w: tensor %q: shape unknown", ErrInvalid, name)
+	if tp.TensorShape.GetUnknownRank() {
+		return nil, fmt.Errorf("%w: tensor %q: shape of unknown rank", ErrInvalid, name)
 	}
-	shape := make([]int64, len(tp.TensorShape.Dim))
-	for i, d := range tp.TensorShape.Dim {
+	shape := make([]int64, len(tp.TensorShape.GetDim()))
+	for i, d := range tp.TensorShape.GetDim() {
 		if d.GetSize() < 0 {
 			return nil, fmt.Errorf("%w: tensor %q: dimension %d is %d", ErrInvalid, name, i, d.GetSize())
 		}
@@ -41,6 +56,11 @@ func FromTensorProto(name string, tp *tfpb.TensorProto) (*hamsv1.Tensor, error) 
 	n, size, err := shapeSize(name, dt, shape)
 	if err != nil {
 		return nil, err
+	}
+	if limit >= 0 {
+		if dec := decodedSize(dt, tp, n, size); dec > limit {
+			return nil, fmt.Errorf("%w: tensor %q: %s %v decodes to %d bytes, over the %d bytes left of the request's limit", ErrTooLarge, name, dt, shape, dec, limit)
+		}
 	}
 	t := &hamsv1.Tensor{Name: name, Datatype: dt, Shape: shape}
 	if len(tp.TensorContent) > 0 {
@@ -106,8 +126,10 @@ func typedTF(name, dt string, tp *tfpb.TensorProto, n, size int64) ([]byte, erro
 		}
 	case tensor.FP16, BF16:
 		count, field, enc = len(tp.HalfVal), "half_val", func(b []byte, i int) ([]byte, error) {
+			// TF keeps the low 16 bits: Java's Float.floatToFloat16
+			// returns a short, negative for negative halves.
 			v := tp.HalfVal[i]
-			return binary.LittleEndian.AppendUint16(b, uint16(v)), intRange(i, v >= 0 && v <= math.MaxUint16, v)
+			return binary.LittleEndian.AppendUint16(b, uint16(v)), intRange(i, v >= math.MinInt16 && v <= math.MaxUint16, v)
 		}
 	case tensor.Bool:
 		count, field, enc = len(tp.BoolVal), "bool_val", func(b []byte, i int) ([]byte, error) {
@@ -154,8 +176,10 @@ func typedTF(name, dt string, tp *tfpb.TensorProto, n, size int64) ([]byte, erro
 	return b, nil
 }
 
-// ToTensorProto encodes a raw tensor the way TF Serving answers: numbers in
-// tensor_content, BYTES (DT_STRING) in string_val.
+// ToTensorProto encodes a raw tensor compactly, as clients send large
+// tensors (tf.make_tensor_proto of an ndarray): numbers in tensor_content,
+// BYTES (DT_STRING) in string_val. Servers answer with ToTensorProtoTyped,
+// TF Serving's default encoding of a response.
 func ToTensorProto(t *hamsv1.Tensor) (*tfpb.TensorProto, error) {
 	if err := tensor.Validate(t); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -174,7 +198,10 @@ func ToTensorProto(t *hamsv1.Tensor) (*tfpb.TensorProto, error) {
 }
 
 // ToTensorProtoTyped encodes a raw tensor in the typed *_val field of its
-// dtype (what TF's Python make_tensor_proto emits for small tensors).
+// dtype: what TF Serving answers by default (PredictResponse outputs are
+// Tensor::AsProtoField, "kAsProtoField"), so that clients reading
+// outputs["x"].float_val find the values there, and what TF's Python
+// make_tensor_proto emits for small tensors.
 func ToTensorProtoTyped(t *hamsv1.Tensor) (*tfpb.TensorProto, error) {
 	if err := tensor.Validate(t); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -240,4 +267,28 @@ func TFShape(shape []int64) *tfpb.TensorShapeProto {
 		s.Dim = append(s.Dim, &tfpb.TensorShapeProto_Dim{Size: d})
 	}
 	return s
+}
+
+// decodedSize is the number of data bytes tp decodes to for n elements of
+// dt (size bytes for a fixed-size dt), saturating at MaxInt64; it
+// allocates nothing.
+func decodedSize(dt string, tp *tfpb.TensorProto, n, size int64) int64 {
+	if len(tp.TensorContent) > 0 {
+		return int64(len(tp.TensorContent))
+	}
+	if dt != tensor.Bytes {
+		return size
+	}
+	if len(tp.StringVal) == 1 && n > 1 {
+		per := int64(4 + len(tp.StringVal[0]))
+		if n > math.MaxInt64/per {
+			return math.MaxInt64
+		}
+		return n * per
+	}
+	var sum int64
+	for _, s := range tp.StringVal {
+		sum += int64(4 + len(s))
+	}
+	return sum
 }

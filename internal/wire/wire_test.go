@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -218,7 +219,7 @@ func TestTensorProtoBadInputs(t *testing.T) {
 		"nil":            nil,
 		"dtype":          {Dtype: tfpb.DataType_DT_COMPLEX64, TensorShape: shape},
 		"invalid dtype":  {Dtype: tfpb.DataType_DT_INVALID, TensorShape: shape},
-		"no shape":       {Dtype: tfpb.DataType_DT_FLOAT, FloatVal: []float32{1}},
+		"no shape 2":     {Dtype: tfpb.DataType_DT_FLOAT, FloatVal: []float32{1, 2}},
 		"unknown rank":   {Dtype: tfpb.DataType_DT_FLOAT, TensorShape: &tfpb.TensorShapeProto{UnknownRank: true}},
 		"negative dim":   {Dtype: tfpb.DataType_DT_FLOAT, TensorShape: TFShape([]int64{-1, 2}), FloatVal: []float32{1}},
 		"overflow":       {Dtype: tfpb.DataType_DT_FLOAT, TensorShape: TFShape([]int64{math.MaxInt64, 3}), FloatVal: []float32{1}},
@@ -233,6 +234,7 @@ func TestTensorProtoBadInputs(t *testing.T) {
 		"uint8 range":    {Dtype: tfpb.DataType_DT_UINT8, TensorShape: shape, IntVal: []int32{-1, 0}},
 		"uint16 range":   {Dtype: tfpb.DataType_DT_UINT16, TensorShape: shape, IntVal: []int32{65536, 0}},
 		"half range":     {Dtype: tfpb.DataType_DT_HALF, TensorShape: shape, HalfVal: []int32{70000, 0}},
+		"half negative":  {Dtype: tfpb.DataType_DT_HALF, TensorShape: shape, HalfVal: []int32{-32769, 0}},
 	}
 	for what, tp := range cases {
 		_, err := FromTensorProto("in_"+strings.ReplaceAll(what, " ", "_"), tp)
@@ -298,4 +300,83 @@ func TestKServeBadInputs(t *testing.T) {
 	wantInvalid(t, "nil input", err, "nil input")
 	_, err = FromInferOutput(nil, nil, false)
 	wantInvalid(t, "nil output", err, "nil output")
+}
+
+// A TensorProto without tensor_shape is a scalar (TF's reading), and a
+// negative half_val is the 16-bit pattern (Java's floatToFloat16 answers
+// a short): both as TF Serving accepts them.
+func TestTensorProtoScalarAndSignedHalf(t *testing.T) {
+	got, err := FromTensorProto("x", &tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, FloatVal: []float32{2.5}})
+	if err != nil || len(got.Shape) != 0 || !bytes.Equal(got.Data, tensor.FromFloat32("x", nil, []float32{2.5}).Data) {
+		t.Fatalf("scalar float: %v, %v", got, err)
+	}
+	got, err = FromTensorProto("s", &tfpb.TensorProto{Dtype: tfpb.DataType_DT_STRING, StringVal: [][]byte{[]byte("ab")}})
+	if err != nil || len(got.Shape) != 0 || !bytes.Equal(got.Data, []byte{2, 0, 0, 0, 'a', 'b'}) {
+		t.Fatalf("scalar string: %v, %v", got, err)
+	}
+	// -0.5 as a half is 0xB800; Java sends it as the short -18432.
+	got, err = FromTensorProto("h", &tfpb.TensorProto{Dtype: tfpb.DataType_DT_HALF, TensorShape: TFShape([]int64{2}), HalfVal: []int32{-18432, 0xB800}})
+	if err != nil || !bytes.Equal(got.Data, []byte{0x00, 0xB8, 0x00, 0xB8}) {
+		t.Fatalf("signed half: %v, %v", got, err)
+	}
+}
+
+// FromTensorProtoLimit refuses a tensor whose data would be over the
+// budget, in every encoding, before expanding it; at the limit it decodes.
+func TestTensorProtoLimit(t *testing.T) {
+	shape := TFShape([]int64{4})
+	cases := map[string]struct {
+		tp   *tfpb.TensorProto
+		size int64
+	}{
+		"broadcast":  {&tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, TensorShape: TFShape([]int64{1 << 20}), FloatVal: []float32{1}}, 4 << 20},
+		"typed":      {&tfpb.TensorProto{Dtype: tfpb.DataType_DT_DOUBLE, TensorShape: shape, DoubleVal: []float64{1, 2, 3, 4}}, 32},
+		"content":    {&tfpb.TensorProto{Dtype: tfpb.DataType_DT_INT32, TensorShape: shape, TensorContent: make([]byte, 16)}, 16},
+		"strings":    {&tfpb.TensorProto{Dtype: tfpb.DataType_DT_STRING, TensorShape: TFShape([]int64{2}), StringVal: [][]byte{[]byte("abc"), nil}}, 11},
+		"string bc":  {&tfpb.TensorProto{Dtype: tfpb.DataType_DT_STRING, TensorShape: TFShape([]int64{1000}), StringVal: [][]byte{[]byte("abcd")}}, 8000},
+		"huge bytes": {&tfpb.TensorProto{Dtype: tfpb.DataType_DT_STRING, TensorShape: TFShape([]int64{math.MaxInt64 / 2}), StringVal: [][]byte{[]byte("abcd")}}, math.MaxInt64},
+	}
+	for what, c := range cases {
+		_, err := FromTensorProtoLimit("in", c.tp, c.size-1)
+		if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), `"in"`) {
+			t.Fatalf("%s: limit %d: want ErrTooLarge naming the tensor, got %v", what, c.size-1, err)
+		}
+		if c.size == math.MaxInt64 {
+			continue
+		}
+		got, err := FromTensorProtoLimit("in", c.tp, c.size)
+		if err != nil || int64(len(got.Data)) != c.size {
+			t.Fatalf("%s: limit %d: %v, %d bytes", what, c.size, err, len(got.GetData()))
+		}
+	}
+	if _, err := FromTensorProtoLimit("in", cases["typed"].tp, -5); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("negative limit: %v", err)
+	}
+}
+
+// RawInputs pairs raw entries as Triton does: shared-memory and typed
+// inputs take none; trailing empty placeholders are tolerated, a missing
+// or a leftover non-empty entry is an error.
+func TestRawInputs(t *testing.T) {
+	shm := map[string]*inference.InferParameter{ParamShmRegion: StrParam("r")}
+	ins := []*inference.ModelInferRequest_InferInputTensor{
+		{Name: "state_in", Parameters: shm},
+		{Name: "x"},
+		{Name: "labels", Contents: &inference.InferTensorContents{Int64Contents: []int64{1}}},
+		{Name: "ids"},
+	}
+	x, ids := []byte{1, 2, 3, 4}, []byte{5}
+	for what, raw := range map[string][][]byte{"tritonclient": {x, ids}, "placeholders": {x, ids, {}, {}}} {
+		raws, takes, err := RawInputs(ins, raw)
+		if err != nil || takes[0] || !takes[1] || takes[2] || !takes[3] || !bytes.Equal(raws[1], x) || !bytes.Equal(raws[3], ids) {
+			t.Fatalf("%s: %v %v %v", what, raws, takes, err)
+		}
+	}
+	if raws, takes, err := RawInputs(ins, nil); err != nil || slices.Contains(takes, true) || len(raws) != 4 {
+		t.Fatalf("no raw contents: %v %v %v", raws, takes, err)
+	}
+	_, _, err := RawInputs(ins, [][]byte{x})
+	wantInvalid(t, "missing entry", err, `"ids"`)
+	_, _, err = RawInputs(ins, [][]byte{x, ids, {9}})
+	wantInvalid(t, "leftover entry", err, "entry 2")
 }
