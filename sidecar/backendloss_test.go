@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -604,5 +605,66 @@ func TestBaseWholeWriteWaitsForTheFirstDelta(t *testing.T) {
 	waitFor(t, "the model server at the patched state", func() bool { return be.Digest() == hamsDigest(want) })
 	if w := be.Written(); len(w) != 1 {
 		t.Fatalf("%d writes to the model server, want one whole write after the delta", len(w))
+	}
+}
+
+// stateAdvancingBackend advances its state on every Infer that reaches it
+// (as a stateful model server does); while lose is set, the answer of such
+// a call is lost (Unavailable: a connection reset after processing).
+type stateAdvancingBackend struct {
+	fakeBackend
+	lose    atomic.Bool
+	applied atomic.Int64
+}
+
+func (f *stateAdvancingBackend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	f.applied.Add(1)
+	if f.lose.Load() {
+		return nil, statusErr(codes.Unavailable, "connection reset by peer")
+	}
+	return f.fakeBackend.Infer(ctx, req)
+}
+
+// The Infer of a stateful model is never repeated after a lost answer (the
+// server may have applied it): the sidecar stops at once (fail-stop) with
+// the batch applied once and its requests not failed, where a stateless
+// model's batch is held and retried (TestBackendUnavailableHoldsBatch...).
+func TestStatefulInferNotRepeatedAfterLostAnswer(t *testing.T) {
+	// run() is the live path of every mode (the replay baseline's too) and
+	// replay's re-execution calls the same backendCall.
+	for _, mode := range []string{"nspb", "bare-off"} {
+		t.Run(mode, func(t *testing.T) {
+			y := `
+name: t
+mode: nspb
+models:
+  - {name: a, kind: fake, stateful: true, ha: stateless, batch: {size: 1}}
+services:
+  - name: s
+    edges: [[frontend, a], [a, frontend]]
+`
+			if mode == "bare-off" {
+				y = strings.Replace(y, "ha: stateless", "ha: off", 1)
+			}
+			fb := &stateAdvancingBackend{fakeBackend: fakeBackend{inputs: []string{"x"}}}
+			fb.lose.Store(true)
+			sink, snd, runErr, stop := runOne(t, y, fb, time.Minute)
+			defer stop()
+			snd.Send(&hamsv1.Item{ReqId: 1, Tensors: []*hamsv1.Tensor{row(1, 2)}})
+			select {
+			case err := <-runErr:
+				if !errors.Is(err, errBackendLost) {
+					t.Fatalf("Run: %v, want errBackendLost", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("sidecar still running; the backend saw %d Infer calls", fb.applied.Load())
+			}
+			if n := fb.applied.Load(); n != 1 {
+				t.Fatalf("the batch reached the stateful backend %d times, want 1", n)
+			}
+			if n := sink.count(); n != 0 {
+				t.Fatalf("%d items reached the sink (the request must not fail)", n)
+			}
+		})
 	}
 }

@@ -174,10 +174,11 @@ func (s *Sidecar) execute(ctx context.Context, batch []*Joined) error {
 
 // run calls the backend on reqs; a batch rejected as InvalidArgument is
 // re-run request by request so only the bad request fails; one that found
-// the backend unreachable is held and retried (retryBackend).
+// the backend unreachable is held and retried (retryBackend), unless the
+// model is stateful (callOnce: the sidecar stops instead).
 func (s *Sidecar) run(ctx context.Context, reqs []request) error {
 	var outs [][]*hamsv1.Tensor
-	err := s.retryBackend(ctx, "infer", func() (err error) {
+	err := s.backendCall()(ctx, "infer", func() (err error) {
 		outs, err = s.infer(ctx, reqs)
 		return err
 	})

@@ -309,8 +309,11 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 		}
 		req.StageDelta = stage
 		req.InstallBatchId = install
-		// Compute leaves the state untouched, so a compute that found
-		// the backend unreachable is retried (retryBackend).
+		// Compute leaves the installed state untouched but for the folded
+		// install of batch install, which is idempotent (installing the
+		// batch installed last is a no-op: models.core.updateLocked), so a
+		// compute that found the backend unreachable is retried
+		// (retryBackend) even when its first attempt took effect.
 		var resp *hamsv1.BatchResponse
 		err = s.retryBackend(ctx, "compute", func() (err error) {
 			start := time.Now()

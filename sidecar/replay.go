@@ -656,7 +656,9 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 	var items []*hamsv1.Item
 	for _, b := range chain {
 		var resp *hamsv1.BatchResponse
-		err := s.retryBackend(ctx, "re-execute", func() (err error) {
+		// Not repeated on a lost answer (callOnce): the promotion fails
+		// and a new one starts again from the checkpoint.
+		err := s.backendCall()(ctx, "re-execute", func() (err error) {
 			resp, err = rp.sbe.Infer(ctx, b.GetRequest())
 			return err
 		})

@@ -192,3 +192,45 @@ func TestOLearnInitialWeightsDrawnOnFirstUseOnly(t *testing.T) {
 		t.Fatal("the initial weights were drawn although the state was written whole first")
 	}
 }
+
+// A Compute that folds the install of the previous batch, repeated after
+// its answer was lost (the sidecar retries a compute that found the server
+// unreachable), installs nothing twice and stages the same next state: the
+// repeat answers what the first call answered and the state after
+// Update(2) is the one of a run without the repeat. Before, the repeat
+// failed with ErrNotStaged (and so did the sidecar's later install of
+// batch 1, until it stopped).
+func TestComputeWithInstallRepeated(t *testing.T) {
+	params := map[string]any{"in_dim": 4, "hidden": 4, "streams": 8, "deterministic": 1}
+	x := randT("x", 2, 4, 9)
+	batch := func(id, install uint64) *Batch {
+		return &Batch{Inputs: []*hamsv1.Tensor{x}, Rows: []uint32{1, 1}, StreamIDs: []string{"p", "q"}, BatchID: id, InstallID: install}
+	}
+	run := func(repeat bool) (*Result, []byte) {
+		m := mk(t, "lstm", params)
+		if _, err := m.Compute(batch(1, 0)); err != nil {
+			t.Fatal(err)
+		}
+		r, err := m.Compute(batch(2, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if repeat {
+			if r, err = m.Compute(batch(2, 1)); err != nil {
+				t.Fatalf("repeated Compute(2, install 1): %v", err)
+			}
+		}
+		if v, err := m.Update(2); err != nil || v != 2 {
+			t.Fatalf("Update(2): version %d, %v", v, err)
+		}
+		return r, stateBytes(t, m)
+	}
+	once, stOnce := run(false)
+	twice, stTwice := run(true)
+	if !bytes.Equal(once.Outputs[0].Data, twice.Outputs[0].Data) || once.NextStateVersion != twice.NextStateVersion {
+		t.Fatal("the repeated compute answered differently")
+	}
+	if !bytes.Equal(stOnce, stTwice) {
+		t.Fatal("the state after a repeated compute differs")
+	}
+}

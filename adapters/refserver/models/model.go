@@ -355,7 +355,10 @@ func (c *core) updateLocked(batchID uint64) (uint64, error) {
 		c.stMu.RLock()
 		v := c.version
 		c.stMu.RUnlock()
-		if !c.hasStaged && v > 0 && batchID == c.lastID {
+		// Installing the batch installed last is a no-op, whatever is
+		// staged: a Compute(n+1, install n) repeated after its answer was
+		// lost installs n again (nothing) and stages n+1 anew from n.
+		if v > 0 && batchID == c.lastID {
 			return v, nil
 		}
 		if c.hasStaged {
