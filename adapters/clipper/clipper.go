@@ -369,10 +369,24 @@ func (b *Backend) do(hreq *http.Request, op string) ([]byte, error) {
 	if json.Unmarshal(data, &e) == nil && (e.Error != "" || e.Cause != "") {
 		msg = e.Error + ": " + e.Cause
 	}
-	return nil, status.Errorf(HTTPCode(resp.StatusCode), "clipper %s %s: HTTP %d: %s", b.cfg.App, op, resp.StatusCode, msg)
+	code := HTTPCode(resp.StatusCode)
+	if resp.StatusCode == http.StatusBadRequest && e.Error == queryProcessingError {
+		// Clipper answers 400 for its own query processor's failures too
+		// (PredictError): not the request's fault.
+		code = codes.Internal
+	}
+	return nil, status.Errorf(code, "clipper %s %s: HTTP %d: %s", b.cfg.App, op, resp.StatusCode, msg)
 }
 
-// HTTPCode maps an HTTP status to the gRPC code the sidecar sees.
+// queryProcessingError is the error name of Clipper's answer to a
+// PredictError of its query processor (query_frontend.hpp,
+// PREDICTION_ERROR_NAME_QUERY_PROCESSING), sent with HTTP 400 although
+// the request is not at fault; "Json error" and "Request error" are the
+// request's.
+const queryProcessingError = "Query processing error"
+
+// HTTPCode maps an HTTP status to the gRPC code the sidecar sees (a 400
+// "Query processing error" is Internal: see queryProcessingError).
 func HTTPCode(s int) codes.Code {
 	switch s {
 	case http.StatusBadRequest, http.StatusUnprocessableEntity:

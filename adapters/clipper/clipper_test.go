@@ -79,7 +79,14 @@ func (f *fakeClipper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var code int
 		fmt.Sscan(c, &code)
 		w.WriteHeader(code)
-		_, _ = w.Write([]byte(`{"error":"Query processing error","cause":"something broke"}`))
+		_, _ = w.Write([]byte(`{"error":"Request error","cause":"something broke"}`))
+		return
+	}
+	if mode == "query-error" {
+		// Clipper's answer to a PredictError (a server-side fault in its
+		// query processor, e.g. a selection policy's missing state).
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":"Query processing error","cause":"Unable to find selection state"}`))
 		return
 	}
 	var rows [][]float64
@@ -380,9 +387,15 @@ func TestHTTPErrors(t *testing.T) {
 		_, err := newB(t, srv.URL, nil).Infer(ctx, batch([]uint32{1}, 1))
 		wantCode(t, fmt.Sprint(code), err, want, fmt.Sprintf("HTTP %d", code), "something broke")
 	}
+	// A 400 "Query processing error" is Clipper's own fault, not the
+	// request's: Internal, so the sidecar does not re-run the batch request
+	// by request and the clients do not read INVALID_ARGUMENT.
+	f.set("query-error", 0)
+	_, err := newB(t, srv.URL, nil).Infer(ctx, batch([]uint32{1, 1}, 1, 2))
+	wantCode(t, "query processing error", err, codes.Internal, "Query processing error", "selection state")
 	f.set("", 0)
 	// An app Clipper does not know: 404 from the HTTP server.
-	_, err := newB(t, srv.URL, func(c *Config) { c.App = "other" }).Infer(ctx, batch([]uint32{1}, 1))
+	_, err = newB(t, srv.URL, func(c *Config) { c.App = "other" }).Infer(ctx, batch([]uint32{1}, 1))
 	wantCode(t, "unknown app", err, codes.NotFound, "other")
 	// Malformed answers.
 	for mode, part := range map[string]string{"garbage": "neither a number", "short": "answers for"} {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/hams-go/hams/internal/config"
 	"os"
 	"path/filepath"
 )
@@ -79,7 +80,7 @@ func (t *taskFlags) prepare(prefix string) (dir string, cleanup func(ok bool), e
 func runUp(args []string) error {
 	fs := newFlagSet("up")
 	cfgPath := fs.String("config", "", "deployment YAML file (required)")
-	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every)")
+	mode := fs.String("mode", "", "fault-tolerance mode, overriding the file's mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every) (default: the file's mode, else "+defaultMode+")")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
 	feListen := fs.String("frontend-listen", "", "gRPC listen address of the first frontend (its own API, TF Serving and KServe v2), e.g. 0.0.0.0:8500 in a container (default: a free loopback port)")
@@ -94,8 +95,10 @@ func runUp(args []string) error {
 	if *cfgPath == "" {
 		return usageErr("up: --config is required")
 	}
-	if err := checkMode(*mode); err != nil {
-		return err
+	if *mode != "" {
+		if err := checkMode(*mode); err != nil {
+			return err
+		}
 	}
 	if err := cf.check(); err != nil {
 		return err
@@ -104,7 +107,7 @@ func runUp(args []string) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	dep.Mode = *mode
+	applyModeFlag(dep, *mode)
 	if *audit != "" {
 		if *audit, err = prepareAudit(*audit); err != nil {
 			return err
@@ -119,7 +122,7 @@ func runUp(args []string) error {
 	ctx, stop := signalContext()
 	defer stop()
 	log := taskLogger(tf.verbose)
-	opt := cf.options(*mode)
+	opt := cf.options(dep.Mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, log
 	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
 	opt.FrontendListen, opt.FrontendHTTP = *feListen, *feHTTP
@@ -137,4 +140,13 @@ func runUp(args []string) error {
 	err = d.Close()
 	ok = err == nil
 	return err
+}
+
+// applyModeFlag sets the deployment's mode from --mode when it was given
+// (already checked): the flag overrides the file's mode: key, which
+// otherwise stands (config defaults it to nspb).
+func applyModeFlag(dep *config.Deployment, flag string) {
+	if flag != "" {
+		dep.Mode = flag
+	}
 }
