@@ -238,3 +238,105 @@ func TestWireModelInfer(t *testing.T) {
 		t.Fatalf("shape %v", dims)
 	}
 }
+
+// A TF Serving answer built byte by byte from the upstream field numbers
+// decodes in our types, as the TF Serving adapter reads what TF Serving
+// sends: PredictResponse (outputs in typed fields, in tensor_content and
+// DT_STRING in string_val), GetModelMetadataResponse (an Any holding
+// tensorflow.serving.SignatureDefMap{signature_def 1: SignatureDef{inputs 1,
+// outputs 2, method_name 3}}, TensorInfo{name 1, dtype 2, tensor_shape 3})
+// and GetModelStatusResponse (ModelVersionStatus{version 1, state 2,
+// status 3: StatusProto{error_code 1, error_message 2}}).
+func TestWireTFServingAnswersDecode(t *testing.T) {
+	dims := func(ds ...uint64) []byte {
+		var b []byte
+		for _, d := range ds {
+			b = msg(b, 2, varint(nil, 1, d))
+		}
+		return b
+	}
+	spec := msg(str(nil, 1, "fashion"), 2, varint(nil, 1, 7))
+	spec = str(spec, 3, "serving_default")
+	var scores []byte // DT_FLOAT [1,2] float_val 5
+	scores = varint(scores, 1, 1)
+	scores = msg(scores, 2, dims(1, 2))
+	scores = packedFloats(scores, 5, []float32{0.25, 0.75})
+	var ids []byte // DT_INT64 [1] tensor_content 4
+	ids = varint(ids, 1, 9)
+	ids = msg(ids, 2, dims(1))
+	ids = msg(ids, 4, []byte{42, 0, 0, 0, 0, 0, 0, 0})
+	var label []byte // DT_STRING [1] string_val 8
+	label = varint(label, 1, 7)
+	label = msg(label, 2, dims(1))
+	label = str(label, 8, "sneaker")
+	var resp []byte // PredictResponse{outputs 1 (map), model_spec 2}
+	resp = msg(resp, 1, msg(str(nil, 1, "scores"), 2, scores))
+	resp = msg(resp, 1, msg(str(nil, 1, "ids"), 2, ids))
+	resp = msg(resp, 1, msg(str(nil, 1, "label"), 2, label))
+	resp = msg(resp, 2, spec)
+	var pr tfapis.PredictResponse
+	if err := proto.Unmarshal(resp, &pr); err != nil {
+		t.Fatal(err)
+	}
+	noUnknown(t, "PredictResponse", pr.ProtoReflect())
+	if pr.GetModelSpec().GetVersion().GetValue() != 7 || pr.GetModelSpec().GetSignatureName() != "serving_default" {
+		t.Fatalf("model_spec %v", pr.GetModelSpec())
+	}
+	s, err := wire.FromTensorProto("scores", pr.Outputs["scores"])
+	if err != nil || math.Float32frombits(binary.LittleEndian.Uint32(s.Data[4:])) != 0.75 || len(s.Shape) != 2 {
+		t.Fatalf("scores %v %v", s, err)
+	}
+	i, err := wire.FromTensorProto("ids", pr.Outputs["ids"])
+	if err != nil || i.Datatype != "INT64" || binary.LittleEndian.Uint64(i.Data) != 42 {
+		t.Fatalf("ids %v %v", i, err)
+	}
+	l, err := wire.FromTensorProto("label", pr.Outputs["label"])
+	if err != nil || l.Datatype != "BYTES" || string(wire.BytesElems(l.Data)[0]) != "sneaker" {
+		t.Fatalf("label %v %v", l, err)
+	}
+
+	var info []byte // TensorInfo{name 1, dtype 2, tensor_shape 3}
+	info = str(info, 1, "images:0")
+	info = varint(info, 2, 1)
+	info = msg(info, 3, msg(dims(), 2, varint(nil, 1, uint64(1<<64-1)))) // dim size -1
+	var def []byte                                                       // SignatureDef{inputs 1, outputs 2, method_name 3}
+	def = msg(def, 1, msg(str(nil, 1, "images"), 2, info))
+	def = msg(def, 2, msg(str(nil, 1, "scores"), 2, str(nil, 1, "scores:0")))
+	def = str(def, 3, "tensorflow/serving/predict")
+	sigMap := msg(nil, 1, msg(str(nil, 1, "serving_default"), 2, def))
+	anyv := str(nil, 1, "type.googleapis.com/tensorflow.serving.SignatureDefMap")
+	anyv = msg(anyv, 2, sigMap)
+	var mdr []byte // GetModelMetadataResponse{model_spec 1, metadata 2 (map<string, Any>)}
+	mdr = msg(mdr, 1, spec)
+	mdr = msg(mdr, 2, msg(str(nil, 1, "signature_def"), 2, anyv))
+	var md tfapis.GetModelMetadataResponse
+	if err := proto.Unmarshal(mdr, &md); err != nil {
+		t.Fatal(err)
+	}
+	noUnknown(t, "GetModelMetadataResponse", md.ProtoReflect())
+	var sigs tfapis.SignatureDefMap
+	if err := md.GetMetadata()["signature_def"].UnmarshalTo(&sigs); err != nil {
+		t.Fatalf("Any of tensorflow.serving.SignatureDefMap: %v", err)
+	}
+	noUnknown(t, "SignatureDefMap", sigs.ProtoReflect())
+	sd := sigs.GetSignatureDef()["serving_default"]
+	in := sd.GetInputs()["images"]
+	if sd.GetMethodName() != "tensorflow/serving/predict" || in.GetName() != "images:0" || in.GetDtype() != tfpb.DataType_DT_FLOAT ||
+		in.GetTensorShape().GetDim()[0].GetSize() != -1 || sd.GetOutputs()["scores"].GetName() != "scores:0" {
+		t.Fatalf("signature %v", sd)
+	}
+
+	st := varint(nil, 1, 7)                                           // version 1
+	st = varint(st, 2, 20)                                            // state 2: LOADING
+	st = msg(st, 3, msg(varint(nil, 1, 14), 2, []byte("warming up"))) // status 3: {error_code 1 UNAVAILABLE, error_message 2}
+	var sr tfapis.GetModelStatusResponse
+	if err := proto.Unmarshal(msg(nil, 1, st), &sr); err != nil {
+		t.Fatal(err)
+	}
+	noUnknown(t, "GetModelStatusResponse", sr.ProtoReflect())
+	mvs := sr.GetModelVersionStatus()
+	if len(mvs) != 1 || mvs[0].GetVersion() != 7 || mvs[0].GetState() != tfapis.ModelVersionStatus_LOADING ||
+		mvs[0].GetStatus().GetErrorCode() != 14 || mvs[0].GetStatus().GetErrorMessage() != "warming up" {
+		t.Fatalf("status %v", &sr)
+	}
+}

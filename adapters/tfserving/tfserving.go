@@ -562,17 +562,44 @@ func (b *Backend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.
 	return resp, b.Update(ctx, req.GetBatchId())
 }
 
-// Health is nil when TF Serving reports the model version AVAILABLE.
+// Health is nil when TF Serving reports the model version AVAILABLE (any
+// version when none is configured). TF Serving's GetModelStatus ignores a
+// version label and answers every version, so a label is first resolved
+// to its version with GetModelMetadata (whose answer names the version it
+// used; an unknown label is TF Serving's InvalidArgument, reported as it
+// is), and only that version's status counts.
 func (b *Backend) Health(ctx context.Context) error {
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
 	spec := b.spec()
 	spec.SignatureName = ""
+	var want *int64
+	if l, ok := spec.GetVersionChoice().(*tfapis.ModelSpec_VersionLabel); ok {
+		md, err := b.meta.GetModelMetadata(ctx, &tfapis.GetModelMetadataRequest{ModelSpec: spec, MetadataField: []string{"signature_def"}})
+		if err != nil {
+			return b.mapErr("resolve version label "+l.VersionLabel, err)
+		}
+		if v := md.GetModelSpec().GetVersion(); v != nil {
+			want = &v.Value
+		}
+	}
 	resp, err := b.stat.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: spec})
 	if err != nil {
 		return b.mapErr("get model status", err)
 	}
 	vs := resp.GetModelVersionStatus()
+	if want != nil {
+		var mine []*tfapis.ModelVersionStatus
+		for _, v := range vs {
+			if v.GetVersion() == *want {
+				mine = append(mine, v)
+			}
+		}
+		if len(mine) == 0 && len(vs) > 0 {
+			return status.Errorf(codes.Unavailable, "tfserving %s: version %d (its label) is not among the loaded versions", b.label, *want)
+		}
+		vs = mine
+	}
 	if len(vs) == 0 {
 		return status.Errorf(codes.Unavailable, "tfserving %s: no version loaded", b.label)
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/internal/config"
@@ -259,7 +260,8 @@ type fake struct {
 	sig         *tfapis.SignatureDef
 	states      []*tfapis.ModelVersionStatus
 	predict     func(ctx context.Context, req *tfapis.PredictRequest) (*tfapis.PredictResponse, error)
-	metaFails   int // GetModelMetadata answers Unavailable this many times first
+	metaFails   int              // GetModelMetadata answers Unavailable this many times first
+	labels      map[string]int64 // version labels GetModelMetadata resolves
 	predicts    atomic.Int64
 	metas       atomic.Int64
 	lastPredict *tfapis.PredictRequest
@@ -287,7 +289,16 @@ func (f *fake) GetModelMetadata(ctx context.Context, req *tfapis.GetModelMetadat
 	if err != nil {
 		return nil, err
 	}
-	return &tfapis.GetModelMetadataResponse{ModelSpec: req.ModelSpec, Metadata: map[string]*anypb.Any{"signature_def": a}}, nil
+	spec := req.ModelSpec
+	if l, ok := spec.GetVersionChoice().(*tfapis.ModelSpec_VersionLabel); ok {
+		// As TF Serving: the answer names the version the label resolved to.
+		v, known := f.labels[l.VersionLabel]
+		if !known {
+			return nil, status.Errorf(codes.InvalidArgument, "Unrecognized servable version label: %s", l.VersionLabel)
+		}
+		spec = &tfapis.ModelSpec{Name: spec.GetName(), VersionChoice: &tfapis.ModelSpec_Version{Version: wrapperspb.Int64(v)}}
+	}
+	return &tfapis.GetModelMetadataResponse{ModelSpec: spec, Metadata: map[string]*anypb.Any{"signature_def": a}}, nil
 }
 
 func (f *fake) GetModelStatus(ctx context.Context, req *tfapis.GetModelStatusRequest) (*tfapis.GetModelStatusResponse, error) {
@@ -384,7 +395,7 @@ func eqF(a, b []float32) bool {
 }
 
 func TestStatefulSignatureDoubleBuffer(t *testing.T) {
-	f := &fake{sig: accSig(), predict: accPredict}
+	f := &fake{sig: accSig(), predict: accPredict, labels: map[string]int64{"canary": 2}}
 	cc := startFake(t, f)
 	ctx := ctxT(t)
 	b, err := New(cc, Config{Model: "acc", Version: "canary", Timeout: 5 * time.Second})
@@ -612,6 +623,26 @@ func TestHealthTransitions(t *testing.T) {
 			Status: &tfapis.StatusProto{ErrorCode: 3, ErrorMessage: "bad saved model"}}}
 	})
 	wantCode(t, "failed load", b.Health(ctx), codes.Unavailable, "END", "bad saved model")
+
+	// A version label: only the labelled version's status counts (TF
+	// Serving's GetModelStatus ignores the label and lists every version).
+	lb, err := New(cc, Config{Model: "acc", Version: "canary", Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.set(func(f *fake) {
+		f.labels = map[string]int64{"canary": 5}
+		f.states = []*tfapis.ModelVersionStatus{{Version: 4, State: tfapis.ModelVersionStatus_AVAILABLE}, {Version: 5, State: tfapis.ModelVersionStatus_LOADING}}
+	})
+	wantCode(t, "labelled version loading", lb.Health(ctx), codes.Unavailable, "version 5 LOADING")
+	f.set(func(f *fake) { f.states[1].State = tfapis.ModelVersionStatus_AVAILABLE })
+	if err := lb.Health(ctx); err != nil {
+		t.Fatalf("labelled version available: %v", err)
+	}
+	f.set(func(f *fake) { f.states = f.states[:1] })
+	wantCode(t, "labelled version gone", lb.Health(ctx), codes.Unavailable, "version 5")
+	f.set(func(f *fake) { f.labels = nil })
+	wantCode(t, "unknown label", lb.Health(ctx), codes.InvalidArgument, "canary")
 }
 
 // TestOutputsNotSplittable: a multi-request batch whose output has no row
