@@ -43,6 +43,21 @@ func (s *Sidecar) noteBatch(reqs []request) {
 	s.callID.Store(b)
 }
 
+// noteReplayed records the requests of a logged batch that replay
+// re-executes, so its backend call names them and not the last live
+// batch. The logged parts already carry no tensors.
+func (s *Sidecar) noteReplayed(b *hamsv1.ReplayBatch) {
+	id := &batchIdentity{model: s.cfg.Model, reqs: make([]callReq, len(b.GetRequests()))}
+	for i, r := range b.GetRequests() {
+		var service, stream string
+		if ps := r.GetParts(); len(ps) > 0 {
+			service, stream = ps[0].GetService(), ps[0].GetStreamId()
+		}
+		id.reqs[i] = callReq{reqID: r.GetReqId(), service: service, stream: stream, parts: r.GetParts()}
+	}
+	s.callID.Store(id)
+}
+
 // lineageOnly keeps the parts' lineage without their tensors.
 func lineageOnly(parts []*hamsv1.Item) []*hamsv1.Item {
 	out := make([]*hamsv1.Item, len(parts))

@@ -658,6 +658,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 		var resp *hamsv1.BatchResponse
 		// Not repeated on a lost answer (callOnce): the promotion fails
 		// and a new one starts again from the checkpoint.
+		s.noteReplayed(b)
 		err := s.backendCall()(ctx, "re-execute", func() (err error) {
 			resp, err = rp.sbe.Infer(ctx, b.GetRequest())
 			return err
