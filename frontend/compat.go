@@ -379,9 +379,6 @@ func (s *kserveServer) ModelReady(ctx context.Context, req *inference.ModelReady
 	if p := s.f.passFor(req.GetName()); p != nil {
 		return s.f.passReady(ctx, p, req)
 	}
-	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "no model named in the request")
-	}
 	// As Triton answers (InferenceServer::ModelIsReady): an unknown model
 	// or version is not ready, not an error, so is_model_ready() is False.
 	svc, err := s.f.modelService(req.GetName())

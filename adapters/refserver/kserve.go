@@ -31,9 +31,6 @@ func (a *kserveAPI) ServerReady(context.Context, *inference.ServerReadyRequest) 
 }
 
 func (a *kserveAPI) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
-	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "no model named in the request")
-	}
 	// As Triton answers: an unknown model or version is not ready (OK).
 	h, err := a.s.lookup(req.GetName())
 	if err != nil || (req.GetVersion() != "" && req.GetVersion() != "1") {

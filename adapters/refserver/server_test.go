@@ -1,7 +1,6 @@
 package refserver
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -417,14 +416,18 @@ func TestKServe(t *testing.T) {
 	if err != nil || len(lr.Outputs) != 2 || lr.Outputs[1].Datatype != "INT64" {
 		t.Fatal(lr, err)
 	}
-	// Raw and typed inputs in one request, as Triton takes them: the one
-	// raw entry belongs to the one input without typed contents.
-	mixed, err := e.ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "norm", Inputs: []*inference.ModelInferRequest_InferInputTensor{
+	// Typed contents beside raw_input_contents are refused, as Triton
+	// refuses them; an empty contents message on a raw input is none.
+	_, err = e.ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "norm", Inputs: []*inference.ModelInferRequest_InferInputTensor{
 		{Name: "labels", Datatype: "INT64", Shape: []int64{2}, Contents: &inference.InferTensorContents{Int64Contents: []int64{4, -1}}},
 		{Name: "x", Datatype: "FP32", Shape: []int64{2, 3}}},
 		RawInputContents: [][]byte{tensor.FromFloat32("x", []int64{2, 3}, []float32{1, 2, 3, 4, 5, 6}).Data}})
-	if err != nil || len(mixed.Outputs) != 2 || !bytes.Equal(mixed.RawOutputContents[0], lr.RawOutputContents[0]) {
-		t.Fatal("raw and typed inputs in one request:", mixed, err)
+	wantCode(t, "raw and typed inputs", err, codes.InvalidArgument, "contents must not be given")
+	img784 := images784()
+	emptyContents, err := e.ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "fashion", Inputs: []*inference.ModelInferRequest_InferInputTensor{
+		{Name: "images", Datatype: "FP32", Shape: []int64{1, 784}, Contents: &inference.InferTensorContents{}}}, RawInputContents: [][]byte{img784.Data}})
+	if err != nil || len(emptyContents.RawOutputContents) != 1 {
+		t.Fatal("raw input with an empty contents message:", emptyContents, err)
 	}
 	// bad inputs
 	bad := func(name string, req *inference.ModelInferRequest, code codes.Code, want string) {
@@ -445,7 +448,7 @@ func TestKServe(t *testing.T) {
 	bad("negative dim", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{-1, 784}, nil)}, codes.InvalidArgument, "images")
 	bad("raw count", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, nil), RawInputContents: [][]byte{{1}, {2}}}, codes.InvalidArgument, "raw_input_contents")
 	bad("raw size", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, nil), RawInputContents: [][]byte{{1, 2, 3}}}, codes.InvalidArgument, "images")
-	bad("raw and typed", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, &inference.InferTensorContents{Fp32Contents: img}), RawInputContents: [][]byte{raw.RawInputContents[0]}}, codes.InvalidArgument, "belongs to no input")
+	bad("raw and typed", &inference.ModelInferRequest{ModelName: "fashion", Inputs: in("images", "FP32", []int64{1, 784}, &inference.InferTensorContents{Fp32Contents: img}), RawInputContents: [][]byte{raw.RawInputContents[0]}}, codes.InvalidArgument, "contents must not be given")
 	bad("unknown output", &inference.ModelInferRequest{ModelName: "fashion", Inputs: raw.Inputs, RawInputContents: raw.RawInputContents,
 		Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{{Name: "logits"}}}, codes.InvalidArgument, "logits")
 	bad("nil input", &inference.ModelInferRequest{ModelName: "fashion", Inputs: []*inference.ModelInferRequest_InferInputTensor{nil}}, codes.InvalidArgument, "")

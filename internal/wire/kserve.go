@@ -233,12 +233,15 @@ func InferOutput(t *hamsv1.Tensor) *inference.ModelInferResponse_InferOutputTens
 
 // RawInputs pairs a ModelInferRequest's raw_input_contents with its inputs
 // as Triton does (InferGRPCToInput): in order, one entry for each input
-// that has neither a shared-memory region (parameter
-// shared_memory_region) nor typed contents, so a request may mix raw,
-// typed and shared-memory inputs. Entries left over must be empty (the
-// placeholders some clients send for shared-memory inputs). raws[i] is
-// input i's entry and takes[i] whether it takes one (the hasRaw of
-// FromInferInput). With no raw_input_contents, no input takes one.
+// without a shared-memory region (parameter shared_memory_region), so a
+// request may mix raw and shared-memory inputs; with raw contents present,
+// an input carrying typed contents is an error ("contents field must not
+// be specified when using raw_input_contents"), though an empty contents
+// message, which some clients set on every input, is taken as none.
+// Entries left over must be empty (the placeholders some clients send for
+// shared-memory inputs). raws[i] is input i's entry and takes[i] whether it
+// takes one (the hasRaw of FromInferInput). With no raw_input_contents, no
+// input takes one.
 func RawInputs(inputs []*inference.ModelInferRequest_InferInputTensor, raw [][]byte) (raws [][]byte, takes []bool, err error) {
 	raws, takes = make([][]byte, len(inputs)), make([]bool, len(inputs))
 	if len(raw) == 0 {
@@ -246,18 +249,21 @@ func RawInputs(inputs []*inference.ModelInferRequest_InferInputTensor, raw [][]b
 	}
 	next := 0
 	for i, in := range inputs {
-		if _, inShm := in.GetParameters()[ParamShmRegion]; inShm || in.GetContents() != nil {
+		if _, inShm := in.GetParameters()[ParamShmRegion]; inShm {
 			continue
 		}
+		if ContentsCount(in.GetContents()) > 0 {
+			return nil, nil, fmt.Errorf("%w: tensor %q: contents must not be given when the request uses raw_input_contents", ErrInvalid, in.GetName())
+		}
 		if next == len(raw) {
-			return nil, nil, fmt.Errorf("%w: tensor %q: no raw_input_contents entry left (%d entries, one per input without shared memory or typed contents)", ErrInvalid, in.GetName(), len(raw))
+			return nil, nil, fmt.Errorf("%w: tensor %q: no raw_input_contents entry left (%d entries, one per input without shared memory)", ErrInvalid, in.GetName(), len(raw))
 		}
 		raws[i], takes[i] = raw[next], true
 		next++
 	}
 	for j, extra := range raw[next:] {
 		if len(extra) > 0 {
-			return nil, nil, fmt.Errorf("%w: raw_input_contents entry %d (%d bytes) belongs to no input: %d entries for the %d inputs without shared memory or typed contents", ErrInvalid, next+j, len(extra), len(raw), next)
+			return nil, nil, fmt.Errorf("%w: raw_input_contents entry %d (%d bytes) belongs to no input: %d entries for the %d inputs without shared memory", ErrInvalid, next+j, len(extra), len(raw), next)
 		}
 	}
 	return raws, takes, nil

@@ -354,29 +354,32 @@ func TestTensorProtoLimit(t *testing.T) {
 	}
 }
 
-// RawInputs pairs raw entries as Triton does: shared-memory and typed
-// inputs take none; trailing empty placeholders are tolerated, a missing
-// or a leftover non-empty entry is an error.
+// RawInputs pairs raw entries as Triton does: shared-memory inputs take
+// none; trailing empty placeholders are tolerated, a missing or a leftover
+// non-empty entry is an error, and so are typed contents beside raw ones
+// (an empty contents message is none).
 func TestRawInputs(t *testing.T) {
 	shm := map[string]*inference.InferParameter{ParamShmRegion: StrParam("r")}
 	ins := []*inference.ModelInferRequest_InferInputTensor{
 		{Name: "state_in", Parameters: shm},
 		{Name: "x"},
-		{Name: "labels", Contents: &inference.InferTensorContents{Int64Contents: []int64{1}}},
-		{Name: "ids"},
+		{Name: "ids", Contents: &inference.InferTensorContents{}},
 	}
 	x, ids := []byte{1, 2, 3, 4}, []byte{5}
 	for what, raw := range map[string][][]byte{"tritonclient": {x, ids}, "placeholders": {x, ids, {}, {}}} {
 		raws, takes, err := RawInputs(ins, raw)
-		if err != nil || takes[0] || !takes[1] || takes[2] || !takes[3] || !bytes.Equal(raws[1], x) || !bytes.Equal(raws[3], ids) {
+		if err != nil || takes[0] || !takes[1] || !takes[2] || !bytes.Equal(raws[1], x) || !bytes.Equal(raws[2], ids) {
 			t.Fatalf("%s: %v %v %v", what, raws, takes, err)
 		}
 	}
-	if raws, takes, err := RawInputs(ins, nil); err != nil || slices.Contains(takes, true) || len(raws) != 4 {
+	if raws, takes, err := RawInputs(ins, nil); err != nil || slices.Contains(takes, true) || len(raws) != 3 {
 		t.Fatalf("no raw contents: %v %v %v", raws, takes, err)
 	}
 	_, _, err := RawInputs(ins, [][]byte{x})
 	wantInvalid(t, "missing entry", err, `"ids"`)
 	_, _, err = RawInputs(ins, [][]byte{x, ids, {9}})
 	wantInvalid(t, "leftover entry", err, "entry 2")
+	typed := append(ins[:2:2], &inference.ModelInferRequest_InferInputTensor{Name: "labels", Contents: &inference.InferTensorContents{Int64Contents: []int64{1}}})
+	_, _, err = RawInputs(typed, [][]byte{x})
+	wantInvalid(t, "typed beside raw", err, `"labels"`)
 }

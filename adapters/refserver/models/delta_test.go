@@ -225,6 +225,18 @@ func TestComputeWithInstallRepeated(t *testing.T) {
 		}
 		return r, stateBytes(t, m)
 	}
+	// Out of order is still refused: batch 2 is staged, and a compute of
+	// batch 3 that installs batch 1 again would skip batch 2.
+	m := mk(t, "lstm", params)
+	if _, err := m.Compute(batch(1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Compute(batch(2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Compute(batch(3, 1)); !errors.Is(err, ErrNotStaged) {
+		t.Fatalf("Compute(3, install 1) with batch 2 staged: %v, want ErrNotStaged", err)
+	}
 	once, stOnce := run(false)
 	twice, stTwice := run(true)
 	if !bytes.Equal(once.Outputs[0].Data, twice.Outputs[0].Data) || once.NextStateVersion != twice.NextStateVersion {

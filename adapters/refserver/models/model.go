@@ -314,8 +314,13 @@ func (c *core) computeLocked(b *Batch) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if b.InstallID != 0 {
-		// A valid batch only: a rejected one installs nothing.
+	// A valid batch only: a rejected one installs nothing. A repeat of
+	// this very compute (its answer was lost: batch InstallID installed,
+	// this batch staged) installs nothing again and stages the batch anew
+	// from the same state; any other install of the batch installed last
+	// while another batch is staged is an error (updateLocked).
+	repeat := b.InstallID != 0 && b.InstallID == c.lastID && c.hasStaged && c.stagedID == b.BatchID
+	if b.InstallID != 0 && !repeat {
 		if _, err := c.updateLocked(b.InstallID); err != nil {
 			return nil, err
 		}
@@ -355,10 +360,7 @@ func (c *core) updateLocked(batchID uint64) (uint64, error) {
 		c.stMu.RLock()
 		v := c.version
 		c.stMu.RUnlock()
-		// Installing the batch installed last is a no-op, whatever is
-		// staged: a Compute(n+1, install n) repeated after its answer was
-		// lost installs n again (nothing) and stages n+1 anew from n.
-		if v > 0 && batchID == c.lastID {
+		if !c.hasStaged && v > 0 && batchID == c.lastID {
 			return v, nil
 		}
 		if c.hasStaged {
