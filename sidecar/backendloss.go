@@ -66,29 +66,41 @@ func (s *Sidecar) retryBackend(ctx context.Context, what string, call func() err
 }
 
 // callOnce is retryBackend for a call that changes the model's state
-// inside the backend: Infer of a stateful model (the replay baseline, and a
-// stateful model served ha: stateless), live or re-executed. An
-// Unavailable answer does not say whether the server applied the batch
-// before the answer was lost (a connection reset after processing), and a
-// repeat would apply it twice. So the call is not repeated: the backend is
-// lost at once (fail-stop), and the replacement restores a consistent state
-// (a checkpoint, a backup's state) before it executes the batch again.
+// inside the model server: Infer of a stateful model whose server holds
+// the state (the reference model server's ModelRuntime), in any mode that
+// runs it (the replay baseline, a stateful model served ha: stateless or
+// off), live or re-executed. An Unavailable answer does not say whether
+// the server applied the batch before the answer was lost (a connection
+// reset after processing), and a repeat would apply it twice. So the call
+// is not repeated: the backend is lost at once (fail-stop). A replay
+// re-execution starts again from the checkpoint instead
+// (replayState.recover's caller).
 func (s *Sidecar) callOnce(ctx context.Context, what string, call func() error) error {
 	err := call()
 	if err == nil || ctx.Err() != nil || !s.backendDown(err) {
 		return err
 	}
 	s.metrics.backendDown.Inc()
-	s.log.Warn("backend unreachable during a call that changes the model's state: not repeated, stopping", "op", what, "err", err)
+	s.log.Warn("backend unreachable during a call that changes the model's state in the server: not repeated", "op", what, "err", err)
 	return fmt.Errorf("%w: %s of stateful model %q not repeated (the server may have applied it before its answer was lost): %w",
 		errBackendLost, what, s.cfg.Model, err)
 }
 
+// RepeatableInfer is implemented by a backend whose Infer of a stateful
+// model may be repeated after a lost answer because the adapter, not the
+// model server, owns the state (explicit state tensors: adapters/tfserving,
+// adapters/triton): a call that failed changed nothing but the server's
+// scratch output.
+type RepeatableInfer interface {
+	InferRepeatable() bool
+}
+
 // backendCall is how a batch's Infer meets an unreachable backend: held
-// and retried (retryBackend) for a stateless model, not repeated
-// (callOnce) for a stateful one.
+// and retried (retryBackend) for a stateless model or a backend whose
+// Infer is repeatable, not repeated (callOnce) when the server holds the
+// state.
 func (s *Sidecar) backendCall() func(context.Context, string, func() error) error {
-	if s.isStateful(s.cfg.Model) {
+	if r, ok := s.cfg.Backend.(RepeatableInfer); s.isStateful(s.cfg.Model) && !(ok && r.InferRepeatable()) {
 		return s.callOnce
 	}
 	return s.retryBackend

@@ -632,7 +632,7 @@ func (f *stateAdvancingBackend) Infer(ctx context.Context, req *hamsv1.BatchRequ
 func TestStatefulInferNotRepeatedAfterLostAnswer(t *testing.T) {
 	// run() is the live path of every mode (the replay baseline's too) and
 	// replay's re-execution calls the same backendCall.
-	for _, mode := range []string{"nspb", "bare-off"} {
+	for _, mode := range []string{"ha-stateless", "ha-off"} {
 		t.Run(mode, func(t *testing.T) {
 			y := `
 name: t
@@ -643,7 +643,7 @@ services:
   - name: s
     edges: [[frontend, a], [a, frontend]]
 `
-			if mode == "bare-off" {
+			if mode == "ha-off" {
 				y = strings.Replace(y, "ha: stateless", "ha: off", 1)
 			}
 			fb := &stateAdvancingBackend{fakeBackend: fakeBackend{inputs: []string{"x"}}}
@@ -666,5 +666,39 @@ services:
 				t.Fatalf("%d items reached the sink (the request must not fail)", n)
 			}
 		})
+	}
+}
+
+// repeatableBackend is stateAdvancingBackend for an adapter that owns the
+// state (RepeatableInfer): a lost answer changed nothing in the server.
+type repeatableBackend struct{ stateAdvancingBackend }
+
+func (*repeatableBackend) InferRepeatable() bool { return true }
+
+// A stateful model whose adapter owns its state (TF Serving, Triton) keeps
+// the stateless rule: the batch is held and retried while the backend is
+// unreachable, and the sidecar keeps running.
+func TestRepeatableStatefulInferHeld(t *testing.T) {
+	const y = `
+name: t
+mode: nspb
+models:
+  - {name: a, kind: fake, stateful: true, ha: stateless, batch: {size: 1}}
+services:
+  - name: s
+    edges: [[frontend, a], [a, frontend]]
+`
+	fb := &repeatableBackend{stateAdvancingBackend{fakeBackend: fakeBackend{inputs: []string{"x"}}}}
+	fb.lose.Store(true)
+	sink, snd, runErr, stop := runOne(t, y, fb, time.Minute)
+	defer stop()
+	snd.Send(&hamsv1.Item{ReqId: 1, Tensors: []*hamsv1.Tensor{row(1, 2)}})
+	waitFor(t, "retries of the held batch", func() bool { return fb.applied.Load() >= 3 })
+	fb.lose.Store(false)
+	waitFor(t, "the reply after the backend came back", func() bool { return sink.count() >= 1 })
+	select {
+	case err := <-runErr:
+		t.Fatalf("sidecar stopped: %v", err)
+	default:
 	}
 }

@@ -599,6 +599,10 @@ type replayStats struct {
 	diverged           int // re-executed outputs that differ from the logged ones
 	stop               string
 	load, reexec       time.Duration
+	// fromCheckpoint: the backend's state was written from a checkpoint
+	// (a recovery that failed can start again from it); backendLost: the
+	// re-execution lost the backend (callOnce).
+	fromCheckpoint, backendLost bool
 }
 
 // recover loads the newest checkpoint into the backend and re-executes
@@ -639,6 +643,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 		s.lineage = NewLineage(s.cfg.Model, ck.GetSeq(), 0)
 		rp.batch, ckEpoch = ck.GetBatchId(), ck.GetEpoch()
 		st.ckptBatch, st.ckptSeq = ck.GetBatchId(), ck.GetSeq()
+		st.fromCheckpoint = true
 		// Its records may not have been written (the primary failed
 		// between storing and writing): write them (again, identical).
 		if err := rp.writeRecords(ck.GetRecords(), ck.GetStateDigest()); err != nil {
@@ -656,14 +661,15 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 	var items []*hamsv1.Item
 	for _, b := range chain {
 		var resp *hamsv1.BatchResponse
-		// Not repeated on a lost answer (callOnce): the promotion fails
-		// and a new one starts again from the checkpoint.
+		// Not repeated on a lost answer (callOnce): the recovery starts
+		// again from the checkpoint (Promote).
 		s.noteReplayed(b)
 		err := s.backendCall()(ctx, "re-execute", func() (err error) {
 			resp, err = rp.sbe.Infer(ctx, b.GetRequest())
 			return err
 		})
 		if err != nil {
+			st.backendLost = errors.Is(err, errBackendLost)
 			return nil, nil, st, status.Errorf(codes.Unavailable, "re-execute batch %d: %v", b.GetBatchId(), err)
 		}
 		outs, err := splitOutputs(resp, len(b.GetRequests()))
@@ -744,6 +750,20 @@ func (rp *replayState) promote(epoch uint64, after map[string]uint64) (uint64, e
 		defer cancel()
 		s.epochV.Store(epoch)
 		items, keys, st, err := rp.recover(ctx)
+		// A re-execution that lost its backend's answer may have applied
+		// the batch: start again from the checkpoint's state, while the
+		// backend has been lost for less than BackendLostAfter.
+		for lostSince := time.Now(); err != nil && st.backendLost && st.fromCheckpoint && time.Since(lostSince) < s.backendLostAfter; {
+			s.log.Warn("replay: re-execution lost the backend; starting again from the checkpoint", "err", err)
+			t := time.NewTimer(backendRetry)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("Promote (replay): %w", err)
+			case <-t.C:
+			}
+			items, keys, st, err = rp.recover(ctx)
+		}
 		if err != nil {
 			return fmt.Errorf("Promote (replay): %w", err)
 		}

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/hams-go/hams/integration/consistency"
@@ -219,9 +221,30 @@ func recordReplies(t *testing.T, r *rig, dir string) {
 // numbering. With a deterministic model the audit is consistent; with a
 // non-deterministic one the checker finds the replies released before the
 // failure outside the durable history.
+// lossyCounter is counterBackend whose Infer number loseAt (counted from
+// when it is armed) applies the batch and then loses its answer
+// (Unavailable: a connection reset after processing).
+type lossyCounter struct {
+	*counterBackend
+	loseAt atomic.Int32
+}
+
+func (l *lossyCounter) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	resp, err := l.counterBackend.Infer(ctx, req)
+	if l.loseAt.Add(-1) == 0 {
+		return nil, statusErr(codes.Unavailable, "connection reset by peer")
+	}
+	return resp, err
+}
+
 func TestReplayFailover(t *testing.T) {
-	for _, noisy := range []bool{false, true} {
-		t.Run(map[bool]string{false: "deterministic", true: "nondeterministic"}[noisy], func(t *testing.T) {
+	// lost-answer: the spare's backend loses the answer of its third
+	// re-executed batch after applying it; the recovery starts again from
+	// the checkpoint (a repeat would apply the batch twice: the state
+	// would differ from the primary's).
+	for _, mode := range []string{"deterministic", "nondeterministic", "lost-answer"} {
+		noisy := mode == "nondeterministic"
+		t.Run(mode, func(t *testing.T) {
 			r, store := replayRig(t, 1000, "1h") // only the initial checkpoint
 			a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
 			mk := func() (Backend, *counterBackend) {
@@ -233,6 +256,11 @@ func TestReplayFailover(t *testing.T) {
 			}
 			be1, c1 := mk()
 			be2, c2 := mk()
+			var lossy *lossyCounter
+			if mode == "lost-answer" {
+				lossy = &lossyCounter{counterBackend: c2}
+				be2 = lossy
+			}
 			b1 := r.startReplay(store, "b", be1, RolePrimary, 1, true)
 			b2 := r.startReplay(store, "b", be2, RoleBackup, 1, false)
 			const n = 30
@@ -249,6 +277,9 @@ func TestReplayFailover(t *testing.T) {
 				t.Fatalf("%d durable records before any checkpoint after the initial one", got)
 			}
 			before := r.sink.count()
+			if lossy != nil {
+				lossy.loseAt.Store(3)
+			}
 			md := metadata.Pairs(ReplayAfterMetadata, config.Frontend+"=25")
 			pr, err := r.client(b2.addr).Promote(metadata.NewOutgoingContext(ctx, md), &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
 			if err != nil || pr.MaxSeq != n {

@@ -544,6 +544,12 @@ func streamIDs(req *hamsv1.BatchRequest) (*tfpb.TensorProto, error) {
 	return tp, nil
 }
 
+// InferRepeatable says that Infer may be repeated after a lost answer
+// (the sidecar's RepeatableInfer): a stateful signature's state is the
+// adapter's, sent with every Predict and installed here only after an
+// answer; TF Serving keeps nothing between calls.
+func (b *Backend) InferRepeatable() bool { return true }
+
 // Infer runs one batch. For a stateful signature it is Compute followed by
 // Update (bare mode: nothing is replicated).
 func (b *Backend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {

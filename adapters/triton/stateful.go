@@ -508,6 +508,12 @@ func (s *Stateful) updateLocked(batchID uint64) error {
 	return nil
 }
 
+// InferRepeatable says that Infer may be repeated after a lost answer
+// (the sidecar's RepeatableInfer): the state is the adapter's regions, a
+// compute writes only the region that is not current, and Update runs
+// here, after the answer.
+func (s *Stateful) InferRepeatable() bool { return true }
+
 // Infer is Compute then Update (bare mode).
 func (s *Stateful) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
 	if err := s.setup(ctx); err != nil {

@@ -5,10 +5,27 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hams-go/hams/adapters/reference"
+	"github.com/hams-go/hams/adapters/tfserving"
 	"github.com/hams-go/hams/adapters/triton"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
+	"github.com/hams-go/hams/sidecar"
 )
+
+// The adapters that own a stateful model's state let the sidecar repeat
+// an Infer whose answer was lost; the reference adapter, whose server
+// holds the state, does not (the sidecar stops instead).
+var (
+	_ sidecar.RepeatableInfer = (*tfserving.Backend)(nil)
+	_ sidecar.RepeatableInfer = (*triton.Stateful)(nil)
+)
+
+func TestReferenceInferNotRepeatable(t *testing.T) {
+	if _, ok := any((*reference.Backend)(nil)).(sidecar.RepeatableInfer); ok {
+		t.Fatal("the reference adapter's server holds the state: its Infer must not be repeatable")
+	}
+}
 
 // TestNewBackendStateMemory: state_memory reaches the triton adapter; cuda
 // without a usable driver fails at start, naming the model and why.
