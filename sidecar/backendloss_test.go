@@ -55,6 +55,12 @@ func (f *flakyBackend) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*ha
 // frontend sender; Run's result arrives on the returned channel.
 func runOne(t *testing.T, yaml string, be Backend, lostAfter time.Duration) (*collector, *edge.Sender, <-chan error, func()) {
 	t.Helper()
+	return runOneWith(t, yaml, be, func(c *Config) { c.BackendLostAfter = lostAfter })
+}
+
+// runOneWith is runOne with the sidecar's Config adjusted by set.
+func runOneWith(t *testing.T, yaml string, be Backend, set func(*Config)) (*collector, *edge.Sender, <-chan error, func()) {
+	t.Helper()
 	dep, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +75,9 @@ func runOne(t *testing.T, yaml string, be Backend, lostAfter time.Duration) (*co
 	go func() { _ = srv.Serve(flis) }()
 	lis := listen(t)
 	res.Set("a", lis.Addr().String(), 0)
-	sc, err := New(Config{Deployment: dep, Model: "a", Backend: be, Resolver: res, GRPCListener: lis, BackendLostAfter: lostAfter})
+	cfg := Config{Deployment: dep, Model: "a", Backend: be, Resolver: res, GRPCListener: lis}
+	set(&cfg)
+	sc, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,8 @@ type metrics struct {
 	transitions *prometheus.CounterVec
 	resent      prometheus.Counter
 	backendDown prometheus.Counter
+	// backendHealthy is 1 while the last health check passed (health.go).
+	backendHealthy prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, model string) *metrics {
@@ -129,8 +131,10 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_resent_items_total", Help: "Saved outputs queued again by Resend.", ConstLabels: cl})
 	m.backendDown = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hams_sidecar_backend_unreachable_total", Help: "Backend calls that found the model server unreachable (the batch is held and retried, not failed).", ConstLabels: cl})
+	m.backendHealthy = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hams_sidecar_backend_healthy", Help: "1 while the backend's last health check passed, 0 after a failed one.", ConstLabels: cl})
 	if reg != nil {
-		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
+		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.backendHealthy, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.shipSelf, m.shipBulk, m.outlogBytes, m.outlogItems,
 			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq,
 			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.shipBytes, m.applyWait, m.announce)

@@ -94,6 +94,11 @@ type Config struct {
 	// before the sidecar stops so the manager fails the instance over
 	// (default DefaultBackendLostAfter).
 	BackendLostAfter time.Duration
+	// HealthInterval: how often the backend's Health is checked
+	// (health.go; default DefaultHealthInterval, negative: never). In a
+	// protected mode a backend unhealthy for BackendLostAfter and
+	// healthFailures checks in a row stops the sidecar (fail-stop).
+	HealthInterval time.Duration
 }
 
 // AnyInput is the declared input name that accepts every tensor of a request.
@@ -167,6 +172,8 @@ type Sidecar struct {
 	fatal   func(error)
 	// backendLostAfter: Config.BackendLostAfter or its default.
 	backendLostAfter time.Duration
+	// healthInterval: Config.HealthInterval or its default (<0: off).
+	healthInterval time.Duration
 
 	// State manager (replicated stateful models only).
 	role       string // guarded by mu once Run started
@@ -247,9 +254,13 @@ func New(cfg Config) (*Sidecar, error) {
 		done:    make(chan struct{}), collecting: make(chan struct{}),
 		role: role, mode: mode, replicated: replicated, sbe: sbe,
 		backendLostAfter: cfg.BackendLostAfter,
+		healthInterval:   cfg.HealthInterval,
 	}
 	if s.backendLostAfter == 0 {
 		s.backendLostAfter = DefaultBackendLostAfter
+	}
+	if s.healthInterval == 0 {
+		s.healthInterval = DefaultHealthInterval
 	}
 	if !cfg.Standby || replicated {
 		s.startCollecting()
@@ -475,6 +486,9 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	goRun("bulk snapshot stream", func(ctx context.Context) error {
 		return s.serveBulk(ctx, bulkLis)
 	})
+	if s.healthInterval > 0 {
+		goRun("backend health", s.watchHealth)
+	}
 	if s.cfg.Coord != nil {
 		goRun("completion watch", func(ctx context.Context) error {
 			select {

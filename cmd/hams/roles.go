@@ -155,6 +155,7 @@ func runSidecar(args []string) error {
 	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (a backup writes <dir>/<model>-backup-<instance id>/durable.jsonl)")
 	epoch := rf.fs.Uint64("epoch", 0, "epoch of this instance, stamped on snapshots and durability notices")
 	outLog := rf.fs.Int64("output-log-bytes", 0, "bound of a replicated primary's output log (0: the sidecar's default)")
+	healthEvery := rf.fs.Duration("health-interval", sidecar.DefaultHealthInterval, "how often the backend's health is checked; in a protected mode a backend unhealthy for 3 checks in a row (and at least 1 s) after it was once healthy stops the sidecar so the manager fails it over (negative: no checks)")
 	if err := rf.parse(args); err != nil {
 		return err
 	}
@@ -251,6 +252,7 @@ func runSidecar(args []string) error {
 		Epoch:          *epoch,
 		OutputLogBytes: *outLog,
 		Standby:        standby,
+		HealthInterval: *healthEvery,
 	}
 	// Every sidecar given --nats watches completion notices (so what its
 	// senders keep for resends is trimmed); replicated ones also announce

@@ -1,0 +1,68 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hams-go/hams/sidecar/nspb"
+)
+
+// Backend health. A model server can stay reachable and still be unable
+// to serve (TF Serving's version UNLOADING or failed to load, Triton's
+// model not ready, a Clipper application answering only its default), and
+// a sidecar whose batches are rare would learn it only from a client's
+// failed request. So the sidecar asks Backend.Health every HealthInterval,
+// in every role (a backup's model server must be able to serve when it is
+// promoted). In a protected mode, a backend unhealthy for
+// BackendLostAfter and at least healthFailures checks in a row is a failed
+// host, as one that stays unreachable for a batch is (backendloss.go): the
+// sidecar stops (fail-stop) and the manager fails the instance over. In
+// bare mode nothing takes over, so the sidecar only logs and counts. The
+// loop is armed by the first check that passes: a model server still
+// loading when its sidecar starts is not a failure.
+const (
+	DefaultHealthInterval = time.Second
+	healthFailures        = 3
+)
+
+// watchHealth is the health loop (Run owns it). Each check is bounded by
+// the interval, so a hung server counts as unhealthy.
+func (s *Sidecar) watchHealth(ctx context.Context) error {
+	t := time.NewTicker(s.healthInterval)
+	defer t.Stop()
+	var since time.Time
+	fails, armed := 0, false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		hctx, cancel := context.WithTimeout(ctx, s.healthInterval)
+		err := s.cfg.Backend.Health(hctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			armed = true
+			if fails > 0 {
+				s.log.Info("backend healthy again", "after", time.Since(since).Round(time.Millisecond), "failed_checks", fails)
+			}
+			since, fails = time.Time{}, 0
+			s.metrics.backendHealthy.Set(1)
+			continue
+		}
+		s.metrics.backendHealthy.Set(0)
+		if fails == 0 {
+			since = time.Now()
+			s.log.Warn("backend unhealthy", "err", err)
+		}
+		fails++
+		protected := s.mode != nspb.Bare || s.cfg.Deployment.Mode == "replay"
+		if armed && protected && fails >= healthFailures && time.Since(since) >= s.backendLostAfter {
+			return fmt.Errorf("%w: unhealthy for %v (%d checks in a row): %w", errBackendLost, time.Since(since).Round(time.Millisecond), fails, err)
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// healthToggle is a fakeBackend whose Health fails while sick is set,
+// counting the checks.
+type healthToggle struct {
+	fakeBackend
+	sick   atomic.Bool
+	checks atomic.Int64
+}
+
+func (h *healthToggle) Health(context.Context) error {
+	h.checks.Add(1)
+	if h.sick.Load() {
+		return statusErr(codes.Unavailable, "tfserving m: version 1 UNLOADING")
+	}
+	return nil
+}
+
+func healthCfg(c *Config) {
+	c.HealthInterval, c.BackendLostAfter = 10*time.Millisecond, 50*time.Millisecond
+}
+
+// A model server that was healthy and stays unhealthy is a failed host in
+// a protected mode: the sidecar stops (fail-stop) with errBackendLost
+// naming why, although no batch ran into it.
+func TestUnhealthyBackendStopsSidecar(t *testing.T) {
+	h := &healthToggle{fakeBackend: fakeBackend{inputs: []string{"x"}}}
+	_, _, runErr, stop := runOneWith(t, protectedChainGraph, h, healthCfg)
+	defer stop()
+	waitFor(t, "a passing check", func() bool { return h.checks.Load() >= 2 })
+	h.sick.Store(true)
+	select {
+	case err := <-runErr:
+		if !errors.Is(err, errBackendLost) || !strings.Contains(err.Error(), "UNLOADING") {
+			t.Fatalf("Run: %v, want errBackendLost naming the health error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("sidecar still running with an unhealthy backend")
+	}
+}
+
+// What does not stop the sidecar: a failed check followed by a passing
+// one; a backend that was never healthy yet (still loading); bare mode,
+// where nothing would take over.
+func TestHealthFailuresThatDoNotStopSidecar(t *testing.T) {
+	bare := strings.Replace(protectedChainGraph, "mode: nspb", "mode: bare", 1)
+	for _, c := range []struct {
+		name, yaml string
+		run        func(h *healthToggle)
+	}{
+		{"transient", protectedChainGraph, func(h *healthToggle) {
+			waitFor(t, "a passing check", func() bool { return h.checks.Load() >= 2 })
+			h.sick.Store(true)
+			n := h.checks.Load()
+			waitFor(t, "two failed checks", func() bool { return h.checks.Load() >= n+2 })
+			h.sick.Store(false)
+		}},
+		{"never healthy", protectedChainGraph, func(h *healthToggle) { h.sick.Store(true) }},
+		{"bare", bare, func(h *healthToggle) {
+			waitFor(t, "a passing check", func() bool { return h.checks.Load() >= 2 })
+			h.sick.Store(true)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := &healthToggle{fakeBackend: fakeBackend{inputs: []string{"x"}}}
+			if c.name == "never healthy" {
+				h.sick.Store(true)
+			}
+			_, _, runErr, stop := runOneWith(t, c.yaml, h, healthCfg)
+			defer stop()
+			c.run(h)
+			// Well past healthFailures checks and BackendLostAfter.
+			n := h.checks.Load()
+			waitFor(t, "twenty more checks", func() bool { return h.checks.Load() >= n+20 })
+			select {
+			case err := <-runErr:
+				t.Fatalf("sidecar stopped: %v", err)
+			default:
+			}
+		})
+	}
+}
