@@ -35,6 +35,7 @@ import (
 const testYAML = `
 name: t
 hosts: [h1, h2]
+limits: {max_message_bytes: 4194304}
 models:
   - name: fashion
     kind: classifier
@@ -536,7 +537,8 @@ func TestTFServing(t *testing.T) {
 	bad("label", &tfapis.PredictRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion", VersionChoice: &tfapis.ModelSpec_VersionLabel{VersionLabel: "canary"}}}, codes.InvalidArgument, "canary")
 	bad("duplicate filter", &tfapis.PredictRequest{ModelSpec: spec, Inputs: in(typed), OutputFilter: []string{"scores", "scores"}}, codes.InvalidArgument, "duplicate")
 	// Many one-value broadcasts of a tiny message: refused against the
-	// message limit as a whole, before they are expanded.
+	// request's budget (8x the 4 MiB message limit: two of 16 MiB fit) as
+	// a whole, before the rest are expanded.
 	many := map[string]*tfpb.TensorProto{}
 	for i := range 8 {
 		b := tp(tfpb.DataType_DT_FLOAT, []int64{4 << 20})

@@ -97,9 +97,12 @@ func (a *predictAPI) Predict(ctx context.Context, req *tfapis.PredictRequest) (*
 	ins := make([]*hamsv1.Tensor, 0, len(keys))
 	var streams []string
 	var stateIn []*hamsv1.Tensor
-	// Each decode within what the earlier inputs left of the message
-	// limit: a one-value broadcast expands a small message.
-	left := int64(a.s.maxBytes)
+	// Each decode within what the earlier inputs left of a budget of 8
+	// times the message limit: typed values expand at most 8x (a 1-byte
+	// int64_val varint), so no request that carries its values is
+	// refused, while one-value broadcasts, which expand a small message
+	// without bound, stay bounded per request, not per tensor.
+	left := int64(a.s.maxBytes) * 8
 	for _, k := range keys {
 		t, err := wire.FromTensorProtoLimit(k, req.Inputs[k], left)
 		if err != nil {
