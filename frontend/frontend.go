@@ -354,7 +354,8 @@ func New(cfg Config) (*Frontend, error) {
 		f.closePass()
 		return nil, fmt.Errorf("frontend: register gRPC metrics: %w", err)
 	}
-	f.grpc = grpc.NewServer(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes)...)
+	f.grpc = grpc.NewServer(append(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes),
+		grpc.UnknownServiceHandler(f.proxyUnknown))...) // passraw.go
 	hamsv1.RegisterFrontendServer(f.grpc, &frontendServer{f: f})
 	hamsv1.RegisterDataplaneServer(f.grpc, f.receiver)
 	hamsv1.RegisterReplicationServer(f.grpc, &replicationServer{f: f})

@@ -44,7 +44,8 @@ import (
 // Forwarded: TF Serving Predict, GetModelMetadata and GetModelStatus for a
 // backend that speaks TF Serving (tfserving, reference); KServe v2
 // ModelInfer, ModelReady and ModelMetadata for one that speaks KServe v2
-// (triton, reference). A call through the other API is Unimplemented (the
+// (triton, reference); and, as raw bytes, the model-scoped methods outside
+// the proto subset (passraw.go). A call through the other API is Unimplemented (the
 // backend does not speak it), as is the HAMS API (Frontend.Predict and
 // HTTP) for a pass-through service. Server-wide KServe calls (ServerLive,
 // ServerReady, ServerMetadata) stay the frontend's own.
@@ -110,6 +111,13 @@ func (p *passThrough) needKS() error {
 // trailer metadata to the client. The backend's error is returned as it
 // is (its status reaches the client unchanged).
 func (f *Frontend) forward(ctx context.Context, p *passThrough, call func(ctx context.Context, opts ...grpc.CallOption) error) error {
+	return f.forwardWith(ctx, p, true, call)
+}
+
+// forwardWith is forward; a call without a deadline gets
+// limits.request_timeout only when defaultDeadline is set (a stream that
+// lives as long as its client keeps it open gets none).
+func (f *Frontend) forwardWith(ctx context.Context, p *passThrough, defaultDeadline bool, call func(ctx context.Context, opts ...grpc.CallOption) error) error {
 	if !f.enter() {
 		return status.Error(codes.Unavailable, ErrShutdown.Error())
 	}
@@ -119,7 +127,7 @@ func (f *Frontend) forward(ctx context.Context, p *passThrough, call func(ctx co
 	if in, ok := metadata.FromIncomingContext(ctx); ok {
 		out = hamsmd.Forwardable(in)
 	}
-	if _, ok := ctx.Deadline(); !ok {
+	if _, ok := ctx.Deadline(); !ok && defaultDeadline {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, f.timeout)
 		defer cancel()

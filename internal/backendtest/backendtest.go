@@ -9,6 +9,8 @@ package backendtest
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"sync"
 
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hams-go/hams/protos/inference"
@@ -29,6 +32,7 @@ import (
 type Call struct {
 	Method string // "Predict", "ModelInfer", ...
 	Req    proto.Message
+	Raw    []byte // a request of a method outside the proto subset (SetRaw)
 	MD     metadata.MD
 }
 
@@ -56,6 +60,54 @@ type Server struct {
 	mu    sync.Mutex
 	calls []Call
 	fail  error
+	// rawAnswer answers the methods outside the proto subset (SetRaw).
+	rawAnswer func(method string, req []byte) []byte
+}
+
+// SetRaw makes the server answer methods it has no handler for (TF
+// Serving's Classify, Triton's ModelConfig, ModelStreamInfer, ...): every
+// request message, as raw bytes, is recorded (Call.Raw, Call.Method the
+// full method name) and answered with answer's bytes, one answer per
+// request. Without SetRaw such methods are Unimplemented.
+func (s *Server) SetRaw(answer func(method string, req []byte) []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rawAnswer = answer
+}
+
+// raw is the unknown-method handler (SetRaw).
+func (s *Server) raw(_ any, ss grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(ss)
+	s.mu.Lock()
+	answer, fail := s.rawAnswer, s.fail
+	s.mu.Unlock()
+	if answer == nil {
+		return status.Errorf(codes.Unimplemented, "unknown method %s", method)
+	}
+	md, _ := metadata.FromIncomingContext(ss.Context())
+	_ = ss.SetHeader(metadata.Pairs(HeaderKey, method))
+	ss.SetTrailer(metadata.Pairs(TrailerKey, method))
+	for {
+		m := &emptypb.Empty{}
+		if err := ss.RecvMsg(m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return fail
+			}
+			return err
+		}
+		req := m.ProtoReflect().GetUnknown()
+		s.mu.Lock()
+		s.calls = append(s.calls, Call{Method: method, Raw: append([]byte(nil), req...), MD: md.Copy()})
+		s.mu.Unlock()
+		if fail != nil {
+			return fail
+		}
+		out := &emptypb.Empty{}
+		out.ProtoReflect().SetUnknown(answer(method, req))
+		if err := ss.SendMsg(out); err != nil {
+			return err
+		}
+	}
 }
 
 // Start serves on a loopback port until Stop.
@@ -64,7 +116,8 @@ func Start(models ...string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Models: models, srv: grpc.NewServer(), lis: lis, done: make(chan struct{})}
+	s := &Server{Models: models, lis: lis, done: make(chan struct{})}
+	s.srv = grpc.NewServer(grpc.UnknownServiceHandler(s.raw))
 	tfapis.RegisterPredictionServiceServer(s.srv, s)
 	tfapis.RegisterModelServiceServer(s.srv, s)
 	inference.RegisterGRPCInferenceServiceServer(s.srv, s)

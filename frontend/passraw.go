@@ -1,0 +1,388 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/hams-go/hams/internal/hamsmd"
+)
+
+// Pass-through of the model-scoped methods outside the frontend's proto
+// subset (the gRPC server's unknown-method handler): TF Serving's
+// Classify, Regress and MultiInference, and KServe v2 / Triton's
+// ModelConfig, ModelStatistics and ModelStreamInfer, for a pass-through
+// model (ha: off) only. The messages travel as raw bytes (a message
+// decoded into emptypb.Empty keeps every field as unknown bytes and
+// encodes them back unchanged); the only edits, made on the wire form at
+// the upstream field numbers below, are those of the typed pass-through
+// (passthrough.go): the model name is the backend's on the way in and the
+// client's on the way out, and an empty version (and TF signature) gets
+// backend.version (backend.signature). Metadata, deadline and HAMS's
+// identity are forward's. Server-wide methods (repository, shared memory,
+// trace and log settings, TF Serving's HandleReloadConfigRequest) and any
+// method for a model on the HAMS path stay Unimplemented: they are not a
+// model's, or the model has no single server to forward to.
+
+// rawRoute says where a method's messages name the model.
+type rawRoute struct {
+	tf bool // TF Serving's API (else KServe v2)
+	// reqPath leads to the message holding the name in a request
+	// (ModelSpec for TF Serving, the request itself for KServe);
+	// respPath to the one in an answer. Repeated fields on a path are all
+	// edited.
+	reqPath, respPath []protowire.Number
+	// stream: ModelStreamInfer (several requests, each naming the model).
+	stream bool
+}
+
+// Field numbers: TF Serving ModelSpec{name 1, version 2 (Int64Value{value
+// 1}), signature_name 3, version_label 4}; ClassificationRequest /
+// RegressionRequest{model_spec 1}, their responses {model_spec 2};
+// MultiInferenceRequest{tasks 1: InferenceTask{model_spec 1}},
+// MultiInferenceResponse{results 1: InferenceResult{model_spec 1}}. KServe
+// ModelConfigRequest / ModelStatisticsRequest{name 1, version 2},
+// ModelConfigResponse{config 1: ModelConfig{name 1}},
+// ModelStatisticsResponse{model_stats 1: ModelStatistics{name 1}},
+// ModelInferRequest{model_name 1, model_version 2},
+// ModelStreamInferResponse{infer_response 2: ModelInferResponse{model_name 1}}.
+var rawRoutes = map[string]rawRoute{
+	"/tensorflow.serving.PredictionService/Classify":       {tf: true, reqPath: []protowire.Number{1}, respPath: []protowire.Number{2}},
+	"/tensorflow.serving.PredictionService/Regress":        {tf: true, reqPath: []protowire.Number{1}, respPath: []protowire.Number{2}},
+	"/tensorflow.serving.PredictionService/MultiInference": {tf: true, reqPath: []protowire.Number{1, 1}, respPath: []protowire.Number{1, 1}},
+	"/inference.GRPCInferenceService/ModelConfig":          {respPath: []protowire.Number{1}},
+	"/inference.GRPCInferenceService/ModelStatistics":      {respPath: []protowire.Number{1}},
+	"/inference.GRPCInferenceService/ModelStreamInfer":     {respPath: []protowire.Number{2}, stream: true},
+}
+
+const (
+	nameField    protowire.Number = 1
+	ksVersion    protowire.Number = 2
+	tfVersion    protowire.Number = 2
+	tfSignature  protowire.Number = 3
+	tfLabel      protowire.Number = 4
+	int64ValueNr protowire.Number = 1
+)
+
+// errRawMessage is a request the frontend cannot read at the upstream
+// field numbers.
+var errRawMessage = errors.New("frontend: malformed message")
+
+// mapAt applies f to every message at path inside b (b itself for an
+// empty path) and re-encodes b; fields elsewhere are copied unchanged.
+func mapAt(b []byte, path []protowire.Number, f func([]byte) ([]byte, error)) ([]byte, error) {
+	if len(path) == 0 {
+		return f(b)
+	}
+	out := make([]byte, 0, len(b))
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, fmt.Errorf("%w: %v", errRawMessage, protowire.ParseError(n))
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return nil, fmt.Errorf("%w: field %d: %v", errRawMessage, num, protowire.ParseError(m))
+		}
+		if num != path[0] || typ != protowire.BytesType {
+			out = append(out, b[:n+m]...)
+			b = b[n+m:]
+			continue
+		}
+		inner, _ := protowire.ConsumeBytes(b[n:])
+		edited, err := mapAt(inner, path[1:], f)
+		if err != nil {
+			return nil, err
+		}
+		out = protowire.AppendTag(out, num, protowire.BytesType)
+		out = protowire.AppendBytes(out, edited)
+		b = b[n+m:]
+	}
+	return out, nil
+}
+
+// getString reads the last occurrence of string field num of message m.
+func getString(m []byte, num protowire.Number) (string, bool) {
+	var v string
+	found := false
+	for len(m) > 0 {
+		n, typ, k := protowire.ConsumeTag(m)
+		if k < 0 {
+			return "", false
+		}
+		l := protowire.ConsumeFieldValue(n, typ, m[k:])
+		if l < 0 {
+			return "", false
+		}
+		if n == num && typ == protowire.BytesType {
+			s, _ := protowire.ConsumeBytes(m[k:])
+			v, found = string(s), true
+		}
+		m = m[k+l:]
+	}
+	return v, found
+}
+
+// without drops every occurrence of field num from message m.
+func without(m []byte, num protowire.Number) []byte {
+	out := make([]byte, 0, len(m))
+	for len(m) > 0 {
+		n, typ, k := protowire.ConsumeTag(m)
+		l := protowire.ConsumeFieldValue(n, typ, m[k:])
+		if k < 0 || l < 0 {
+			return append(out, m...)
+		}
+		if n != num {
+			out = append(out, m[:k+l]...)
+		}
+		m = m[k+l:]
+	}
+	return out
+}
+
+// has says whether message m holds field num.
+func has(m []byte, num protowire.Number) bool {
+	for len(m) > 0 {
+		n, typ, k := protowire.ConsumeTag(m)
+		if k < 0 {
+			return false
+		}
+		l := protowire.ConsumeFieldValue(n, typ, m[k:])
+		if l < 0 {
+			return false
+		}
+		if n == num {
+			return true
+		}
+		m = m[k+l:]
+	}
+	return false
+}
+
+func withString(m []byte, num protowire.Number, s string) []byte {
+	m = without(m, num)
+	m = protowire.AppendTag(m, num, protowire.BytesType)
+	return protowire.AppendString(m, s)
+}
+
+// requestNames lists the model names a request gives (each occurrence).
+func (r rawRoute) requestNames(b []byte) ([]string, error) {
+	var names []string
+	_, err := mapAt(b, r.reqPath, func(m []byte) ([]byte, error) {
+		name, _ := getString(m, nameField)
+		names = append(names, name)
+		return m, nil
+	})
+	return names, err
+}
+
+// toBackend rewrites a request for p's backend: its model name, and the
+// deployment's version (and TF signature) where the client gave none.
+func (r rawRoute) toBackend(b []byte, p *passThrough) ([]byte, error) {
+	return mapAt(b, r.reqPath, func(m []byte) ([]byte, error) {
+		m = withString(m, nameField, p.backend.Model)
+		v := p.backend.Version
+		switch {
+		case r.tf:
+			if v != "" && !has(m, tfVersion) && !has(m, tfLabel) {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					w := protowire.AppendTag(nil, int64ValueNr, protowire.VarintType)
+					w = protowire.AppendVarint(w, uint64(n))
+					m = protowire.AppendTag(m, tfVersion, protowire.BytesType)
+					m = protowire.AppendBytes(m, w)
+				} else {
+					m = withString(m, tfLabel, v)
+				}
+			}
+			if s, _ := getString(m, tfSignature); s == "" && p.backend.Signature != "" {
+				m = withString(m, tfSignature, p.backend.Signature)
+			}
+		case v != "":
+			if s, _ := getString(m, ksVersion); s == "" {
+				m = withString(m, ksVersion, v)
+			}
+		}
+		return m, nil
+	})
+}
+
+// toClient puts the client's model name back into an answer.
+func (r rawRoute) toClient(b []byte, p *passThrough, client string) ([]byte, error) {
+	if client == p.backend.Model {
+		return b, nil
+	}
+	return mapAt(b, r.respPath, func(m []byte) ([]byte, error) {
+		if name, ok := getString(m, nameField); ok && name == p.backend.Model {
+			m = withString(m, nameField, client)
+		}
+		return m, nil
+	})
+}
+
+// rawMessage is a message as the wire carries it.
+func rawMessage(b []byte) *emptypb.Empty {
+	e := &emptypb.Empty{}
+	e.ProtoReflect().SetUnknown(b)
+	return e
+}
+
+// proxyUnknown is the gRPC server's handler of methods it has no handler
+// for: the routes above for a pass-through model, Unimplemented else.
+func (f *Frontend) proxyUnknown(_ any, ss grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(ss)
+	r, ok := rawRoutes[method]
+	if !ok {
+		return status.Errorf(codes.Unimplemented, "method %s is not served by the HAMS frontend", method)
+	}
+	first := &emptypb.Empty{}
+	if err := ss.RecvMsg(first); err != nil {
+		return err
+	}
+	names, err := r.requestNames(first.ProtoReflect().GetUnknown())
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "%s: %v", method, err)
+	}
+	client, err := oneName(method, names)
+	if err != nil {
+		return err
+	}
+	p := f.passFor(client)
+	if p == nil {
+		if _, err := f.modelService(client); err != nil {
+			return err
+		}
+		return status.Errorf(codes.Unimplemented, "%s: model %q is served with HA on the HAMS path, where only %s are served; call its model server directly for this method",
+			method, client, map[bool]string{true: "Predict, GetModelMetadata and GetModelStatus", false: "ModelInfer, ModelReady and ModelMetadata"}[r.tf])
+	}
+	if r.tf {
+		err = p.needTF()
+	} else {
+		err = p.needKS()
+	}
+	if err != nil {
+		return err
+	}
+	// A stream (ModelStreamInfer) lives as long as the client keeps it:
+	// no default deadline.
+	return f.forwardWith(ss.Context(), p, !r.stream, func(ctx context.Context, opts ...grpc.CallOption) error {
+		return f.pumpRaw(ctx, ss, p, r, method, client, first, opts)
+	})
+}
+
+// oneName is the one model a request names (a MultiInference's tasks must
+// all name the same model, as in TF Serving).
+func oneName(method string, names []string) (string, error) {
+	if len(names) == 0 || names[0] == "" {
+		return "", status.Errorf(codes.InvalidArgument, "%s: no model named in the request", method)
+	}
+	for _, n := range names[1:] {
+		if n != names[0] {
+			return "", status.Errorf(codes.InvalidArgument, "%s: the request names models %q and %q; one call, one model", method, names[0], n)
+		}
+	}
+	return names[0], nil
+}
+
+// pumpRaw runs the call on the backend as a stream (which carries a unary
+// call as well): the first request, then the client's further ones (a
+// stream's must name the same model), and the backend's answers back,
+// until the backend ends the call; its status is the call's. The
+// goroutine that forwards the client's requests ends when the call does:
+// the client half-closes, or the server ends the stream when this handler
+// returns; it counts as a client call (enter/leave), so a frontend's
+// shutdown waits for it.
+func (f *Frontend) pumpRaw(ctx context.Context, ss grpc.ServerStream, p *passThrough, r rawRoute, method, client string, first *emptypb.Empty, opts []grpc.CallOption) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cs, err := p.cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method, opts...)
+	if err != nil {
+		return err
+	}
+	send := func(m *emptypb.Empty) error {
+		b, err := r.toBackend(m.ProtoReflect().GetUnknown(), p)
+		if err != nil {
+			return status.Errorf(codes.InvalidArgument, "%s: %v", method, err)
+		}
+		return cs.SendMsg(rawMessage(b))
+	}
+	if err := send(first); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if !f.enter() {
+		return status.Error(codes.Unavailable, ErrShutdown.Error())
+	}
+	// refused is a later request the frontend would not forward: the call
+	// ends with it instead of the backend's status.
+	var refused atomic.Pointer[error]
+	go func() {
+		defer f.leave()
+		for {
+			m := &emptypb.Empty{}
+			if err := ss.RecvMsg(m); err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = cs.CloseSend()
+				} else {
+					cancel()
+				}
+				return
+			}
+			names, err := r.requestNames(m.ProtoReflect().GetUnknown())
+			switch {
+			case err != nil:
+				err = status.Errorf(codes.InvalidArgument, "%s: %v", method, err)
+			case !r.stream:
+				err = status.Errorf(codes.InvalidArgument, "%s: one request per call", method)
+			case len(names) != 1 || names[0] != client:
+				err = status.Errorf(codes.InvalidArgument, "%s: a request of the stream names model %q; the stream's model is %q", method, strings.Join(names, ", "), client)
+			}
+			if err == nil {
+				if err = send(m); errors.Is(err, io.EOF) {
+					return // the backend ended the call: its status is the call's
+				}
+			}
+			if err != nil {
+				refused.Store(&err)
+				cancel()
+				return
+			}
+		}
+	}()
+	headerSent := false
+	for {
+		m := &emptypb.Empty{}
+		if err := cs.RecvMsg(m); err != nil {
+			if e := refused.Load(); e != nil {
+				return *e
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if !headerSent {
+			if h, err := cs.Header(); err == nil {
+				if h = hamsmd.Forwardable(h); len(h) > 0 {
+					_ = ss.SetHeader(h)
+				}
+			}
+			headerSent = true
+		}
+		b, err := r.toClient(m.ProtoReflect().GetUnknown(), p, client)
+		if err != nil {
+			return status.Errorf(codes.Internal, "%s: backend answer: %v", method, err)
+		}
+		if err := ss.SendMsg(rawMessage(b)); err != nil {
+			return err
+		}
+	}
+}
