@@ -131,14 +131,7 @@ func TestBackendLostStopsSidecar(t *testing.T) {
 	sink, snd, runErr, stop := runOne(t, protectedChainGraph, fb, 100*time.Millisecond)
 	defer stop()
 	snd.Send(&hamsv1.Item{ReqId: 1, Tensors: []*hamsv1.Tensor{row(1, 2)}})
-	select {
-	case err := <-runErr:
-		if !errors.Is(err, errBackendLost) {
-			t.Fatalf("Run: %v, want errBackendLost", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("sidecar did not stop with its backend lost")
-	}
+	wantBackendLost(t, runErr, "")
 	if n := sink.count(); n != 0 {
 		t.Fatalf("%d items reached the sink (the request must not fail)", n)
 	}
@@ -157,6 +150,20 @@ func TestNegativeBackendLostAfterRejected(t *testing.T) {
 }
 
 func statusErr(c codes.Code, msg string) error { return status.Error(c, msg) }
+
+// wantBackendLost waits for the sidecar's Run to end with errBackendLost
+// whose message holds says.
+func wantBackendLost(t *testing.T, runErr <-chan error, says string) {
+	t.Helper()
+	select {
+	case err := <-runErr:
+		if !errors.Is(err, errBackendLost) || !strings.Contains(err.Error(), says) {
+			t.Fatalf("Run: %v, want errBackendLost saying %q", err, says)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("sidecar still running with its backend lost")
+	}
+}
 
 // heldWriter is a counter backend whose WriteState blocks until release
 // is closed (a backup's model server that is slow or about to die).
@@ -633,6 +640,18 @@ func (f *stateAdvancingBackend) Infer(ctx context.Context, req *hamsv1.BatchRequ
 	return f.fakeBackend.Infer(ctx, req)
 }
 
+// statelessStatefulGraph: one stateful model served ha: stateless (a
+// standby, no state replication).
+const statelessStatefulGraph = `
+name: t
+mode: nspb
+models:
+  - {name: a, kind: fake, stateful: true, ha: stateless, batch: {size: 1}}
+services:
+  - name: s
+    edges: [[frontend, a], [a, frontend]]
+`
+
 // The Infer of a stateful model is never repeated after a lost answer (the
 // server may have applied it): the sidecar stops at once (fail-stop) with
 // the batch applied once and its requests not failed, where a stateless
@@ -642,15 +661,7 @@ func TestStatefulInferNotRepeatedAfterLostAnswer(t *testing.T) {
 	// replay's re-execution calls the same backendCall.
 	for _, mode := range []string{"ha-stateless", "ha-off"} {
 		t.Run(mode, func(t *testing.T) {
-			y := `
-name: t
-mode: nspb
-models:
-  - {name: a, kind: fake, stateful: true, ha: stateless, batch: {size: 1}}
-services:
-  - name: s
-    edges: [[frontend, a], [a, frontend]]
-`
+			y := statelessStatefulGraph
 			if mode == "ha-off" {
 				y = strings.Replace(y, "ha: stateless", "ha: off", 1)
 			}
@@ -659,14 +670,7 @@ services:
 			sink, snd, runErr, stop := runOne(t, y, fb, time.Minute)
 			defer stop()
 			snd.Send(&hamsv1.Item{ReqId: 1, Tensors: []*hamsv1.Tensor{row(1, 2)}})
-			select {
-			case err := <-runErr:
-				if !errors.Is(err, errBackendLost) {
-					t.Fatalf("Run: %v, want errBackendLost", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("sidecar still running; the backend saw %d Infer calls", fb.applied.Load())
-			}
+			wantBackendLost(t, runErr, "")
 			if n := fb.applied.Load(); n != 1 {
 				t.Fatalf("the batch reached the stateful backend %d times, want 1", n)
 			}
@@ -687,15 +691,7 @@ func (*repeatableBackend) InferRepeatable() bool { return true }
 // the stateless rule: the batch is held and retried while the backend is
 // unreachable, and the sidecar keeps running.
 func TestRepeatableStatefulInferHeld(t *testing.T) {
-	const y = `
-name: t
-mode: nspb
-models:
-  - {name: a, kind: fake, stateful: true, ha: stateless, batch: {size: 1}}
-services:
-  - name: s
-    edges: [[frontend, a], [a, frontend]]
-`
+	y := statelessStatefulGraph
 	fb := &repeatableBackend{stateAdvancingBackend{fakeBackend: fakeBackend{inputs: []string{"x"}}}}
 	fb.lose.Store(true)
 	sink, snd, runErr, stop := runOne(t, y, fb, time.Minute)

@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -40,14 +39,7 @@ func TestUnhealthyBackendStopsSidecar(t *testing.T) {
 	defer stop()
 	waitFor(t, "a passing check", func() bool { return h.checks.Load() >= 2 })
 	h.sick.Store(true)
-	select {
-	case err := <-runErr:
-		if !errors.Is(err, errBackendLost) || !strings.Contains(err.Error(), "UNLOADING") {
-			t.Fatalf("Run: %v, want errBackendLost naming the health error", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("sidecar still running with an unhealthy backend")
-	}
+	wantBackendLost(t, runErr, "UNLOADING")
 }
 
 // What does not stop the sidecar: a failed check followed by a passing
