@@ -354,8 +354,10 @@ func New(cfg Config) (*Frontend, error) {
 		f.closePass()
 		return nil, fmt.Errorf("frontend: register gRPC metrics: %w", err)
 	}
-	f.grpc = grpc.NewServer(append(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes),
-		grpc.UnknownServiceHandler(f.proxyUnknown))...) // passraw.go
+	// passraw.go: the unknown-method handler, behind a gate that runs
+	// before grpcx's interceptors (options chain in order).
+	f.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.ChainStreamInterceptor(unknownGate)},
+		append(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes), grpc.UnknownServiceHandler(f.proxyUnknown))...)...)
 	hamsv1.RegisterFrontendServer(f.grpc, &frontendServer{f: f})
 	hamsv1.RegisterDataplaneServer(f.grpc, f.receiver)
 	hamsv1.RegisterReplicationServer(f.grpc, &replicationServer{f: f})

@@ -27,8 +27,9 @@ import (
 // encodes them back unchanged); the only edits, made on the wire form at
 // the upstream field numbers below, are those of the typed pass-through
 // (passthrough.go): the model name is the backend's on the way in and the
-// client's on the way out, and an empty version (and TF signature) gets
-// backend.version (backend.signature). Metadata, deadline and HAMS's
+// client's on the way out, and an empty version gets backend.version
+// (backend.signature is Predict's: a Classify or Regress without one gets
+// the model's default, as from TF Serving directly). Metadata, deadline and HAMS's
 // identity are forward's. Server-wide methods (repository, shared memory,
 // trace and log settings, TF Serving's HandleReloadConfigRequest) and any
 // method for a model on the HAMS path stay Unimplemented: they are not a
@@ -69,7 +70,6 @@ const (
 	nameField    protowire.Number = 1
 	ksVersion    protowire.Number = 2
 	tfVersion    protowire.Number = 2
-	tfSignature  protowire.Number = 3
 	tfLabel      protowire.Number = 4
 	int64ValueNr protowire.Number = 1
 )
@@ -138,8 +138,11 @@ func without(m []byte, num protowire.Number) []byte {
 	out := make([]byte, 0, len(m))
 	for len(m) > 0 {
 		n, typ, k := protowire.ConsumeTag(m)
+		if k < 0 {
+			return append(out, m...)
+		}
 		l := protowire.ConsumeFieldValue(n, typ, m[k:])
-		if k < 0 || l < 0 {
+		if l < 0 {
 			return append(out, m...)
 		}
 		if n != num {
@@ -187,7 +190,7 @@ func (r rawRoute) requestNames(b []byte) ([]string, error) {
 }
 
 // toBackend rewrites a request for p's backend: its model name, and the
-// deployment's version (and TF signature) where the client gave none.
+// deployment's version where the client gave none.
 func (r rawRoute) toBackend(b []byte, p *passThrough) ([]byte, error) {
 	return mapAt(b, r.reqPath, func(m []byte) ([]byte, error) {
 		m = withString(m, nameField, p.backend.Model)
@@ -203,9 +206,6 @@ func (r rawRoute) toBackend(b []byte, p *passThrough) ([]byte, error) {
 				} else {
 					m = withString(m, tfLabel, v)
 				}
-			}
-			if s, _ := getString(m, tfSignature); s == "" && p.backend.Signature != "" {
-				m = withString(m, tfSignature, p.backend.Signature)
 			}
 		case v != "":
 			if s, _ := getString(m, ksVersion); s == "" {
@@ -246,6 +246,9 @@ func (f *Frontend) proxyUnknown(_ any, ss grpc.ServerStream) error {
 	}
 	first := &emptypb.Empty{}
 	if err := ss.RecvMsg(first); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // a stream closed before its first request
+		}
 		return err
 	}
 	names, err := r.requestNames(first.ProtoReflect().GetUnknown())
@@ -304,6 +307,17 @@ func oneName(method string, names []string) (string, error) {
 func (f *Frontend) pumpRaw(ctx context.Context, ss grpc.ServerStream, p *passThrough, r rawRoute, method, client string, first *emptypb.Empty, opts []grpc.CallOption) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Counted before anything reaches the backend: a shutdown starting
+	// now refuses the call before, not after, its first request went out.
+	if !f.enter() {
+		return status.Error(codes.Unavailable, ErrShutdown.Error())
+	}
+	pumping := false
+	defer func() {
+		if !pumping {
+			f.leave()
+		}
+	}()
 	cs, err := p.cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method, opts...)
 	if err != nil {
 		return err
@@ -318,12 +332,10 @@ func (f *Frontend) pumpRaw(ctx context.Context, ss grpc.ServerStream, p *passThr
 	if err := send(first); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
-	if !f.enter() {
-		return status.Error(codes.Unavailable, ErrShutdown.Error())
-	}
 	// refused is a later request the frontend would not forward: the call
 	// ends with it instead of the backend's status.
 	var refused atomic.Pointer[error]
+	pumping = true
 	go func() {
 		defer f.leave()
 		for {
@@ -385,4 +397,19 @@ func (f *Frontend) pumpRaw(ctx context.Context, ss grpc.ServerStream, p *passThr
 			return err
 		}
 	}
+}
+
+// unknownGate is the first stream interceptor of the frontend's server:
+// a call of a method the server has neither a handler (srv is nil only
+// for the unknown-method handler) nor a raw route for is answered
+// Unimplemented before the metrics and logging interceptors see it, so
+// arbitrary method names (scanners, probes of other services) make no
+// metric series and no log lines.
+func unknownGate(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if srv == nil {
+		if _, ok := rawRoutes[info.FullMethod]; !ok {
+			return status.Errorf(codes.Unimplemented, "method %s is not served by the HAMS frontend", info.FullMethod)
+		}
+	}
+	return handler(srv, ss)
 }

@@ -30,6 +30,10 @@ const (
 // unreachable for BackendLostAfter; the sidecar stops on it.
 var errBackendLost = errors.New("sidecar: backend unreachable")
 
+// errNotRepeated marks callOnce's errBackendLost: the call may have taken
+// effect, and the backend was not given BackendLostAfter to come back.
+var errNotRepeated = errors.New("not repeated")
+
 // backendDown reports whether err from the backend means the model server
 // is unreachable and a replacement will re-execute the requests.
 func (s *Sidecar) backendDown(err error) bool {
@@ -82,8 +86,8 @@ func (s *Sidecar) callOnce(ctx context.Context, what string, call func() error) 
 	}
 	s.metrics.backendDown.Inc()
 	s.log.Warn("backend unreachable during a call that changes the model's state in the server: not repeated", "op", what, "err", err)
-	return fmt.Errorf("%w: %s of stateful model %q not repeated (the server may have applied it before its answer was lost): %w",
-		errBackendLost, what, s.cfg.Model, err)
+	return fmt.Errorf("%w: %s of stateful model %q %w (the server may have applied it before its answer was lost): %w",
+		errBackendLost, what, s.cfg.Model, errNotRepeated, err)
 }
 
 // RepeatableInfer is implemented by a backend whose Infer of a stateful

@@ -2,9 +2,14 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/sidecar/nspb"
 )
 
@@ -14,7 +19,7 @@ import (
 // a sidecar whose batches are rare would learn it only from a client's
 // failed request. So the sidecar asks Backend.Health every HealthInterval,
 // in every role (a backup's model server must be able to serve when it is
-// promoted). In a protected mode, a backend unhealthy for
+// promoted). In a protected mode, a backend unhealthy (unhealthy) for
 // BackendLostAfter and at least healthFailures checks in a row is a failed
 // host, as one that stays unreachable for a batch is (backendloss.go): the
 // sidecar stops (fail-stop) and the manager fails the instance over. In
@@ -26,9 +31,24 @@ const (
 	healthFailures        = 3
 )
 
-// watchHealth is the health loop (Run owns it). Each check is bounded by
-// the interval, so a hung server counts as unhealthy.
+// unhealthy says whether a failed check means the backend cannot serve:
+// Unavailable (down, not ready, a version not AVAILABLE) or NotFound (the
+// model gone from its server), or a check that got no answer within
+// 2×BackendLostAfter (hung: a hung server). Other errors, and a check
+// merely slower than the interval on a loaded machine, are logged but not
+// counted: a busy server that still serves must not be failed over.
+func unhealthy(err error, hung bool) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.NotFound:
+		return true
+	}
+	return hung
+}
+
+// watchHealth is the health loop (Run owns it). Checks run without the
+// Run context's batch identity (hamsmd.Source): a probe is no request.
 func (s *Sidecar) watchHealth(ctx context.Context) error {
+	ctx = hamsmd.WithSource(ctx, nil)
 	t := time.NewTicker(s.healthInterval)
 	defer t.Stop()
 	var since time.Time
@@ -39,11 +59,16 @@ func (s *Sidecar) watchHealth(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		hctx, cancel := context.WithTimeout(ctx, s.healthInterval)
+		hctx, cancel := context.WithTimeout(ctx, 2*s.backendLostAfter)
 		err := s.cfg.Backend.Health(hctx)
+		hung := errors.Is(hctx.Err(), context.DeadlineExceeded)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
+		}
+		if err != nil && !unhealthy(err, hung) {
+			s.log.Debug("backend health check failed; not counted", "err", err)
+			continue
 		}
 		if err == nil {
 			armed = true

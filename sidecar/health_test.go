@@ -16,11 +16,15 @@ type healthToggle struct {
 	fakeBackend
 	sick   atomic.Bool
 	checks atomic.Int64
+	code   codes.Code // of a failed check: Unavailable when unset
 }
 
 func (h *healthToggle) Health(context.Context) error {
 	h.checks.Add(1)
 	if h.sick.Load() {
+		if h.code != codes.OK {
+			return statusErr(h.code, "health check answered slowly")
+		}
 		return statusErr(codes.Unavailable, "tfserving m: version 1 UNLOADING")
 	}
 	return nil
@@ -43,8 +47,9 @@ func TestUnhealthyBackendStopsSidecar(t *testing.T) {
 }
 
 // What does not stop the sidecar: a failed check followed by a passing
-// one; a backend that was never healthy yet (still loading); bare mode,
-// where nothing would take over.
+// one; a backend that was never healthy yet (still loading); checks that
+// fail without saying the backend is down; bare mode, where nothing would
+// take over.
 func TestHealthFailuresThatDoNotStopSidecar(t *testing.T) {
 	bare := strings.Replace(protectedChainGraph, "mode: nspb", "mode: bare", 1)
 	for _, c := range []struct {
@@ -59,6 +64,13 @@ func TestHealthFailuresThatDoNotStopSidecar(t *testing.T) {
 			h.sick.Store(false)
 		}},
 		{"never healthy", protectedChainGraph, func(h *healthToggle) { h.sick.Store(true) }},
+		{"busy, not down", protectedChainGraph, func(h *healthToggle) {
+			// A check that failed fast with DeadlineExceeded (the
+			// adapter's own timeout on a loaded server) is not counted.
+			waitFor(t, "a passing check", func() bool { return h.checks.Load() >= 2 })
+			h.code = codes.DeadlineExceeded
+			h.sick.Store(true)
+		}},
 		{"bare", bare, func(h *healthToggle) {
 			waitFor(t, "a passing check", func() bool { return h.checks.Load() >= 2 })
 			h.sick.Store(true)

@@ -600,10 +600,14 @@ type replayStats struct {
 	stop               string
 	load, reexec       time.Duration
 	// fromCheckpoint: the backend's state was written from a checkpoint
-	// (a recovery that failed can start again from it); backendLost: the
-	// re-execution lost the backend (callOnce).
-	fromCheckpoint, backendLost bool
+	// (a recovery that failed can start again from it); notRepeated: a
+	// re-execution lost its answer and was not repeated (callOnce).
+	fromCheckpoint, notRepeated bool
 }
+
+// replayRestarts bounds how often one promotion starts its recovery again
+// from the checkpoint after a re-execution lost its answer.
+const replayRestarts = 3
 
 // recover loads the newest checkpoint into the backend and re-executes
 // the logged batches after it; it returns the re-executed outputs (one
@@ -669,7 +673,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 			return err
 		})
 		if err != nil {
-			st.backendLost = errors.Is(err, errBackendLost)
+			st.notRepeated = errors.Is(err, errNotRepeated)
 			return nil, nil, st, status.Errorf(codes.Unavailable, "re-execute batch %d: %v", b.GetBatchId(), err)
 		}
 		outs, err := splitOutputs(resp, len(b.GetRequests()))
@@ -749,11 +753,12 @@ func (rp *replayState) promote(epoch uint64, after map[string]uint64) (uint64, e
 		ctx, cancel := context.WithTimeout(s.runCtx, replayRecoverTimeout)
 		defer cancel()
 		s.epochV.Store(epoch)
-		items, keys, st, err := rp.recover(ctx)
 		// A re-execution that lost its backend's answer may have applied
-		// the batch: start again from the checkpoint's state, while the
-		// backend has been lost for less than BackendLostAfter.
-		for lostSince := time.Now(); err != nil && st.backendLost && st.fromCheckpoint && time.Since(lostSince) < s.backendLostAfter; {
+		// the batch: start again from the checkpoint's state, up to
+		// replayRestarts times (a backend that is down fails the restart's
+		// own WriteState after BackendLostAfter, which ends the loop).
+		items, keys, st, err := rp.recover(ctx)
+		for restarts := 0; err != nil && st.notRepeated && st.fromCheckpoint && restarts < replayRestarts; restarts++ {
 			s.log.Warn("replay: re-execution lost the backend; starting again from the checkpoint", "err", err)
 			t := time.NewTimer(backendRetry)
 			select {
