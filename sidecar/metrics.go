@@ -132,7 +132,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	m.backendDown = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hams_sidecar_backend_unreachable_total", Help: "Backend calls that found the model server unreachable (the batch is held and retried, not failed).", ConstLabels: cl})
 	m.backendHealthy = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "hams_sidecar_backend_healthy", Help: "1 while the backend's last health check passed, 0 after a failed one.", ConstLabels: cl})
+		Name: "hams_sidecar_backend_healthy", Help: "1 while the backend's last health check passed, 0 after a failed one (and before the first check, or with checks off).", ConstLabels: cl})
 	if reg != nil {
 		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.backendHealthy, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.shipSelf, m.shipBulk, m.outlogBytes, m.outlogItems,
