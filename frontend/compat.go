@@ -241,11 +241,9 @@ func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictReques
 	// budget: a one-value broadcast makes a tensor much larger than its
 	// message, and a small request naming many inputs must not expand to
 	// many times the limit before predict's own checks see it.
-	if len(svc.inputs) > 0 {
-		for _, k := range keys {
-			if svc.spec(k) == nil {
-				return nil, status.Errorf(codes.InvalidArgument, "service %q: unknown input %q (declared: %s)", svc.name, k, svc.inputNames())
-			}
+	for _, k := range keys {
+		if err := svc.declared(k); err != nil {
+			return nil, err
 		}
 	}
 	ins := make([]*hamsv1.Tensor, len(keys))

@@ -78,96 +78,99 @@ const (
 // field numbers.
 var errRawMessage = errors.New("frontend: malformed message")
 
+// rawField is one field of a message on the wire: its number and type,
+// its whole encoding (tag and value) and, for a length-delimited field,
+// its payload.
+type rawField struct {
+	num     protowire.Number
+	typ     protowire.Type
+	whole   []byte
+	payload []byte
+}
+
+// rawFields splits one message level into its fields, in order.
+func rawFields(m []byte) ([]rawField, error) {
+	var out []rawField
+	for len(m) > 0 {
+		num, typ, n := protowire.ConsumeTag(m)
+		if n < 0 {
+			return nil, fmt.Errorf("%w: %v", errRawMessage, protowire.ParseError(n))
+		}
+		l := protowire.ConsumeFieldValue(num, typ, m[n:])
+		if l < 0 {
+			return nil, fmt.Errorf("%w: field %d: %v", errRawMessage, num, protowire.ParseError(l))
+		}
+		f := rawField{num: num, typ: typ, whole: m[:n+l]}
+		if typ == protowire.BytesType {
+			f.payload, _ = protowire.ConsumeBytes(m[n:])
+		}
+		out = append(out, f)
+		m = m[n+l:]
+	}
+	return out, nil
+}
+
 // mapAt applies f to every message at path inside b (b itself for an
 // empty path) and re-encodes b; fields elsewhere are copied unchanged.
 func mapAt(b []byte, path []protowire.Number, f func([]byte) ([]byte, error)) ([]byte, error) {
 	if len(path) == 0 {
 		return f(b)
 	}
+	fields, err := rawFields(b)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]byte, 0, len(b))
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, fmt.Errorf("%w: %v", errRawMessage, protowire.ParseError(n))
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return nil, fmt.Errorf("%w: field %d: %v", errRawMessage, num, protowire.ParseError(m))
-		}
-		if num != path[0] || typ != protowire.BytesType {
-			out = append(out, b[:n+m]...)
-			b = b[n+m:]
+	for _, fl := range fields {
+		if fl.num != path[0] || fl.typ != protowire.BytesType {
+			out = append(out, fl.whole...)
 			continue
 		}
-		inner, _ := protowire.ConsumeBytes(b[n:])
-		edited, err := mapAt(inner, path[1:], f)
+		edited, err := mapAt(fl.payload, path[1:], f)
 		if err != nil {
 			return nil, err
 		}
-		out = protowire.AppendTag(out, num, protowire.BytesType)
+		out = protowire.AppendTag(out, fl.num, protowire.BytesType)
 		out = protowire.AppendBytes(out, edited)
-		b = b[n+m:]
 	}
 	return out, nil
 }
 
-// getString reads the last occurrence of string field num of message m.
+// getString reads the last occurrence of string field num of message m
+// (none in a malformed message).
 func getString(m []byte, num protowire.Number) (string, bool) {
-	var v string
-	found := false
-	for len(m) > 0 {
-		n, typ, k := protowire.ConsumeTag(m)
-		if k < 0 {
-			return "", false
+	fields, _ := rawFields(m)
+	for i := len(fields) - 1; i >= 0; i-- {
+		if fields[i].num == num && fields[i].typ == protowire.BytesType {
+			return string(fields[i].payload), true
 		}
-		l := protowire.ConsumeFieldValue(n, typ, m[k:])
-		if l < 0 {
-			return "", false
-		}
-		if n == num && typ == protowire.BytesType {
-			s, _ := protowire.ConsumeBytes(m[k:])
-			v, found = string(s), true
-		}
-		m = m[k+l:]
 	}
-	return v, found
+	return "", false
 }
 
-// without drops every occurrence of field num from message m.
+// without drops every occurrence of field num from message m (a
+// malformed message is returned as it is).
 func without(m []byte, num protowire.Number) []byte {
+	fields, err := rawFields(m)
+	if err != nil {
+		return m
+	}
 	out := make([]byte, 0, len(m))
-	for len(m) > 0 {
-		n, typ, k := protowire.ConsumeTag(m)
-		if k < 0 {
-			return append(out, m...)
+	for _, fl := range fields {
+		if fl.num != num {
+			out = append(out, fl.whole...)
 		}
-		l := protowire.ConsumeFieldValue(n, typ, m[k:])
-		if l < 0 {
-			return append(out, m...)
-		}
-		if n != num {
-			out = append(out, m[:k+l]...)
-		}
-		m = m[k+l:]
 	}
 	return out
 }
 
 // has says whether message m holds field num.
 func has(m []byte, num protowire.Number) bool {
-	for len(m) > 0 {
-		n, typ, k := protowire.ConsumeTag(m)
-		if k < 0 {
-			return false
-		}
-		l := protowire.ConsumeFieldValue(n, typ, m[k:])
-		if l < 0 {
-			return false
-		}
-		if n == num {
+	fields, _ := rawFields(m)
+	for _, fl := range fields {
+		if fl.num == num {
 			return true
 		}
-		m = m[k+l:]
 	}
 	return false
 }

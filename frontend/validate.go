@@ -105,10 +105,10 @@ func (s *serviceInfo) validateInputs(inputs []*hamsv1.Tensor, maxBytes int) erro
 			return status.Errorf(codes.ResourceExhausted, "service %q: input %q: request tensors exceed %d bytes", s.name, t.GetName(), maxBytes)
 		}
 		if len(s.inputs) > 0 {
-			spec := s.spec(t.GetName())
-			if spec == nil {
-				return status.Errorf(codes.InvalidArgument, "service %q: unknown input %q (declared: %s)", s.name, t.GetName(), s.inputNames())
+			if err := s.declared(t.GetName()); err != nil {
+				return err
 			}
+			spec := s.spec(t.GetName())
 			if err := checkSpec(spec, t); err != nil {
 				return status.Errorf(codes.InvalidArgument, "service %q: input %q: %v", s.name, t.GetName(), err)
 			}
@@ -123,6 +123,15 @@ func (s *serviceInfo) validateInputs(inputs []*hamsv1.Tensor, maxBytes int) erro
 		}
 	}
 	return nil
+}
+
+// declared is nil when the service declares no inputs or declares name,
+// else InvalidArgument naming it.
+func (s *serviceInfo) declared(name string) error {
+	if len(s.inputs) == 0 || s.spec(name) != nil {
+		return nil
+	}
+	return status.Errorf(codes.InvalidArgument, "service %q: unknown input %q (declared: %s)", s.name, name, s.inputNames())
 }
 
 func (s *serviceInfo) spec(name string) *config.TensorSpec {
