@@ -451,9 +451,18 @@ func TestCompletionNoticesNameEveryAnsweredRequestOnce(t *testing.T) {
 	if codesSeen[codes.OK] != n-31 || codesSeen[codes.InvalidArgument] != 30 || codesSeen[codes.DeadlineExceeded] != 1 {
 		t.Fatalf("answers by code %v", codesSeen)
 	}
-	eventually(t, "every req_id completed", func() bool { return len(co.completedIDs()) == n })
+	// The request with a 200 ms deadline may expire in the client before
+	// it is sent when the machine is loaded (then no req_id was handed
+	// out for it): every req_id the frontend handed out is completed.
+	e.fe.mu.Lock()
+	assigned := e.fe.table.next
+	e.fe.mu.Unlock()
+	if assigned != n && assigned != n-1 {
+		t.Fatalf("%d req_ids handed out for %d requests", assigned, n)
+	}
+	eventually(t, "every req_id completed", func() bool { return uint64(len(co.completedIDs())) == assigned })
 	ids := co.completedIDs()
-	for id := uint64(1); id <= n; id++ {
+	for id := uint64(1); id <= assigned; id++ {
 		if ids[id] != 1 {
 			t.Fatalf("req_id %d named %d times in completion notices", id, ids[id])
 		}
@@ -473,8 +482,8 @@ func TestCompletionNoticesNameEveryAnsweredRequestOnce(t *testing.T) {
 	if got := metricValue(t, e.fe.m.completionErrors); got != 2 {
 		t.Fatalf("completion errors %v, want 2 (retried)", got)
 	}
-	if got := metricValue(t, e.fe.m.completions); got != n {
-		t.Fatalf("completed requests published %v, want %d", got, n)
+	if got := metricValue(t, e.fe.m.completions); got != float64(assigned) {
+		t.Fatalf("completed requests published %v, want %d", got, assigned)
 	}
 }
 
