@@ -44,8 +44,12 @@ type Item struct {
 	// Set when a model failed this request (bad input, backend error): models
 	// downstream pass the item on without executing it, and the frontend
 	// answers the client with this error. error_code is a gRPC status code.
-	Error         string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
-	ErrorCode     int32  `protobuf:"varint,10,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Error     string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorCode int32  `protobuf:"varint,10,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	// Set when the tensors (or those of any item this one was computed
+	// from) are a ParM reconstruction rather than a deployed model's own
+	// output: the reply to the client is marked approximate.
+	Approximate   bool `protobuf:"varint,11,opt,name=approximate,proto3" json:"approximate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -148,6 +152,13 @@ func (x *Item) GetErrorCode() int32 {
 		return x.ErrorCode
 	}
 	return 0
+}
+
+func (x *Item) GetApproximate() bool {
+	if x != nil {
+		return x.Approximate
+	}
+	return false
 }
 
 type ForwardBatch struct {
@@ -300,7 +311,7 @@ var File_hams_v1_dataplane_proto protoreflect.FileDescriptor
 
 const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\n" +
-	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xcd\x02\n" +
+	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xef\x02\n" +
 	"\x04Item\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\x04R\x05reqId\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x1b\n" +
@@ -314,7 +325,8 @@ const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\x05error\x18\t \x01(\tR\x05error\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\n" +
-	" \x01(\x05R\terrorCode\"\xa5\x01\n" +
+	" \x01(\x05R\terrorCode\x12 \n" +
+	"\vapproximate\x18\v \x01(\bR\vapproximate\"\xa5\x01\n" +
 	"\fForwardBatch\x12\x1d\n" +
 	"\n" +
 	"from_model\x18\x01 \x01(\tR\tfromModel\x12\x19\n" +

@@ -152,7 +152,10 @@ type PredictResponse struct {
 	// One entry per sink model of the service, sorted by model name.
 	Outputs []*ModelOutput `protobuf:"bytes,4,rep,name=outputs,proto3" json:"outputs,omitempty"`
 	// Full lineage of the reply (every model the request went through).
-	Lineage       []*LineageEntry `protobuf:"bytes,5,rep,name=lineage,proto3" json:"lineage,omitempty"`
+	Lineage []*LineageEntry `protobuf:"bytes,5,rep,name=lineage,proto3" json:"lineage,omitempty"`
+	// Set when an output of the reply was reconstructed by a parity model
+	// (ParM) instead of computed by the deployed model: an approximation.
+	Approximate   bool `protobuf:"varint,6,opt,name=approximate,proto3" json:"approximate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -220,6 +223,13 @@ func (x *PredictResponse) GetLineage() []*LineageEntry {
 		return x.Lineage
 	}
 	return nil
+}
+
+func (x *PredictResponse) GetApproximate() bool {
+	if x != nil {
+		return x.Approximate
+	}
+	return false
 }
 
 type ListServicesRequest struct {
@@ -447,14 +457,15 @@ const file_hams_v1_frontend_proto_rawDesc = "" +
 	"\x06inputs\x18\x04 \x03(\v2\x0f.hams.v1.TensorR\x06inputs\"N\n" +
 	"\vModelOutput\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12)\n" +
-	"\atensors\x18\x02 \x03(\v2\x0f.hams.v1.TensorR\atensors\"\xc2\x01\n" +
+	"\atensors\x18\x02 \x03(\v2\x0f.hams.v1.TensorR\atensors\"\xe4\x01\n" +
 	"\x0fPredictResponse\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12\x15\n" +
 	"\x06req_id\x18\x03 \x01(\x04R\x05reqId\x12.\n" +
 	"\aoutputs\x18\x04 \x03(\v2\x14.hams.v1.ModelOutputR\aoutputs\x12/\n" +
-	"\alineage\x18\x05 \x03(\v2\x15.hams.v1.LineageEntryR\alineage\"\x15\n" +
+	"\alineage\x18\x05 \x03(\v2\x15.hams.v1.LineageEntryR\alineage\x12 \n" +
+	"\vapproximate\x18\x06 \x01(\bR\vapproximate\"\x15\n" +
 	"\x13ListServicesRequest\"\xaa\x01\n" +
 	"\vServiceInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +

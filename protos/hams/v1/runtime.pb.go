@@ -422,8 +422,11 @@ type BatchResponse struct {
 	// state_delta_sizes[i] bytes.
 	StateDeltaRegion string   `protobuf:"bytes,7,opt,name=state_delta_region,json=stateDeltaRegion,proto3" json:"state_delta_region,omitempty"`
 	StateDeltaSizes  []uint64 `protobuf:"varint,8,rep,packed,name=state_delta_sizes,json=stateDeltaSizes,proto3" json:"state_delta_sizes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Per request (same order as rows): the outputs are a reconstruction
+	// (ParM decode), not the deployed model's own answer. Empty: none is.
+	Approximate   []bool `protobuf:"varint,9,rep,packed,name=approximate,proto3" json:"approximate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchResponse) Reset() {
@@ -508,6 +511,13 @@ func (x *BatchResponse) GetStateDeltaRegion() string {
 func (x *BatchResponse) GetStateDeltaSizes() []uint64 {
 	if x != nil {
 		return x.StateDeltaSizes
+	}
+	return nil
+}
+
+func (x *BatchResponse) GetApproximate() []bool {
+	if x != nil {
+		return x.Approximate
 	}
 	return nil
 }
@@ -1106,7 +1116,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\vstage_delta\x18\x06 \x01(\bR\n" +
 	"stageDelta\x12(\n" +
 	"\x10install_batch_id\x18\a \x01(\x04R\x0einstallBatchId\x12!\n" +
-	"\fdelta_region\x18\b \x01(\tR\vdeltaRegion\"\xcf\x02\n" +
+	"\fdelta_region\x18\b \x01(\tR\vdeltaRegion\"\xf1\x02\n" +
 	"\rBatchResponse\x12)\n" +
 	"\aoutputs\x18\x01 \x03(\v2\x0f.hams.v1.TensorR\aoutputs\x12\x12\n" +
 	"\x04rows\x18\x02 \x03(\rR\x04rows\x12\x19\n" +
@@ -1116,7 +1126,8 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"stateDelta\x12&\n" +
 	"\x0fhas_state_delta\x18\x06 \x01(\bR\rhasStateDelta\x12,\n" +
 	"\x12state_delta_region\x18\a \x01(\tR\x10stateDeltaRegion\x12*\n" +
-	"\x11state_delta_sizes\x18\b \x03(\x04R\x0fstateDeltaSizes\"8\n" +
+	"\x11state_delta_sizes\x18\b \x03(\x04R\x0fstateDeltaSizes\x12 \n" +
+	"\vapproximate\x18\t \x03(\bR\vapproximate\"8\n" +
 	"\n" +
 	"StateRange\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x12\n" +
