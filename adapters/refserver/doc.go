@@ -21,6 +21,17 @@
 // models.StateIn), the form adapters/triton double-buffers in shared
 // memory (docs/triton.md). SetReady marks a model not ready.
 //
+// Config.Straggle makes the server a seeded straggler for ParM and
+// hedging experiments (straggle.go): time from New is cut into windows of
+// StraggleConfig.Period, each slow with probability Fraction as a pure
+// function of (Seed, window); in a slow window every Infer and Compute
+// call, on all three APIs, waits Delay plus seeded jitter (or, with
+// Freeze, until the slow windows end) before it computes, and ends at once
+// with its request context. ParseStraggle reads the flag form
+// "seed=7,period=200ms,fraction=0.2,delay=40ms,jitter=5ms,freeze=false";
+// hams_modelserver_straggle_delayed_total and
+// hams_modelserver_straggle_delay_seconds_total count what it held.
+//
 // Bad input never crashes the server: unknown models are NotFound, malformed
 // tensors InvalidArgument naming the tensor, an Update of a batch that is
 // not staged FailedPrecondition. New validates and builds the models (no

@@ -167,7 +167,7 @@ func (a *kserveAPI) ModelInfer(ctx context.Context, req *inference.ModelInferReq
 		}
 		shmOut[o.GetName()] = w
 	}
-	outs, err := a.s.infer(h, "ModelInfer", ins, streams)
+	outs, err := a.s.infer(ctx, h, "ModelInfer", ins, streams)
 	if err != nil {
 		return nil, err
 	}

@@ -30,6 +30,10 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	// straggled and straggleSeconds count the calls a Straggler held and
+	// the time they waited.
+	straggled       *prometheus.CounterVec
+	straggleSeconds *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, hosted map[string]models.Model) *metrics {
@@ -44,6 +48,14 @@ func newMetrics(reg prometheus.Registerer, hosted map[string]models.Model) *metr
 			Help:    "Time to run one batch (Infer, Compute, Update) per model.",
 			Buckets: []float64{.0001, .0005, .001, .002, .005, .01, .02, .05, .1, .5, 1},
 		}, []string{"model", "method"}),
+		straggled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hams_modelserver_straggle_delayed_total",
+			Help: "Infer/Compute calls that arrived in a slow window of the server's straggle schedule, per model and API method.",
+		}, []string{"model", "method"}),
+		straggleSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hams_modelserver_straggle_delay_seconds_total",
+			Help: "Time Infer/Compute calls waited for the server's straggle schedule, per model and API method.",
+		}, []string{"model", "method"}),
 	}
 	state = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "hams_refserver_state_bytes",
@@ -51,6 +63,8 @@ func newMetrics(reg prometheus.Registerer, hosted map[string]models.Model) *metr
 	}, []string{"model"})
 	m.requests = register(reg, m.requests)
 	m.latency = register(reg, m.latency)
+	m.straggled = register(reg, m.straggled)
+	m.straggleSeconds = register(reg, m.straggleSeconds)
 	state = register(reg, state)
 	for name, h := range hosted {
 		state.WithLabelValues(name).Set(float64(h.StateInfo().TotalBytes))

@@ -53,13 +53,16 @@ func batchOf(req *hamsv1.BatchRequest) *models.Batch {
 	return &models.Batch{Inputs: req.Inputs, Rows: append([]uint32(nil), req.Rows...), StreamIDs: req.StreamIds, BatchID: req.BatchId, StageDelta: req.StageDelta, InstallID: req.InstallBatchId}
 }
 
-func (a *runtimeAPI) step(req *hamsv1.BatchRequest, method string, fn func(models.Model, *models.Batch) (*models.Result, error)) (*hamsv1.BatchResponse, error) {
+func (a *runtimeAPI) step(ctx context.Context, req *hamsv1.BatchRequest, method string, fn func(models.Model, *models.Batch) (*models.Result, error)) (*hamsv1.BatchResponse, error) {
 	h, err := a.s.lookup(req.GetModel())
 	if err != nil {
 		return nil, err
 	}
 	var resp *hamsv1.BatchResponse
 	err = a.s.run(h, method, func() error {
+		if err := a.s.straggle(ctx, h, method); err != nil {
+			return err
+		}
 		b := batchOf(req)
 		r, err := fn(h.m, b)
 		if err != nil {
@@ -87,11 +90,11 @@ func (a *runtimeAPI) step(req *hamsv1.BatchRequest, method string, fn func(model
 }
 
 func (a *runtimeAPI) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
-	return a.step(req, "Infer", models.Model.Infer)
+	return a.step(ctx, req, "Infer", models.Model.Infer)
 }
 
 func (a *runtimeAPI) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
-	return a.step(req, "Compute", models.Model.Compute)
+	return a.step(ctx, req, "Compute", models.Model.Compute)
 }
 
 func (a *runtimeAPI) Update(ctx context.Context, req *hamsv1.UpdateRequest) (*hamsv1.UpdateResponse, error) {

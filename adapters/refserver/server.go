@@ -37,6 +37,11 @@ type Config struct {
 	GRPCListener net.Listener
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
+	// Straggle, when set, makes the server a seeded straggler: during
+	// the slow windows of the schedule (counted from New) every Infer
+	// and Compute call, on every API and hosted model, is delayed or
+	// frozen before it computes (see StraggleConfig).
+	Straggle *StraggleConfig
 }
 
 // Server hosts models on one gRPC port.
@@ -52,6 +57,8 @@ type Server struct {
 	// maxBytes is the gRPC message limit, also the byte budget of a
 	// request's decoded tensors.
 	maxBytes int
+	// straggler delays Infer and Compute calls (nil: none).
+	straggler *Straggler
 }
 
 type hosted struct {
@@ -84,7 +91,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "refserver"), models: map[string]*hosted{}, shm: newShmManager(), cuda: newCudaManager()}
+	var straggler *Straggler
+	if cfg.Straggle != nil {
+		var err error
+		if straggler, err = NewStraggler(*cfg.Straggle, time.Now(), nil); err != nil {
+			return nil, fmt.Errorf("%w: straggle: %w", ErrConfig, err)
+		}
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "refserver"), models: map[string]*hosted{}, shm: newShmManager(), cuda: newCudaManager(), straggler: straggler}
 	built := map[string]models.Model{}
 	var errs []error
 	for _, name := range cfg.Models {
@@ -133,6 +147,27 @@ func (s *Server) Models() []string { return append([]string(nil), s.names...) }
 func (s *Server) Model(name string) models.Model {
 	if h := s.models[name]; h != nil {
 		return h.m
+	}
+	return nil
+}
+
+// Straggler is the server's straggler (nil when Config.Straggle is
+// unset): its schedule, counted from New, and what it delayed.
+func (s *Server) Straggler() *Straggler { return s.straggler }
+
+// straggle delays a call of method on model h as the straggler says;
+// an ended context is the call's answer (Canceled or DeadlineExceeded).
+func (s *Server) straggle(ctx context.Context, h *hosted, method string) error {
+	if s.straggler == nil {
+		return nil
+	}
+	waited, slow, err := s.straggler.Wait(ctx)
+	if slow {
+		s.metrics.straggled.WithLabelValues(h.name, method).Inc()
+		s.metrics.straggleSeconds.WithLabelValues(h.name, method).Add(waited.Seconds())
+	}
+	if err != nil {
+		return status.FromContextError(err).Err()
 	}
 	return nil
 }
@@ -223,9 +258,12 @@ func (s *Server) run(h *hosted, method string, fn func() error) error {
 // infer runs a client-API request (KServe, TF Serving) as one batch,
 // compute and update in one step: one item of stream streams[0], or, with
 // one stream id per row, one item per row.
-func (s *Server) infer(h *hosted, method string, ins []*hamsv1.Tensor, streams []string) ([]*hamsv1.Tensor, error) {
+func (s *Server) infer(ctx context.Context, h *hosted, method string, ins []*hamsv1.Tensor, streams []string) ([]*hamsv1.Tensor, error) {
 	var res *models.Result
 	err := s.run(h, method, func() error {
+		if err := s.straggle(ctx, h, method); err != nil {
+			return err
+		}
 		var err error
 		b := &models.Batch{Inputs: ins, BatchID: h.nextID.Add(1)}
 		if len(ins) > 0 && len(ins[0].Shape) > 0 {

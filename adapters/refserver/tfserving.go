@@ -133,7 +133,7 @@ func (a *predictAPI) Predict(ctx context.Context, req *tfapis.PredictRequest) (*
 	if streams != nil && (len(ins[0].Shape) == 0 || int64(len(streams)) != ins[0].Shape[0]) {
 		return nil, status.Errorf(codes.InvalidArgument, "model %q: %d stream ids in %q for the %v rows of input %q", h.name, len(streams), wire.StreamIDsInput, ins[0].Shape, ins[0].Name)
 	}
-	outs, err := a.s.infer(h, "Predict", ins, streams)
+	outs, err := a.s.infer(ctx, h, "Predict", ins, streams)
 	if err != nil {
 		return nil, err
 	}
