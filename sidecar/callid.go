@@ -34,13 +34,16 @@ type batchIdentity struct {
 }
 
 // noteBatch records the requests of the batch being built.
-func (s *Sidecar) noteBatch(reqs []request) {
+func (s *Sidecar) noteBatch(reqs []request) { s.callID.Store(s.identityOf(reqs)) }
+
+// identityOf is the identity of a batch of reqs.
+func (s *Sidecar) identityOf(reqs []request) *batchIdentity {
 	b := &batchIdentity{model: s.cfg.Model, reqs: make([]callReq, len(reqs))}
 	for i, r := range reqs {
 		p0 := r.j.Parts[0]
 		b.reqs[i] = callReq{reqID: r.j.ReqID, service: p0.GetService(), stream: p0.GetStreamId(), parts: lineageOnly(r.j.Parts)}
 	}
-	s.callID.Store(b)
+	return b
 }
 
 // noteReplayed records the requests of a logged batch that replay
@@ -74,6 +77,14 @@ func (s *Sidecar) BatchLineage() []*hamsv1.CallLineage {
 	if b == nil {
 		return nil
 	}
+	return b.BatchLineage()
+}
+
+// BatchLineage makes one noted batch a hamsmd.Source of its own: with
+// several executors (a concurrent backend: a replica pool) "the last batch
+// built" is not the one a call runs, so each call's context carries its
+// own batch.
+func (b *batchIdentity) BatchLineage() []*hamsv1.CallLineage {
 	b.once.Do(func() {
 		b.calls = make([]*hamsv1.CallLineage, len(b.reqs))
 		for i, r := range b.reqs {

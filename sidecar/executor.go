@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -39,6 +40,10 @@ func (s *Sidecar) executor(ctx context.Context, work <-chan []*Joined, idle chan
 }
 
 func (s *Sidecar) describe(ctx context.Context) bool {
+	// Several executors (a concurrent backend) describe once: the first
+	// holds describeMu until it has the description.
+	s.describeMu.Lock()
+	defer s.describeMu.Unlock()
 	if s.desc != nil {
 		return true // an earlier role stage described it
 	}
@@ -87,6 +92,8 @@ type request struct {
 	j      *Joined
 	inputs []*hamsv1.Tensor
 	rows   uint32
+	// approximate: the backend answered with a reconstruction (ParM).
+	approximate bool
 }
 
 // selectInputs picks the tensors the backend declares (all of them for
@@ -220,10 +227,13 @@ func (s *Sidecar) run(ctx context.Context, reqs []request) error {
 
 // infer builds the batch request and splits the response per request.
 func (s *Sidecar) infer(ctx context.Context, reqs []request) ([][]*hamsv1.Tensor, error) {
-	s.batchID++
-	req, err := s.batchRequest(reqs, s.batchID)
+	req, err := s.batchRequest(reqs, s.nextBatchID.Add(1))
 	if err != nil {
 		return nil, err
+	}
+	if s.concurrent {
+		// Several batches run at once: each call names its own requests.
+		ctx = hamsmd.WithSource(ctx, s.identityOf(reqs))
 	}
 	if s.rp != nil {
 		s.rp.pending = req // logged by finish (replay mode)
@@ -235,6 +245,14 @@ func (s *Sidecar) infer(ctx context.Context, reqs []request) ([][]*hamsv1.Tensor
 	s.metrics.batchSize.Observe(float64(len(reqs)))
 	if err != nil {
 		return nil, err
+	}
+	if ap := resp.GetApproximate(); len(ap) > 0 {
+		if len(ap) != len(reqs) {
+			return nil, status.Errorf(codes.Internal, "backend marked %d requests approximate or not, batch has %d", len(ap), len(reqs))
+		}
+		for i := range reqs {
+			reqs[i].approximate = ap[i]
+		}
 	}
 	return splitOutputs(resp, len(reqs))
 }
@@ -296,6 +314,10 @@ func splitOutputs(resp *hamsv1.BatchResponse, n int) ([][]*hamsv1.Tensor, error)
 // finish records lineage and forwards every request's outputs. The state
 // manager (replication) hooks in here: after compute, before release.
 func (s *Sidecar) finish(ctx context.Context, reqs []request, outs [][]*hamsv1.Tensor) {
+	// Seqs are handed out and items sent in one order per model: with
+	// several executors, one batch at a time finishes.
+	s.finishMu.Lock()
+	defer s.finishMu.Unlock()
 	start := time.Now()
 	parts := make([][]*hamsv1.Item, len(reqs))
 	for i, r := range reqs {
@@ -314,8 +336,20 @@ func (s *Sidecar) finish(ctx context.Context, reqs []request, outs [][]*hamsv1.T
 		s.fanOut(&hamsv1.Item{
 			ReqId: r.j.ReqID, Service: p0.GetService(), StreamId: p0.GetStreamId(),
 			Tensors: outs[i], Lineage: lineages[i], DeadlineUnixNano: r.j.Deadline,
+			Approximate: r.approximate || anyApproximate(r.j.Parts),
 		})
 	}
+}
+
+// anyApproximate: some input part is (computed from) a reconstruction;
+// what is computed from it is approximate too.
+func anyApproximate(parts []*hamsv1.Item) bool {
+	for _, p := range parts {
+		if p.GetApproximate() {
+			return true
+		}
+	}
+	return false
 }
 
 // logExecuted logs, at Debug, which requests a batch ran and the seqs they

@@ -32,6 +32,15 @@ type Backend interface {
 	Close() error
 }
 
+// ConcurrentBackend is a Backend that runs several batches at once and
+// may answer them out of order (a replica pool, sidecar/pool). A stateless
+// model's sidecar then runs Concurrency() executors; seqs follow the order
+// in which batches finish. Stateful and replay models ignore it.
+type ConcurrentBackend interface {
+	Backend
+	Concurrency() int
+}
+
 // Resolver finds live instances (implemented by manager/client.Client).
 type Resolver interface {
 	// Resolve returns the dataplane gRPC address of the live instance that
@@ -139,7 +148,17 @@ type Sidecar struct {
 	stateSpecs []*hamsv1.TensorSpec
 	stateBytes uint64
 	anyIn      bool
-	batchID    uint64
+	// describeMu: the first executor describes the backend, the others
+	// wait for it (a concurrent backend runs several executors).
+	describeMu sync.Mutex
+	// nextBatchID numbers the batch requests built.
+	nextBatchID atomic.Uint64
+	// concurrent: the backend takes several batches at once
+	// (ConcurrentBackend: a replica pool) and that many executors run;
+	// finishMu then serialises finishing (seqs, lineage, sends).
+	concurrent bool
+	executors  int
+	finishMu   sync.Mutex
 	// callID is the identity of the last batch request built (callid.go):
 	// the backend call running it carries it in metadata.
 	callID atomic.Pointer[batchIdentity]
@@ -258,6 +277,11 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if s.backendLostAfter == 0 {
 		s.backendLostAfter = DefaultBackendLostAfter
+	}
+	s.executors = 1
+	if cb, ok := cfg.Backend.(ConcurrentBackend); ok && !m.Stateful {
+		s.executors = max(cb.Concurrency(), 1)
+		s.concurrent = s.executors > 1
 	}
 	if s.healthInterval == 0 {
 		s.healthInterval = DefaultHealthInterval
@@ -574,7 +598,9 @@ func (s *Sidecar) startStage() {
 		goRun("replay checkpointer", s.rp.checkpointer)
 		goRun("executor", func(ctx context.Context) error { return s.rp.executor(ctx, work, idle) })
 	} else {
-		goRun("executor", func(ctx context.Context) error { return s.executor(ctx, work, idle) })
+		for range s.executors {
+			goRun("executor", func(ctx context.Context) error { return s.executor(ctx, work, idle) })
+		}
 	}
 	goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
 }
@@ -598,10 +624,10 @@ func (s *Sidecar) stopStage() {
 var testHookStageCanceled atomic.Pointer[func(*Sidecar)]
 
 // loop owns the Joiner and Batcher: it accepts items, forms requests, and
-// hands a batch to the executor whenever the executor is idle and no
-// out-edge is over its backlog bound.
+// hands a batch to an executor whenever one is idle and no out-edge is
+// over its backlog bound.
 func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan struct{}) {
-	busy := true // until the executor has described the backend
+	idleN := 0 // executors waiting for work (none until the backend is described)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -610,12 +636,12 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 			s.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
 		}
 		blocked := false
-		if !busy && s.batcher.Len() > 0 {
+		if idleN > 0 && s.batcher.Len() > 0 {
 			if blocked = s.sendersFull(); !blocked {
 				if b := s.batcher.Ready(now); b != nil {
 					select {
 					case work <- b:
-						busy = true
+						idleN--
 					case <-ctx.Done():
 						return
 					}
@@ -624,7 +650,7 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 		}
 		s.metrics.queue.Set(float64(s.batcher.Len() + s.joiner.Waiting()))
 		var wake time.Time
-		if !busy && !blocked {
+		if idleN > 0 && !blocked {
 			wake = s.batcher.NextDeadline()
 		}
 		if blocked {
@@ -652,7 +678,7 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 				break
 			}
 		case <-idle:
-			busy = false
+			idleN++
 		case <-timer.C:
 		case <-ctx.Done():
 			return

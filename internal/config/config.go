@@ -105,6 +105,20 @@ type Model struct {
 	// Placement names hosts; a stateful model needs a backup on another
 	// host than its primary.
 	Placement Placement `yaml:"placement"`
+	// Replicas makes a stateless model a replica pool (pool.go): several
+	// instances of the same model behind one sidecar, one queue.
+	Replicas Instances `yaml:"replicas,omitempty"`
+	// Redundancy of the pool: none (default without parity), er, hedge,
+	// parm (default with parity).
+	Redundancy Redundancy `yaml:"redundancy,omitempty"`
+	// Parity configures coding groups and parity models (parm), and the
+	// number of extra copies (er, hedge).
+	Parity *Parity `yaml:"parity,omitempty"`
+	// HedgeAfter is hedge's re-send delay (default: the pool's observed
+	// p95 service time).
+	HedgeAfter Duration `yaml:"hedge_after,omitempty"`
+	// Straggle slows replicas the deployment starts (fault injection).
+	Straggle *Straggle `yaml:"straggle,omitempty"`
 }
 
 // Backend says how the sidecar reaches the model server.
@@ -292,6 +306,7 @@ func (d *Deployment) applyDefaults() {
 		if m.FanIn == "" {
 			m.FanIn = FanInJoin
 		}
+		m.applyPoolDefaults()
 		if m.HA == "" {
 			if m.Stateful {
 				m.HA = "stateful"
@@ -408,6 +423,7 @@ func (d *Deployment) Validate() error {
 				errs = append(errs, invalid("%s: placement names unknown host %q", where, h))
 			}
 		}
+		errs = append(errs, m.validatePool(where, d.entryInputs(m.Name))...)
 		if m.Stateful && m.HA == "stateful" {
 			if m.Placement.Backup == "" {
 				errs = append(errs, invalid("%s: stateful model without a backup placement", where))
@@ -506,6 +522,19 @@ func (d *Deployment) validateService(s *Service, models map[string]*Model, owner
 		}
 	}
 	return errs
+}
+
+// entryInputs are the declared client inputs of the service whose entry
+// model is name (none when name is not fed by the frontend alone).
+func (d *Deployment) entryInputs(name string) []TensorSpec {
+	for i := range d.Services {
+		s := &d.Services[i]
+		pred := graphOf(s).Pred(name)
+		if len(pred) == 1 && pred[0] == Frontend {
+			return s.Inputs
+		}
+	}
+	return nil
 }
 
 // Model returns the named model or nil.
