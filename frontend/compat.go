@@ -9,7 +9,9 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -43,8 +45,21 @@ import (
 // servers themselves. Calls for a pass-through model (ha: off, no sidecar)
 // are forwarded to its backend instead (passthrough.go).
 
+// Approximate replies (a parity model's reconstruction, DESIGN.md "Parity
+// models") are marked on both APIs, and only those: KServe v2 with the
+// response parameter ParamApproximate = bool true, TF Serving (whose
+// PredictResponse has no room for it) with the response header metadata
+// HeaderApproximate: "true". An exact reply carries neither. The raw
+// pass-through (ha: off) never reconstructs and is never marked.
+
 // Compatibility names.
 const (
+	// ParamApproximate is the KServe v2 response parameter (bool true) of
+	// an approximate reply.
+	ParamApproximate = "hams_approximate"
+	// HeaderApproximate is the TF Serving response header (value "true")
+	// of an approximate reply.
+	HeaderApproximate = "hams-approximate"
 	// CompatSignature is the TF Serving signature every service answers to
 	// (a one-model service also answers to its model's backend.signature).
 	CompatSignature = "serving_default"
@@ -271,6 +286,14 @@ func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictReques
 		}
 		out.Outputs[o.GetName()] = tp
 	}
+	if resp.GetApproximate() {
+		// Headers leave with the response, so they are set before the
+		// handler returns it. An approximate reply never leaves unmarked:
+		// when the header cannot be set, the call fails instead.
+		if err := grpc.SetHeader(ctx, metadata.Pairs(HeaderApproximate, "true")); err != nil {
+			return nil, status.Errorf(codes.Internal, "service %q: mark the reply approximate: set header %s: %v", svc.name, HeaderApproximate, err)
+		}
+	}
 	return out, nil
 }
 
@@ -482,6 +505,11 @@ func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInfer
 	for _, o := range outs {
 		out.Outputs = append(out.Outputs, wire.InferOutput(o))
 		out.RawOutputContents = append(out.RawOutputContents, o.GetData())
+	}
+	if resp.GetApproximate() {
+		out.Parameters = map[string]*inference.InferParameter{
+			ParamApproximate: {ParameterChoice: &inference.InferParameter_BoolParam{BoolParam: true}},
+		}
 	}
 	return out, nil
 }

@@ -282,10 +282,11 @@ func (f *Frontend) auditNow(resp *hamsv1.PredictResponse) {
 // auditReply is the replies.jsonl record of a released reply: the frontend
 // req_id (so records join with the lineage the sidecars saw, even when the
 // client named its own request_id), the merged lineage in traversal order
-// with one step per (model, seq), and the digest of every output tensor in
-// reply order (outputs sorted by model, tensors in order).
+// with one step per (model, seq), the digest of every output tensor in
+// reply order (outputs sorted by model, tensors in order), and whether the
+// reply is approximate (a parity reconstruction).
 func auditReply(resp *hamsv1.PredictResponse) audit.Reply {
-	rec := audit.Reply{ReqID: strconv.FormatUint(resp.GetReqId(), 10), Lineage: []audit.LineageStep{}}
+	rec := audit.Reply{ReqID: strconv.FormatUint(resp.GetReqId(), 10), Lineage: []audit.LineageStep{}, Approximate: resp.GetApproximate()}
 	type step struct {
 		model string
 		seq   uint64

@@ -18,6 +18,18 @@
 // outputs sorted by model name plus the union of the parts' lineage, or the
 // item's gRPC status.
 //
+// Approximate replies (ParM): a sink item is marked Approximate when its
+// tensors, or those of any item it was computed from, are a parity
+// model's reconstruction. A reply is approximate when any of its sink
+// items is; the flag lives on the reply (PredictResponse.approximate), so
+// it travels wherever the reply does (hold area, reply cache, request log
+// records, the answers other frontends release) and every client-facing
+// surface marks it, and only it: the HAMS gRPC API's approximate field,
+// the HTTP API's "approximate": true, KServe v2's response parameter
+// hams_approximate = bool true, TF Serving's response header
+// hams-approximate: true, the audit record's "approximate": true, and
+// hams_frontend_approximate_replies_total{service}.
+//
 // Reply gating (protocol step 5, paper IV-D: the frontend is a special
 // model whose "apply" is sending the reply): in the early-release modes
 // (nspb, nspb-s2) a reply whose sinks all arrived depends, for every

@@ -762,9 +762,12 @@ func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (res
 		f.m.inFlight.Dec()
 		code := status.Code(err)
 		f.m.requests.WithLabelValues(svcLabel, code.String()).Inc()
+		if err == nil && resp.GetApproximate() {
+			f.m.approximate.WithLabelValues(svcLabel).Inc()
+		}
 		f.m.latency.WithLabelValues(svcLabel).Observe(time.Since(start).Seconds())
 		f.log.Debug("predict", "service", req.GetService(), "request_id", req.GetRequestId(),
-			"req_id", resp.GetReqId(), "code", code.String(), "err", err, "elapsed", time.Since(start))
+			"req_id", resp.GetReqId(), "code", code.String(), "approximate", resp.GetApproximate(), "err", err, "elapsed", time.Since(start))
 	}()
 	if req.GetService() == "" {
 		return nil, status.Error(codes.InvalidArgument, "missing service name")

@@ -89,7 +89,10 @@ func (r *staticResolver) set(model, addr string) {
 // lineage entry. Its behaviour is steered by the item's stream_id:
 // "fail:<model>" makes <model> fail the request with InvalidArgument,
 // "drop:<model>" makes <model> never forward it, "hold:<model>" makes
-// <model> wait for the test to release its gate.
+// <model> wait for the test to release its gate. As a sidecar does, it
+// marks its output Approximate when its input item was (a reconstruction
+// taints everything computed from it), and when approx says it
+// reconstructed the output itself (a ParM pool).
 type fakeModel struct {
 	name     string
 	in       chan inItem
@@ -100,6 +103,9 @@ type fakeModel struct {
 	// infer, when set, computes the model's output tensors (a real model
 	// behind the fake sidecar); else the inputs are echoed.
 	infer func(ctx context.Context, in []*hamsv1.Tensor) ([]*hamsv1.Tensor, error)
+	// approx, when set, says whether the model's output for an input item
+	// is a reconstruction (envOpts.approx).
+	approx func(it *hamsv1.Item) bool
 }
 
 type inItem struct {
@@ -117,7 +123,8 @@ func (m *fakeModel) process(ctx context.Context) {
 		}
 		it := in.it
 		out := &hamsv1.Item{ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId,
-			DeadlineUnixNano: it.DeadlineUnixNano, Lineage: it.Lineage, Error: it.Error, ErrorCode: it.ErrorCode}
+			DeadlineUnixNano: it.DeadlineUnixNano, Lineage: it.Lineage, Error: it.Error, ErrorCode: it.ErrorCode,
+			Approximate: it.Approximate}
 		if it.Error == "" {
 			switch it.StreamId {
 			case "drop:" + m.name:
@@ -143,6 +150,9 @@ func (m *fakeModel) process(ctx context.Context) {
 				out.Tensors = ts
 			} else {
 				out.Tensors = it.Tensors
+			}
+			if out.Error == "" && m.approx != nil && m.approx(it) {
+				out.Approximate = true
 			}
 			if out.Error == "" {
 				predSeq := it.EdgeSeq
@@ -203,6 +213,9 @@ type envOpts struct {
 	beforeRun func(*Frontend)
 	// infer gives models a real computation (fakeModel.infer) by name.
 	infer map[string]func(ctx context.Context, in []*hamsv1.Tensor) ([]*hamsv1.Tensor, error)
+	// approx makes models reconstruct (mark Approximate) the outputs of
+	// the input items the function picks, by name (fakeModel.approx).
+	approx map[string]func(it *hamsv1.Item) bool
 }
 
 func newEnvWith(t *testing.T, o envOpts) *env {
@@ -230,7 +243,7 @@ func newEnvWith(t *testing.T, o envOpts) *env {
 	for _, svc := range dep.Services {
 		g := svc.Graph()
 		for _, name := range g.Models() {
-			m := &fakeModel{name: name, in: make(chan inItem, 1024), senders: map[string]*edge.Sender{}, gate: make(chan struct{}), seq: o.seqStart[name], infer: o.infer[name]}
+			m := &fakeModel{name: name, in: make(chan inItem, 1024), senders: map[string]*edge.Sender{}, gate: make(chan struct{}), seq: o.seqStart[name], infer: o.infer[name], approx: o.approx[name]}
 			for _, succ := range g.Succ(name) {
 				s, err := edge.NewSender(edge.SenderConfig{From: name, To: succ, Resolver: e.res, MaxMessageBytes: dep.Limits.MaxMessageBytes})
 				if err != nil {

@@ -53,6 +53,9 @@ type (
 		ReqID     uint64        `json:"req_id"`
 		Outputs   []jsonOutput  `json:"outputs"`
 		Lineage   []jsonLineage `json:"lineage"`
+		// Approximate marks a parity reconstruction; absent on an exact
+		// reply.
+		Approximate bool `json:"approximate,omitempty"`
 	}
 	jsonSpec struct {
 		Name     string  `json:"name"`
@@ -342,7 +345,7 @@ func putUint(b []byte, v uint64, size int) {
 // encodeResponse converts a reply to JSON numbers.
 func encodeResponse(resp *hamsv1.PredictResponse) (*jsonPredictResponse, error) {
 	out := &jsonPredictResponse{Service: resp.GetService(), RequestID: resp.GetRequestId(), ReqID: resp.GetReqId(),
-		Outputs: []jsonOutput{}, Lineage: []jsonLineage{}}
+		Outputs: []jsonOutput{}, Lineage: []jsonLineage{}, Approximate: resp.GetApproximate()}
 	for _, o := range resp.GetOutputs() {
 		jo := jsonOutput{Model: o.GetModel(), Tensors: []jsonTensor{}}
 		for _, t := range o.GetTensors() {

@@ -31,6 +31,10 @@ type metrics struct {
 	retakes          prometheus.Counter
 	logLatency       prometheus.Histogram
 	passThrough      *prometheus.CounterVec // model, code
+	// approximate counts the client calls answered with an approximate
+	// reply (a parity reconstruction), by service: a subset of the OK
+	// answers requests counts.
+	approximate *prometheus.CounterVec // service
 }
 
 func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64) (*metrics, error) {
@@ -39,6 +43,10 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 			Namespace: "hams", Subsystem: "frontend", Name: "requests_total",
 			Help: "Client requests answered, by service and gRPC status code.",
 		}, []string{"service", "code"}),
+		approximate: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "approximate_replies_total",
+			Help: "Client requests answered with an approximate reply (reconstructed by a parity model, marked approximate on every API), by service.",
+		}, []string{"service"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "hams", Subsystem: "frontend", Name: "request_duration_seconds",
 			Help:    "Time from accepting a client request to its answer, by service.",
@@ -119,7 +127,7 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 			Help: "Calls forwarded to the backend of a pass-through (ha: off) model, by model and gRPC status code.",
 		}, []string{"model", "code"}),
 	}
-	for _, c := range []prometheus.Collector{m.passThrough, m.rolledBack, m.logged, m.recorded, m.adopted, m.retakes, m.logLatency, m.requests, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
+	for _, c := range []prometheus.Collector{m.passThrough, m.rolledBack, m.logged, m.recorded, m.adopted, m.retakes, m.logLatency, m.requests, m.approximate, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
 		m.held, m.gatingWait, m.watchRestarts, m.completions, m.completionErrors, m.auditErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -525,7 +525,8 @@ func (f *Frontend) recordOne(ctx context.Context, r recording) {
 			} else {
 				f.m.recorded.WithLabelValues("other").Inc()
 				resp, aerr := answerOf(existing)
-				if audited && (aerr != nil || auditReply(resp).ReplyDigest != auditReply(r.resp).ReplyDigest) {
+				if audited && (aerr != nil || auditReply(resp).ReplyDigest != auditReply(r.resp).ReplyDigest ||
+					resp.GetApproximate() != r.resp.GetApproximate()) {
 					// Two frontends injected the request and computed
 					// different answers; the checker will see both.
 					f.log.Error("another frontend recorded a different answer than the one audited here", "req_id", r.c.reqID, "recorded_by", existing.Frontend)

@@ -251,7 +251,10 @@ func (e *entry) missing() []string {
 
 // reply builds the response: outputs in sink order (sorted by model name)
 // and the union of the parts' lineage, in first-seen order, without
-// duplicates.
+// duplicates. The reply is approximate when any part is (a sink item is
+// approximate when its tensors, or those of any item it was computed
+// from, are a parity reconstruction): one reconstructed part makes the
+// whole reply an approximation, and every client-facing surface marks it.
 func (e *entry) reply() *hamsv1.PredictResponse {
 	resp := &hamsv1.PredictResponse{Service: e.service, RequestId: e.requestID, ReqId: e.reqID}
 	type key struct {
@@ -262,6 +265,7 @@ func (e *entry) reply() *hamsv1.PredictResponse {
 	for _, s := range e.sinks {
 		it := e.parts[s]
 		resp.Outputs = append(resp.Outputs, &hamsv1.ModelOutput{Model: s, Tensors: it.GetTensors()})
+		resp.Approximate = resp.Approximate || it.GetApproximate()
 		for _, l := range it.GetLineage() {
 			k := key{l.GetPredModel(), l.GetModel(), l.GetOutputDigest(), l.GetPredSeq(), l.GetSeq()}
 			if seen[k] {

@@ -1,7 +1,7 @@
 // Package audit writes the JSONL audit logs of the command-line contract
 // (DESIGN.md): durable.jsonl, one record per request covered by a snapshot a
 // backup applied, and replies.jsonl, one record per reply released to a
-// client. Any number of files of these names may exist under an audit
+// client (marked "approximate" when it is a parity reconstruction). Any number of files of these names may exist under an audit
 // directory (one per process); the consistency checker reads them all.
 package audit
 
@@ -39,11 +39,17 @@ type LineageStep struct {
 	OutputDigest string `json:"output_digest"`
 }
 
-// Reply is one reply released to a client.
+// Reply is one reply released to a client. Approximate marks a reply
+// whose tensors are (or were computed from) a parity model's
+// reconstruction rather than the deployed model's own output (DESIGN.md,
+// "Parity models"); it is omitted when false, so exact replies keep the
+// contract's three fields and records written before the field existed
+// read as exact.
 type Reply struct {
 	ReqID       string        `json:"req_id"`
 	Lineage     []LineageStep `json:"lineage"`
 	ReplyDigest string        `json:"reply_digest"`
+	Approximate bool          `json:"approximate,omitempty"`
 }
 
 // bufferBytes is the size at which Write flushes buffered records.

@@ -1,8 +1,10 @@
 package audit
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -181,4 +183,77 @@ func TestOpenErrors(t *testing.T) {
 		t.Fatal("unencodable record accepted")
 	}
 	l.Close()
+}
+
+// TestReplyApproximateMark: a reply record carries "approximate": true
+// only when the reply is approximate; an exact record keeps exactly the
+// contract's fields, and a record written before the field existed reads
+// as exact.
+func TestReplyApproximateMark(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, "fe", RepliesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := strings.Repeat("ab", 32)
+	steps := []LineageStep{{Model: "m", Seq: 1, OutputDigest: digest}}
+	for _, r := range []Reply{
+		{ReqID: "1", Lineage: steps, ReplyDigest: digest, Approximate: true},
+		{ReqID: "2", Lineage: steps, ReplyDigest: digest},
+	} {
+		if err := l.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "fe", RepliesFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want 2: %q", len(lines), b)
+	}
+	keys := func(line string) string {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		var ks []string
+		for k := range m {
+			ks = append(ks, k)
+		}
+		sort.Strings(ks)
+		if v, ok := m["approximate"]; ok && string(v) != "true" {
+			t.Fatalf("%q: approximate is %s", line, v)
+		}
+		return strings.Join(ks, ",")
+	}
+	if got := keys(lines[0]); got != "approximate,lineage,reply_digest,req_id" {
+		t.Fatalf("approximate record has fields %s: %s", got, lines[0])
+	}
+	if got := keys(lines[1]); got != "lineage,reply_digest,req_id" {
+		t.Fatalf("exact record has fields %s: %s", got, lines[1])
+	}
+	// An old record (no approximate field) next to the new ones.
+	old := `{"req_id":"3","lineage":[],"reply_digest":"` + digest + `"}` + "\n"
+	if err := os.MkdirAll(filepath.Join(dir, "old"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "old", RepliesFile), []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := ReadAll[Reply](dir, RepliesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	approx := map[string]bool{}
+	for _, r := range recs {
+		approx[r.ReqID] = r.Approximate
+	}
+	if len(recs) != 3 || !approx["1"] || approx["2"] || approx["3"] {
+		t.Fatalf("read back %+v", recs)
+	}
 }
