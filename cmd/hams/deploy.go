@@ -258,6 +258,9 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	if err := d.startPassThrough(ctx); err != nil {
 		return nil, err
 	}
+	if err := d.startPools(ctx); err != nil {
+		return nil, err
+	}
 	if d.protected() {
 		if d.agent, err = newAgent(d); err != nil {
 			return nil, err

@@ -13,7 +13,14 @@ func managed(m *config.Model) bool { return m.Backend.Address == "" }
 
 // externalAddr is m's backend address when it is a server this process
 // does not start, else "".
-func externalAddr(m *config.Model) string { return m.Backend.Address }
+// A pooled model's instances are started by startPools (or listed):
+// its sidecar gets no model server of its own.
+func externalAddr(m *config.Model) string {
+	if m.Pooled() {
+		return poolBackendAddr
+	}
+	return m.Backend.Address
+}
 
 // loadDeployment reads and validates a deployment file.
 func loadDeployment(path string) (*config.Deployment, error) { return config.Load(path) }

@@ -72,8 +72,18 @@ func runModelServer(args []string) error {
 	mgr := rf.fs.String("manager", "", "manager gRPC address to register with (optional; comma-separated for an active manager and standbys)")
 	instance := rf.fs.String("role", "primary", "instance role registered with the manager: primary, backup (the backup replica of stateful models) or standby (a stateless model's hot standby)")
 	idF := rf.fs.String("id", "", "component id registered with the manager (default modelserver/<model>[/<role>])")
+	straggle := rf.fs.String("straggle", "", "make this server a seeded straggler (fault injection), e.g. seed=7,period=200ms,fraction=0.2,delay=40ms,jitter=5ms,freeze=false")
+	parityOf := rf.fs.String("parity-of", "", "host the parity model of this replica-pool model (its parity.model, parity.kind and parity.params) instead of --models")
 	if err := rf.parse(args); err != nil {
 		return err
+	}
+	var straggleCfg *refserver.StraggleConfig
+	if *straggle != "" {
+		sc, err := refserver.ParseStraggle(*straggle)
+		if err != nil {
+			return usageErr("modelserver: --straggle: %v", err)
+		}
+		straggleCfg = &sc
 	}
 	if *instance != "primary" && *instance != "backup" && *instance != "standby" {
 		return usageErr("modelserver: --role %q: want primary, backup or standby", *instance)
@@ -92,12 +102,29 @@ func runModelServer(args []string) error {
 			return usageErr("modelserver: model %q is not in deployment %q", n, r.dep.Name)
 		}
 	}
+	if *parityOf != "" {
+		m := r.dep.Model(*parityOf)
+		if m == nil || m.Parity == nil {
+			r.close()
+			return usageErr("modelserver: --parity-of %q: no model of deployment %q with a parity block", *parityOf, r.dep.Name)
+		}
+		pm, err := parityModelOf(m)
+		if err != nil {
+			r.close()
+			return usageErr("modelserver: --parity-of: %v", err)
+		}
+		// The parity model lives in this process's copy of the deployment
+		// only (it is no node of any service graph).
+		r.dep.Models = append(r.dep.Models, pm)
+		names = []string{pm.Name}
+	}
 	srv, err := refserver.New(refserver.Config{
 		Deployment:   r.dep,
 		Models:       names,
 		GRPCListener: r.grpc,
 		Logger:       r.log,
 		Registry:     r.reg,
+		Straggle:     straggleCfg,
 	})
 	if err != nil {
 		r.close()
@@ -195,12 +222,22 @@ func runSidecar(args []string) error {
 	if *backend == "" {
 		*backend = m.Backend.Address
 	}
+	if m.Pooled() {
+		*backend = poolSummary(m)
+	}
 	if *backend == "" {
 		r.close()
 		return usageErr("sidecar: model %q has no backend.address; pass --backend", *model)
 	}
-	r.log = r.log.With("model", *model, "instance", *roleF)
-	be, closeBE, err := newBackend(r.dep, m, *backend, *roleF, r.log)
+	r.log = r.log.With("instance", *roleF)
+	var be sidecar.Backend
+	var closeBE func()
+	var runPool func(context.Context) error
+	if m.Pooled() {
+		be, runPool, closeBE, err = newPoolBackend(r.dep, m, *roleF, r.log.With("model", *model), r.reg)
+	} else {
+		be, closeBE, err = newBackend(r.dep, m, *backend, *roleF, r.log.With("model", *model))
+	}
 	if err != nil {
 		r.close()
 		return &exitError{code: 2, err: err}
@@ -293,6 +330,9 @@ func runSidecar(args []string) error {
 	r.fields["id"] = *idF
 	return r.serve(func(ctx context.Context) error {
 		g := newGroup(ctx)
+		if runPool != nil {
+			g.Go("replica pool", runPool)
+		}
 		g.Go("sidecar", sc.Run)
 		g.Go("manager client", mc.Run)
 		return g.Wait()

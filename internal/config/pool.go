@@ -138,7 +138,9 @@ type Parity struct {
 	DecodeAfter Duration `yaml:"decode_after"`
 	// Backends are the parity instances (a count started by the
 	// deployment, or addresses); default max(r, replicas/k). Under er and
-	// hedge the started ones serve copies of the deployed model.
+	// hedge these slots serve copies of the deployed model instead (the
+	// same hardware as parm): started ones run the model, addresses must
+	// name servers of the model.
 	Backends Instances `yaml:"backends,omitempty"`
 	// Model is the parity model at the backend (default
 	// "<backend.model>-parity").
@@ -304,9 +306,6 @@ func (m *Model) validatePool(where string, inputs []TensorSpec) []error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			errs = append(errs, invalid("%s: parity.backends[%d] %q is not host:port", where, i, a))
 		}
-	}
-	if (m.Redundancy == RedundancyER || m.Redundancy == RedundancyHedge) && len(p.Backends.Addresses) > 0 {
-		errs = append(errs, invalid("%s: under redundancy %s the parity slots serve copies of the model: list every copy under replicas, not parity.backends addresses", where, m.Redundancy))
 	}
 	if p.Kind != "" && !p.Backends.Managed() {
 		errs = append(errs, invalid("%s: parity.kind is the model of parity servers the deployment starts (parity.backends: N)", where))
