@@ -130,16 +130,16 @@ func (e *sumEncoder) Encode(dst []float32, queries [][]float32, j int) error {
 	return nil
 }
 
-// concatTap is one source pixel (index along one axis) and its weight in a
-// target pixel.
+// concatTap is one source pixel (index along one axis), the target pixel
+// it contributes to, and its weight there.
 type concatTap struct {
-	src int
-	w   float32
+	dst, src int
+	w        float32
 }
 
 // concatAxis is the area-averaging plan for one axis from src pixels down
-// to n target pixels: target t reads taps[off[t]:off[t+1]], whose weights
-// sum to 1 (up to float32 rounding).
+// to n target pixels: target t reads taps[off[t]:off[t+1]] (all with dst
+// t), whose weights sum to 1 (up to float32 rounding).
 type concatAxis struct {
 	n    int
 	off  []int
@@ -159,7 +159,7 @@ func newConcatAxis(src, n int) concatAxis {
 		for s := lo / n; s*n < hi; s++ {
 			ov := min(hi, (s+1)*n) - max(lo, s*n)
 			if ov > 0 {
-				a.taps = append(a.taps, concatTap{src: s, w: float32(ov) / float32(src)})
+				a.taps = append(a.taps, concatTap{dst: t, src: s, w: float32(ov) / float32(src)})
 			}
 		}
 		a.off[t+1] = len(a.taps)
@@ -267,18 +267,24 @@ func (e *concatEncoder) Encode(dst []float32, queries [][]float32, j int) error 
 		t := e.tiles[i]
 		ya, xa := &e.rows[t.row], &e.cols[t.col]
 		for ty := range ya.n {
-			drow := dst[(t.y0+ty)*stride : (t.y0+ty+1)*stride]
-			drow = drow[t.x0*ch : (t.x0+xa.n)*ch]
+			row := (t.y0 + ty) * stride
+			drow := dst[row+t.x0*ch : row+(t.x0+xa.n)*ch] // the tile's part of target row ty
 			for _, yt := range ya.taps[ya.off[ty]:ya.off[ty+1]] {
 				srow := q[yt.src*stride : (yt.src+1)*stride]
-				// drow[tx·ch+c] += wy · sum over x taps of wx·srow[src·ch+c]
-				for c := range ch {
-					for tx := range xa.n {
-						var acc float32
-						for _, xt := range xa.taps[xa.off[tx]:xa.off[tx+1]] {
-							acc += xt.w * srow[xt.src*ch+c]
-						}
-						drow[tx*ch+c] += yt.w * acc
+				// One pass over every x tap of the row: target pixel
+				// xt.dst gains wy·wx·source pixel xt.src.
+				if ch == 1 {
+					for _, xt := range xa.taps {
+						drow[xt.dst] += yt.w * xt.w * srow[xt.src]
+					}
+					continue
+				}
+				for _, xt := range xa.taps {
+					w := yt.w * xt.w
+					d := drow[xt.dst*ch : (xt.dst+1)*ch]
+					s := srow[xt.src*ch : (xt.src+1)*ch]
+					for c := range d {
+						d[c] += w * s[c]
 					}
 				}
 			}
