@@ -106,8 +106,11 @@ func (m *modeRun) row(service, mode string, batch, hops int) benchRow {
 }
 
 func runBench(args []string) error {
+	if serviceArg(args) == parmService {
+		return runParmBench(args)
+	}
 	fs := newFlagSet("bench")
-	service := fs.String("service", "all", "example service ("+strings.Join(examples.Names(), ", ")+") or all; with --config, a service of that file or all of them")
+	service := fs.String("service", "all", "example service ("+strings.Join(examples.Names(), ", ")+") or all; with --config, a service of that file or all of them; parm: the ParM pool benchmark (its own flags: hams bench --service parm -h)")
 	cfgFile := fs.String("config", "", "deployment file to bench instead of the examples (each service is run with only its own models; triton, tfserving and clipper backends without an address get a started backend, see docs/adapters.md)")
 	modesFlag := fs.String("modes", "direct,bare", "comma-separated modes, interleaved in rounds: "+strings.Join(benchModes, ", "))
 	batch := fs.Int("batch", 1, "batch size of every model (bare: also the number of concurrent clients; direct: requests per call)")
@@ -736,4 +739,19 @@ func printBench(w io.Writer, rows []benchRow) {
 		per := (p.bare.P50Ms - p.direct.P50Ms) / float64(p.bare.Hops+1)
 		fmt.Fprintf(w, "%-12s %5d %11.3f %11.3f %13.3f %16.3f\n", s, p.bare.Hops, p.direct.P50Ms, p.bare.P50Ms, p.bare.P50Ms-p.direct.P50Ms, per)
 	}
+}
+
+// serviceArg is the value of --service in args ("" when absent).
+func serviceArg(args []string) string {
+	for i, a := range args {
+		for _, p := range []string{"--service=", "-service="} {
+			if strings.HasPrefix(a, p) {
+				return strings.TrimPrefix(a, p)
+			}
+		}
+		if (a == "--service" || a == "-service") && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }

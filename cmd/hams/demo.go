@@ -98,8 +98,8 @@ type demoReport struct {
 // exampleDeployment loads one embedded example, or all merged.
 func exampleDeployment(service, dir string) (*config.Deployment, []string, error) {
 	names := examples.Names()
-	if service != "all" && !slices.Contains(names, service) {
-		return nil, nil, usageErr("--service %q: unknown (one of %s, all)", service, strings.Join(names, ", "))
+	if service != "all" && service != parmService && !slices.Contains(names, service) {
+		return nil, nil, usageErr("--service %q: unknown (one of %s, all, %s)", service, strings.Join(names, ", "), parmService)
 	}
 	if service != "all" {
 		names = []string{service}
@@ -195,7 +195,7 @@ func (k *killList) Set(s string) error {
 
 func runDemo(args []string) error {
 	fs := newFlagSet("demo")
-	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+") or all")
+	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+"), all, or parm (a ParM-protected Fashion-MNIST classifier pool with a straggling replica)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to drive load")
 	var kills killList
 	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s")
@@ -236,6 +236,27 @@ func runDemo(args []string) error {
 	}
 	ok := false
 	defer func() { cleanup(ok) }()
+	if *service == parmService {
+		if len(kills) > 0 || *ckptEvery != 0 {
+			return usageErr("demo: --service parm takes no --kill or --checkpoint-every (a pool instance that dies is routed around; hams chaos kills under load)")
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		opt := cf.options(*mode)
+		opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
+		opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
+		if *audit != "" {
+			if opt.Audit, err = prepareAudit(*audit); err != nil {
+				return err
+			}
+		}
+		if err := runParmDemo(ctx, parmDemoOptions{opt: opt, mode: *mode, json: *jsonPath, duration: *duration, timeout: *timeout,
+			conc: *conc, rows: *rows, seed: *seed}); err != nil {
+			return err
+		}
+		ok = true
+		return nil
+	}
 	dep, services, err := exampleDeployment(*service, dir)
 	if err != nil {
 		return err

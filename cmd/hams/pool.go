@@ -138,7 +138,9 @@ func (d *deployment) startPools(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			m.Replicas = config.Instances{Addresses: addrs}
+			// The schedule went to the servers' command lines; the
+			// effective file lists addresses only.
+			m.Replicas, m.Straggle = config.Instances{Addresses: addrs}, nil
 			started = true
 		}
 		if p := m.Parity; p != nil && p.Backends.Managed() && m.Redundancy.UsesParitySlots() {

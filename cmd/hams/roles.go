@@ -222,8 +222,11 @@ func runSidecar(args []string) error {
 	if *backend == "" {
 		*backend = m.Backend.Address
 	}
-	if m.Pooled() {
-		*backend = poolSummary(m)
+	if m.Pooled() && len(m.Replicas.Addresses) > 0 {
+		// Registered as the backend address: the pool's first replica
+		// (the manager wants one host:port; the log names them all).
+		*backend = m.Replicas.Addresses[0]
+		r.fields["pool"] = poolSummary(m)
 	}
 	if *backend == "" {
 		r.close()

@@ -236,6 +236,10 @@ type instance struct {
 	busy       bool
 	resumeAt   time.Duration
 	failStreak int
+	// freed orders idle instances: the one idle the longest (smallest)
+	// takes the next batch, so work spreads over every instance (a
+	// lowest-index rule would send nearly all light traffic to one).
+	freed uint64
 }
 
 type parityJob struct {
@@ -254,6 +258,7 @@ type Machine struct {
 	pqueue  []parityJob
 	data    []instance
 	par     []instance
+	frees   uint64
 	out     []Action
 }
 
@@ -667,14 +672,16 @@ func (m *Machine) dispatch(now time.Duration) {
 	}
 }
 
-// idle returns the lowest idle instance not resting (and not except).
+// idle returns the instance idle the longest, not resting (and not
+// except); ties go to the lowest index.
 func (m *Machine) idle(ins []instance, now time.Duration, except Instance) (Instance, bool) {
+	best := -1
 	for i := range ins {
-		if !ins[i].busy && ins[i].resumeAt <= now && Instance(i) != except {
-			return Instance(i), true
+		if !ins[i].busy && ins[i].resumeAt <= now && Instance(i) != except && (best < 0 || ins[i].freed < ins[best].freed) {
+			best = i
 		}
 	}
-	return 0, false
+	return Instance(best), best >= 0
 }
 
 func (m *Machine) freeData(inst Instance, ok bool, now time.Duration) {
@@ -691,6 +698,8 @@ func (m *Machine) freeParity(inst Instance, ok bool, now time.Duration) {
 
 func (m *Machine) free(in *instance, ok bool, now time.Duration) {
 	in.busy = false
+	m.frees++
+	in.freed = m.frees
 	if ok {
 		in.failStreak, in.resumeAt = 0, 0
 		return

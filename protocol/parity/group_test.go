@@ -444,7 +444,28 @@ func TestScenarioHedge(t *testing.T) {
 	  release b1
 	done 1 d0 at 50ms
 	submit 2 at 51ms
-	  run-data b2 on d0
+	  run-data b2 on d1
+	`)
+}
+
+// Light traffic spreads over every instance: the one idle the longest
+// takes the next batch (a straggler is not picked every time it is idle).
+func TestScenarioIdleLongestFirst(t *testing.T) {
+	scenario(t, Config{Redundancy: RedundancyNone, DataInstances: 3}, `
+	submit 1
+	  run-data b1 on d0
+	done 1 d0
+	  release b1
+	submit 2
+	  run-data b2 on d1
+	done 2 d1
+	  release b2
+	submit 3
+	  run-data b3 on d2
+	done 3 d2
+	  release b3
+	submit 4
+	  run-data b4 on d0
 	`)
 }
 

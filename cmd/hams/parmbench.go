@@ -1,0 +1,349 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gopkg.in/yaml.v3"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/hams-go/hams/examples"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/parmload"
+)
+
+// parmBenchRow is one (service, redundancy, k, batch) of hams bench
+// --service parm: the bench row's fields plus the tail (p99.9, max), the
+// approximate fraction and the accuracy against labels (DESIGN.md).
+type parmBenchRow struct {
+	Service    string `json:"service"`
+	Mode       string `json:"mode"`
+	Redundancy string `json:"redundancy"`
+	// K is the coding group size of parm, and the k whose resources er
+	// and hedge match (0 for none: the replicas alone).
+	K     int `json:"k"`
+	Batch int `json:"batch"`
+	// Instances are the data and parity instances of the arm.
+	DataInstances   int `json:"data_instances"`
+	ParityInstances int `json:"parity_instances"`
+	parmload.Summary
+}
+
+// parmArm is one configuration of the pool measured side by side.
+type parmArm struct {
+	model      string
+	redundancy config.Redundancy
+	k          int
+}
+
+// runParmBench is hams bench --service parm: one deployment holding a
+// pool per arm (none, and er, hedge, parm per k), the same replicas and
+// the same straggler schedule on replica 0 in every arm, open-loop Poisson
+// arrivals, arms interleaved round by round.
+func runParmBench(args []string) error {
+	fs := newFlagSet("bench")
+	fs.String("service", parmService, "parm")
+	redFlag := fs.String("redundancy", "none,er,hedge,parm", "comma-separated arms: none, er, hedge, parm")
+	kFlag := fs.String("k", "2", "comma-separated coding group sizes (er and hedge get the same extra instances as parm at each k)")
+	batches := fs.String("batch", "1", "comma-separated batch sizes: images per request, so queries per coded batch")
+	requests := fs.Int("requests", 2000, "measured requests per (redundancy, k, batch)")
+	warmup := fs.Int("warmup", 100, "unmeasured requests per arm before the rounds")
+	rounds := fs.Int("rounds", 4, "rounds (arms alternate round by round)")
+	rate := fs.Float64("rate", 150, "open-loop Poisson arrival rate, requests/s")
+	replicas := fs.Int("replicas", 4, "data replicas of the deployed model (m)")
+	straggle := fs.String("straggle", "seed=7,period=100ms,fraction=0.25,delay=40ms,jitter=10ms", "straggler schedule of replica 0 in every arm (the model server's --straggle; empty: none)")
+	decodeAfter := fs.Duration("decode-after", 0, "parm's decode_after (0: first-k, the paper's rule)")
+	jsonPath := fs.String("json", "", "write the JSON array to this file")
+	plotPath := fs.String("plot", "", "draw p50, p99 and p99.9 per arm into this PNG")
+	seed := fs.Uint64("seed", 1, "arrival and input seed")
+	timeout := fs.Duration("timeout", 10*time.Second, "per-request deadline")
+	var tf taskFlags
+	tf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var reds []config.Redundancy
+	for _, r := range splitList(*redFlag) {
+		red, err := config.ParseRedundancy(r)
+		if err != nil {
+			return usageErr("bench: --redundancy: %v", err)
+		}
+		reds = append(reds, red)
+	}
+	ks, err := intList(*kFlag, 2, 8, "--k")
+	if err != nil {
+		return err
+	}
+	bs, err := intList(*batches, 1, 64, "--batch")
+	if err != nil {
+		return err
+	}
+	if len(reds) == 0 || *requests < *rounds || *rounds < 1 || *rate <= 0 || *replicas < 1 || *timeout <= 0 {
+		return usageErr("bench: --redundancy non-empty; --requests >= --rounds >= 1; --rate, --replicas and --timeout positive")
+	}
+	arms := parmArms(reds, ks)
+	dep, err := parmBenchDeployment(arms, *replicas, *straggle, *decodeAfter)
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	dir, cleanup, err := tf.prepare("hams-bench-parm-")
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() { cleanup(ok) }()
+	ctx, stop := signalContext()
+	defer stop()
+	data := loadgen.Fashion()
+	if data == nil {
+		fmt.Fprintln(os.Stderr, "hams bench: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist): random pixels, no accuracy")
+	}
+	fmt.Fprintf(os.Stderr, "hams bench: starting %d pools (%s) in %s\n", len(arms), armNames(arms), dir)
+	opt := deployOptions{RunDir: filepath.Join(dir, "deployment"), LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: 2 * time.Second}
+	d, err := startDeployment(ctx, dep, opt)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	fes, closeFEs, err := d.frontendClients()
+	if err != nil {
+		return err
+	}
+	defer closeFEs()
+	type key struct {
+		arm   int
+		batch int
+	}
+	results := map[key]*parmload.Result{}
+	run := func(a parmArm, b, n int, seed uint64) (parmload.Result, error) {
+		return parmload.Run(ctx, parmload.Config{Clients: fes, Service: a.model, Data: data, Rows: b, Rate: *rate,
+			Requests: n, Timeout: *timeout, Seed: seed})
+	}
+	for i, a := range arms {
+		for _, b := range bs {
+			if _, err := run(a, b, *warmup, *seed+1000); err != nil {
+				return fmt.Errorf("bench: warm-up of %s: %w", a.model, err)
+			}
+			results[key{i, b}] = &parmload.Result{}
+		}
+	}
+	per := *requests / *rounds
+	for round := range *rounds {
+		for i, a := range arms {
+			for _, b := range bs {
+				fmt.Fprintf(os.Stderr, "\rhams bench: round %d/%d  %-18s batch %d   ", round+1, *rounds, a.model, b)
+				r, err := run(a, b, per, *seed+uint64(round)*7919+uint64(b))
+				if err != nil {
+					return fmt.Errorf("bench: %s: %w", a.model, err)
+				}
+				results[key{i, b}].Add(r)
+			}
+		}
+	}
+	fmt.Fprintln(os.Stderr)
+	var rows []parmBenchRow
+	for _, b := range bs {
+		for i, a := range arms {
+			m := dep.Model(a.model)
+			rows = append(rows, parmBenchRow{Service: parmService, Mode: dep.Mode, Redundancy: string(a.redundancy), K: a.k, Batch: b,
+				DataInstances: m.Replicas.N() + erExtra(m), ParityInstances: m.ParitySlots() - erExtra(m),
+				Summary: results[key{i, b}].Summary()})
+		}
+	}
+	printParmBench(os.Stdout, rows)
+	if *plotPath != "" {
+		if err := plotParmBench(*plotPath, rows); err != nil {
+			return fmt.Errorf("bench: plot: %w", err)
+		}
+	}
+	if *jsonPath != "" {
+		if err := writeJSON(*jsonPath, rows); err != nil {
+			return err
+		}
+	}
+	ok = true
+	return d.Close()
+}
+
+// erExtra is the number of parity slots that serve copies of the model
+// (er, hedge).
+func erExtra(m *config.Model) int {
+	if m.Redundancy == config.RedundancyER || m.Redundancy == config.RedundancyHedge {
+		return m.ParitySlots()
+	}
+	return 0
+}
+
+func intList(s string, lo, hi int, flagName string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		v, err := strconv.Atoi(f)
+		if err != nil || v < lo || v > hi {
+			return nil, usageErr("bench: %s %q: integers %d..%d", flagName, f, lo, hi)
+		}
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	if len(out) == 0 {
+		return nil, usageErr("bench: %s is empty", flagName)
+	}
+	return out, nil
+}
+
+// parmArms lists the arms: none once, the others once per k.
+func parmArms(reds []config.Redundancy, ks []int) []parmArm {
+	var arms []parmArm
+	for _, r := range reds {
+		if r == config.RedundancyNone {
+			arms = append(arms, parmArm{model: "parm-none", redundancy: r})
+			continue
+		}
+		for _, k := range ks {
+			arms = append(arms, parmArm{model: fmt.Sprintf("parm-%s-k%d", r, k), redundancy: r, k: k})
+		}
+	}
+	return arms
+}
+
+func armNames(arms []parmArm) string {
+	var out []string
+	for _, a := range arms {
+		out = append(out, a.model)
+	}
+	return strings.Join(out, ", ")
+}
+
+// parmBenchDeployment is examples/parm.yaml's model once per arm (each its
+// own one-model service), in mode bare: the pool is what is measured.
+func parmBenchDeployment(arms []parmArm, replicas int, straggle string, decodeAfter time.Duration) (*config.Deployment, error) {
+	raw, err := examples.Raw(parmService)
+	if err != nil {
+		return nil, err
+	}
+	base, err := config.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("example parm: %w", err)
+	}
+	tmpl := base.Models[0]
+	dep := &config.Deployment{Name: "bench-parm", Mode: "bare", Limits: base.Limits}
+	for _, a := range arms {
+		m := tmpl
+		m.Name = a.model
+		m.Backend.Model = a.model
+		m.Placement = config.Placement{}
+		m.Replicas = config.Instances{Count: replicas}
+		m.Redundancy = a.redundancy
+		m.Straggle = nil
+		if straggle != "" {
+			m.Straggle = &config.Straggle{Replicas: []int{0}, Spec: straggle}
+		}
+		m.Parity = nil
+		if a.redundancy != config.RedundancyNone {
+			p := *tmpl.Parity
+			p.K = a.k
+			p.Backends = config.Instances{Count: max(p.R, (replicas+a.k-1)/a.k)}
+			p.Model = a.model + "-parity"
+			p.DecodeAfter = config.Duration(decodeAfter)
+			p.Params = map[string]any{}
+			for key, v := range tmpl.Parity.Params {
+				p.Params[key] = v
+			}
+			if w, ok := p.Params["weights"].(string); ok {
+				// The parity model trained for this k.
+				p.Params["weights"] = strings.TrimSuffix(w, "-k2") + "-k" + strconv.Itoa(a.k)
+			}
+			m.Parity = &p
+		}
+		dep.Models = append(dep.Models, m)
+	}
+	b, err := yaml.Marshal(dep)
+	if err != nil {
+		return nil, fmt.Errorf("encode bench deployment: %w", err)
+	}
+	return config.Parse(b)
+}
+
+func printParmBench(w io.Writer, rows []parmBenchRow) {
+	fmt.Fprintf(w, "\n%-6s %-10s %2s %5s %5s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n", "batch", "redundancy", "k", "data", "par",
+		"p50 ms", "p99 ms", "p99.9 ms", "max ms", "rps", "approx", "acc", "acc.ex", "acc.ap")
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-6d %-10s %2d %5d %5d %9.2f %9.2f %9.2f %9.2f %9.1f %7.2f%% %8s %8s %8s\n", r.Batch, r.Redundancy, r.K,
+			r.DataInstances, r.ParityInstances, r.P50Ms, r.P99Ms, r.P999Ms, r.MaxMs, r.ThroughputRPS, 100*r.Approximate,
+			pctOrNA(r.Accuracy), pctOrNA(r.AccuracyExact), pctOrNA(r.AccuracyApprox))
+	}
+	// Ratios against er at the same (k, batch): the paper's comparison.
+	fmt.Fprintln(w, "\nagainst er at the same k and batch (one run):")
+	for _, r := range rows {
+		if r.Redundancy == string(config.RedundancyER) || r.Redundancy == string(config.RedundancyNone) {
+			continue
+		}
+		for _, e := range rows {
+			if e.Redundancy == string(config.RedundancyER) && e.K == r.K && e.Batch == r.Batch && e.P999Ms > 0 {
+				fmt.Fprintf(w, "  batch %d k %d %-6s p99.9 %+.1f%%  p99 %+.1f%%  p50 %+.2f ms\n", r.Batch, r.K, r.Redundancy,
+					100*(r.P999Ms/e.P999Ms-1), 100*(r.P99Ms/e.P99Ms-1), r.P50Ms-e.P50Ms)
+			}
+		}
+	}
+}
+
+func pctOrNA(x float64) string {
+	if x < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f%%", 100*x)
+}
+
+// plotParmBench draws p50, p99 and p99.9 per arm and batch.
+func plotParmBench(path string, rows []parmBenchRow) error {
+	p := plot.New()
+	p.Title.Text = "ParM pool: latency per arm under one straggling replica (one hams bench run)"
+	p.Y.Label.Text = "ms"
+	names := make([]string, len(rows))
+	for i, r := range rows {
+		names[i] = fmt.Sprintf("%s k%d b%d", r.Redundancy, r.K, r.Batch)
+		if r.K == 0 {
+			names[i] = fmt.Sprintf("%s b%d", r.Redundancy, r.Batch)
+		}
+	}
+	w := vg.Points(12)
+	series := []struct {
+		name string
+		val  func(parmBenchRow) float64
+		c    color.Color
+	}{
+		{"p50", func(r parmBenchRow) float64 { return r.P50Ms }, color.RGBA{0x1f, 0x77, 0xb4, 0xff}},
+		{"p99", func(r parmBenchRow) float64 { return r.P99Ms }, color.RGBA{0xff, 0x7f, 0x0e, 0xff}},
+		{"p99.9", func(r parmBenchRow) float64 { return r.P999Ms }, color.RGBA{0xd6, 0x27, 0x28, 0xff}},
+	}
+	for i, s := range series {
+		vals := make(plotter.Values, len(rows))
+		for j, r := range rows {
+			vals[j] = s.val(r)
+		}
+		bars, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return err
+		}
+		bars.Color = s.c
+		bars.LineStyle.Width = 0
+		bars.Offset = w * vg.Length(float64(i)-1)
+		p.Add(bars)
+		p.Legend.Add(s.name, bars)
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Y.Min = 0
+	p.Y.Max *= 1.2
+	p.NominalX(names...)
+	return p.Save(vg.Length(max(6, len(rows)))*vg.Inch, 4*vg.Inch, path)
+}
