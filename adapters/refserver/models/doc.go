@@ -4,6 +4,15 @@
 // classifier whose weights are its state, and the kNN / ARIMA / A* /
 // concat / prep stages of the example services.
 //
+// ParM (parity models) support: kind classifier with param weights:
+// fashion-parity-sum-k{2,3,4} serves the classifier's parity model for the
+// sum encoder (same 784-128-10 MLP, no output softmax, trained by
+// cmd/train-parity; FashionParityMLP(k) returns it, EvalParity scores
+// one), and kind linear (scores = images·W, a seeded matrix, no bias) is
+// its own exact parity model, for exactness tests of the serving path.
+// The weights files mark a parity model by its magic (EncodeMLP), and
+// EmbeddedMLP refuses a file of the wrong kind or shape.
+//
 // Every model implements Model, whose step is split in two, as the NSPB
 // protocol needs: Compute reads the installed state, returns outputs and
 // stages the next state without installing it; Update(batch_id) installs
