@@ -307,9 +307,6 @@ func (m *Model) validatePool(where string, inputs []TensorSpec) []error {
 			errs = append(errs, invalid("%s: parity.backends[%d] %q is not host:port", where, i, a))
 		}
 	}
-	if p.Kind != "" && !p.Backends.Managed() {
-		errs = append(errs, invalid("%s: parity.kind is the model of parity servers the deployment starts (parity.backends: N)", where))
-	}
 	return errs
 }
 

@@ -563,17 +563,16 @@ func (m *Machine) Tick(now time.Duration) []Action {
 	return m.flush(now)
 }
 
-// NextDeadline is the earliest time after now at which Tick has something
-// to do (ok false: nothing until another event). What is due at or before
-// now waits for an event (a hedge or a rested instance needs an instance
-// to free up, which is an event).
+// NextDeadline is when Tick next has something to do (ok false: nothing
+// until another event). A deadline already passed is returned as it is
+// (the driver ticks at once): decode_after, settling and rests are acted
+// on by Tick whatever happened meanwhile. A hedge that is due but finds
+// no idle instance is not a deadline: the event that frees an instance
+// hedges it.
 func (m *Machine) NextDeadline(now time.Duration) (time.Duration, bool) {
 	var next time.Duration
 	ok := false
 	at := func(t time.Duration) {
-		if t <= now {
-			return
-		}
 		if !ok || t < next {
 			next, ok = t, true
 		}
@@ -593,8 +592,8 @@ func (m *Machine) NextDeadline(now time.Duration) (time.Duration, bool) {
 	}
 	if m.cfg.Redundancy == RedundancyHedge {
 		for _, b := range m.batches {
-			if b.state == bRunning && !b.hedged && len(b.copies) == 1 {
-				at(b.started + m.cfg.HedgeAfter)
+			if t := b.started + m.cfg.HedgeAfter; b.state == bRunning && !b.hedged && len(b.copies) == 1 && t > now {
+				at(t)
 			}
 		}
 	}

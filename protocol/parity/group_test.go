@@ -636,3 +636,23 @@ func TestNewMachineValidates(t *testing.T) {
 		}
 	}
 }
+
+// A deadline that passed while the driver handled other events is still
+// reported (the driver ticks at once), so a decode_after never gets lost.
+func TestNextDeadlinePassedIsReported(t *testing.T) {
+	cfg := parm(2, 1, 2, 1)
+	cfg.DecodeAfter = 5 * time.Millisecond
+	m, _ := NewMachine(cfg)
+	m.Submit(1, 0)
+	m.Submit(2, 0)
+	m.Encoded(1, 0, true, 0)
+	m.DataDone(2, 1, time.Millisecond)
+	m.ParityDone(1, 0, 0, time.Millisecond)
+	if d, ok := m.NextDeadline(20 * time.Millisecond); !ok || d != 6*time.Millisecond {
+		t.Fatalf("NextDeadline(20ms) = %v, %v; want the passed 6ms", d, ok)
+	}
+	acts := m.Tick(20 * time.Millisecond)
+	if len(acts) != 1 || acts[0].Kind != ActDecode {
+		t.Fatalf("Tick after the deadline: %v, want a decode", acts)
+	}
+}

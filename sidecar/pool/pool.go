@@ -331,7 +331,11 @@ func (p *Pool) wake() {
 // Nothing here blocks: instance channels have room (the machine names
 // idle instances only) and encoding is queued for the encoder goroutine.
 func (p *Pool) perform(acts []parity.Action) {
+	debug := p.log.Enabled(context.Background(), slog.LevelDebug)
 	for _, a := range acts {
+		if debug {
+			p.log.Debug("pool action", "action", a.String(), "at", p.now())
+		}
 		switch a.Kind {
 		case parity.ActRunData:
 			c := p.calls[a.Batch]

@@ -355,3 +355,103 @@ func TestNewValidates(t *testing.T) {
 func contains(s, sub string) bool {
 	return strings.Contains(s, sub)
 }
+
+// decode_after: the reconstruction of a frozen replica's batch is
+// released once the delay has passed after it became possible (the
+// timer ticks the machine; no other event comes).
+func TestDecodeAfterReleasesOnTimer(t *testing.T) {
+	w := newWeights(8)
+	data, ls := instances(w, 2)
+	par, _ := instances(w, 1)
+	gate := make(chan struct{})
+	defer close(gate)
+	ls[0].gate = gate
+	p, stop := runPool(t, Config{Model: "m", Data: data, Parity: par, ParityModel: "m-parity",
+		Redundancy: parity.RedundancyParM, Code: parity.Code{K: 2, R: 1}, Encoder: parity.EncoderSum,
+		DecodeAfter: 30 * time.Millisecond})
+	defer stop()
+	res := make(chan *hamsv1.BatchResponse, 2)
+	start := time.Now()
+	for i := range 2 {
+		go func() {
+			resp, err := p.Infer(context.Background(), batchOf(1, uint64(i+20)))
+			if err != nil {
+				t.Error(err)
+			}
+			res <- resp
+		}()
+	}
+	var approx int
+	for range 2 {
+		if isApprox(<-res) {
+			approx++
+			if el := time.Since(start); el < 30*time.Millisecond {
+				t.Errorf("reconstruction released after %v, before decode_after (30ms)", el)
+			}
+		}
+	}
+	if approx != 1 {
+		t.Fatalf("%d approximate replies, want 1 (the frozen replica's batch)", approx)
+	}
+}
+
+// sometimesSlow delays every 20th call by 45 ms (a straggling replica
+// under closed-loop load) and records which batches it slowed.
+type sometimesSlow struct {
+	linear
+	n      atomic.Int64
+	slowed sync.Map // batch id -> true
+}
+
+func (s *sometimesSlow) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if s.n.Add(1)%20 == 0 {
+		s.slowed.Store(req.GetBatchId(), true)
+		select {
+		case <-time.After(45 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	return s.linear.Infer(ctx, req)
+}
+
+// Under steady closed-loop load (events every few microseconds) a
+// straggler's batch is still reconstructed once decode_after has passed:
+// the deadline must not be lost while other events keep the driver busy
+// (it was: decode_after expired between two events and no tick came).
+func TestParMStragglerUnderLoadWithDecodeAfter(t *testing.T) {
+	w := newWeights(9)
+	data, _ := instances(w, 4)
+	ss := &sometimesSlow{linear: linear{w: w}}
+	data[0] = ss
+	par, _ := instances(w, 2)
+	p, stop := runPool(t, Config{Model: "m", Data: data, Parity: par, ParityModel: "m-parity",
+		Redundancy: parity.RedundancyParM, Code: parity.Code{K: 2, R: 1}, Encoder: parity.EncoderSum, DecodeAfter: 5 * time.Millisecond})
+	defer stop()
+	var wg sync.WaitGroup
+	var replies sync.Map // batch id -> approximate
+	for c := range 4 {
+		wg.Go(func() {
+			for i := range 400 {
+				id := uint64(c*1000 + i + 1)
+				resp, err := p.Infer(context.Background(), batchOf(1, id))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				replies.Store(id, isApprox(resp))
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	ss.slowed.Range(func(id, _ any) bool {
+		n++
+		if a, _ := replies.Load(id); a != true {
+			t.Errorf("batch %d was slowed 45 ms and not reconstructed (decode_after 5 ms)", id)
+		}
+		return true
+	})
+	if n == 0 {
+		t.Fatal("the straggling replica slowed nothing")
+	}
+}
