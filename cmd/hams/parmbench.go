@@ -33,6 +33,8 @@ type parmBenchRow struct {
 	// and hedge match (0 for none: the replicas alone).
 	K     int `json:"k"`
 	Batch int `json:"batch"`
+	// DecodeAfterMs is parm's decode_after (0: first-k).
+	DecodeAfterMs float64 `json:"decode_after_ms"`
 	// Instances are the data and parity instances of the arm.
 	DataInstances   int `json:"data_instances"`
 	ParityInstances int `json:"parity_instances"`
@@ -41,9 +43,10 @@ type parmBenchRow struct {
 
 // parmArm is one configuration of the pool measured side by side.
 type parmArm struct {
-	model      string
-	redundancy config.Redundancy
-	k          int
+	model       string
+	redundancy  config.Redundancy
+	k           int
+	decodeAfter time.Duration
 }
 
 // runParmBench is hams bench --service parm: one deployment holding a
@@ -62,7 +65,7 @@ func runParmBench(args []string) error {
 	rate := fs.Float64("rate", 150, "open-loop Poisson arrival rate, requests/s")
 	replicas := fs.Int("replicas", 4, "data replicas of the deployed model (m)")
 	straggle := fs.String("straggle", "seed=7,period=100ms,fraction=0.25,delay=40ms,jitter=10ms", "straggler schedule of replica 0 in every arm (the model server's --straggle; empty: none)")
-	decodeAfter := fs.Duration("decode-after", 0, "parm's decode_after (0: first-k, the paper's rule)")
+	decodeAfter := fs.String("decode-after", "0", "comma-separated decode_after values of parm, one arm each (0: first-k, the paper's rule; e.g. 0,5ms)")
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
 	plotPath := fs.String("plot", "", "draw p50, p99 and p99.9 per arm into this PNG")
 	seed := fs.Uint64("seed", 1, "arrival and input seed")
@@ -91,8 +94,23 @@ func runParmBench(args []string) error {
 	if len(reds) == 0 || *requests < *rounds || *rounds < 1 || *rate <= 0 || *replicas < 1 || *timeout <= 0 {
 		return usageErr("bench: --redundancy non-empty; --requests >= --rounds >= 1; --rate, --replicas and --timeout positive")
 	}
-	arms := parmArms(reds, ks)
-	dep, err := parmBenchDeployment(arms, *replicas, *straggle, *decodeAfter)
+	var das []time.Duration
+	for _, f := range splitList(*decodeAfter) {
+		if f == "0" {
+			das = append(das, 0)
+			continue
+		}
+		v, err := time.ParseDuration(f)
+		if err != nil || v < 0 {
+			return usageErr("bench: --decode-after %q: a duration >= 0", f)
+		}
+		das = append(das, v)
+	}
+	if len(das) == 0 {
+		das = []time.Duration{0}
+	}
+	arms := parmArms(reds, ks, das)
+	dep, err := parmBenchDeployment(arms, *replicas, *straggle)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
@@ -156,6 +174,7 @@ func runParmBench(args []string) error {
 		for i, a := range arms {
 			m := dep.Model(a.model)
 			rows = append(rows, parmBenchRow{Service: parmService, Mode: dep.Mode, Redundancy: string(a.redundancy), K: a.k, Batch: b,
+				DecodeAfterMs: float64(a.decodeAfter) / float64(time.Millisecond),
 				DataInstances: m.Replicas.N() + erExtra(m), ParityInstances: m.ParitySlots() - erExtra(m),
 				Summary: results[key{i, b}].Summary()})
 		}
@@ -202,7 +221,7 @@ func intList(s string, lo, hi int, flagName string) ([]int, error) {
 }
 
 // parmArms lists the arms: none once, the others once per k.
-func parmArms(reds []config.Redundancy, ks []int) []parmArm {
+func parmArms(reds []config.Redundancy, ks []int, decodeAfter []time.Duration) []parmArm {
 	var arms []parmArm
 	for _, r := range reds {
 		if r == config.RedundancyNone {
@@ -210,7 +229,17 @@ func parmArms(reds []config.Redundancy, ks []int) []parmArm {
 			continue
 		}
 		for _, k := range ks {
-			arms = append(arms, parmArm{model: fmt.Sprintf("parm-%s-k%d", r, k), redundancy: r, k: k})
+			if r != config.RedundancyParM {
+				arms = append(arms, parmArm{model: fmt.Sprintf("parm-%s-k%d", r, k), redundancy: r, k: k})
+				continue
+			}
+			for _, d := range decodeAfter {
+				name := fmt.Sprintf("parm-%s-k%d", r, k)
+				if d > 0 {
+					name += "-d" + strings.ReplaceAll(d.String(), ".", "p")
+				}
+				arms = append(arms, parmArm{model: name, redundancy: r, k: k, decodeAfter: d})
+			}
 		}
 	}
 	return arms
@@ -226,7 +255,7 @@ func armNames(arms []parmArm) string {
 
 // parmBenchDeployment is examples/parm.yaml's model once per arm (each its
 // own one-model service), in mode bare: the pool is what is measured.
-func parmBenchDeployment(arms []parmArm, replicas int, straggle string, decodeAfter time.Duration) (*config.Deployment, error) {
+func parmBenchDeployment(arms []parmArm, replicas int, straggle string) (*config.Deployment, error) {
 	raw, err := examples.Raw(parmService)
 	if err != nil {
 		return nil, err
@@ -254,7 +283,7 @@ func parmBenchDeployment(arms []parmArm, replicas int, straggle string, decodeAf
 			p.K = a.k
 			p.Backends = config.Instances{Count: max(p.R, (replicas+a.k-1)/a.k)}
 			p.Model = a.model + "-parity"
-			p.DecodeAfter = config.Duration(decodeAfter)
+			p.DecodeAfter = config.Duration(a.decodeAfter)
 			p.Params = map[string]any{}
 			for key, v := range tmpl.Parity.Params {
 				p.Params[key] = v
@@ -275,11 +304,11 @@ func parmBenchDeployment(arms []parmArm, replicas int, straggle string, decodeAf
 }
 
 func printParmBench(w io.Writer, rows []parmBenchRow) {
-	fmt.Fprintf(w, "\n%-6s %-10s %2s %5s %5s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n", "batch", "redundancy", "k", "data", "par",
+	fmt.Fprintf(w, "\n%-6s %-10s %2s %6s %5s %5s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n", "batch", "redundancy", "k", "D ms", "data", "par",
 		"p50 ms", "p99 ms", "p99.9 ms", "max ms", "rps", "approx", "acc", "acc.ex", "acc.ap")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-6d %-10s %2d %5d %5d %9.2f %9.2f %9.2f %9.2f %9.1f %7.2f%% %8s %8s %8s\n", r.Batch, r.Redundancy, r.K,
-			r.DataInstances, r.ParityInstances, r.P50Ms, r.P99Ms, r.P999Ms, r.MaxMs, r.ThroughputRPS, 100*r.Approximate,
+		fmt.Fprintf(w, "%-6d %-10s %2d %6.1f %5d %5d %9.2f %9.2f %9.2f %9.2f %9.1f %7.2f%% %8s %8s %8s\n", r.Batch, r.Redundancy, r.K,
+			r.DecodeAfterMs, r.DataInstances, r.ParityInstances, r.P50Ms, r.P99Ms, r.P999Ms, r.MaxMs, r.ThroughputRPS, 100*r.Approximate,
 			pctOrNA(r.Accuracy), pctOrNA(r.AccuracyExact), pctOrNA(r.AccuracyApprox))
 	}
 	// Ratios against er at the same (k, batch): the paper's comparison.
@@ -290,7 +319,7 @@ func printParmBench(w io.Writer, rows []parmBenchRow) {
 		}
 		for _, e := range rows {
 			if e.Redundancy == string(config.RedundancyER) && e.K == r.K && e.Batch == r.Batch && e.P999Ms > 0 {
-				fmt.Fprintf(w, "  batch %d k %d %-6s p99.9 %+.1f%%  p99 %+.1f%%  p50 %+.2f ms\n", r.Batch, r.K, r.Redundancy,
+				fmt.Fprintf(w, "  batch %d k %d %-6s D %4.1f ms  p99.9 %+.1f%%  p99 %+.1f%%  p50 %+.2f ms\n", r.Batch, r.K, r.Redundancy, r.DecodeAfterMs,
 					100*(r.P999Ms/e.P999Ms-1), 100*(r.P99Ms/e.P99Ms-1), r.P50Ms-e.P50Ms)
 			}
 		}
@@ -312,6 +341,9 @@ func plotParmBench(path string, rows []parmBenchRow) error {
 	names := make([]string, len(rows))
 	for i, r := range rows {
 		names[i] = fmt.Sprintf("%s k%d b%d", r.Redundancy, r.K, r.Batch)
+		if r.DecodeAfterMs > 0 {
+			names[i] = fmt.Sprintf("%s k%d D%g b%d", r.Redundancy, r.K, r.DecodeAfterMs, r.Batch)
+		}
 		if r.K == 0 {
 			names[i] = fmt.Sprintf("%s b%d", r.Redundancy, r.Batch)
 		}
