@@ -33,8 +33,10 @@ type parmBenchRow struct {
 	// and hedge match (0 for none: the replicas alone).
 	K     int `json:"k"`
 	Batch int `json:"batch"`
-	// DecodeAfterMs is parm's decode_after (0: first-k).
+	// DecodeAfterMs is parm's decode_after (0: first-k); FillAfterMs its
+	// fill_after (0: groups fill with new batches only).
 	DecodeAfterMs float64 `json:"decode_after_ms"`
+	FillAfterMs   float64 `json:"fill_after_ms"`
 	// Instances are the data and parity instances of the arm.
 	DataInstances   int `json:"data_instances"`
 	ParityInstances int `json:"parity_instances"`
@@ -66,6 +68,7 @@ func runParmBench(args []string) error {
 	replicas := fs.Int("replicas", 4, "data replicas of the deployed model (m)")
 	straggle := fs.String("straggle", "seed=7,period=100ms,fraction=0.25,delay=40ms,jitter=10ms", "straggler schedule of replica 0 in every arm (the model server's --straggle; empty: none)")
 	decodeAfter := fs.String("decode-after", "0", "comma-separated decode_after values of parm, one arm each (0: first-k, the paper's rule; e.g. 0,5ms)")
+	fillAfter := fs.Duration("fill-after", -1, "parm's fill_after: close a coding group short of k batches with recently answered ones after this long (-1: examples/parm.yaml's; 0: off, the paper's rule)")
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
 	plotPath := fs.String("plot", "", "draw p50, p99 and p99.9 per arm into this PNG")
 	seed := fs.Uint64("seed", 1, "arrival and input seed")
@@ -110,7 +113,7 @@ func runParmBench(args []string) error {
 		das = []time.Duration{0}
 	}
 	arms := parmArms(reds, ks, das)
-	dep, err := parmBenchDeployment(arms, *replicas, *straggle)
+	dep, err := parmBenchDeployment(arms, *replicas, *straggle, *fillAfter)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
@@ -174,7 +177,7 @@ func runParmBench(args []string) error {
 		for i, a := range arms {
 			m := dep.Model(a.model)
 			rows = append(rows, parmBenchRow{Service: parmService, Mode: dep.Mode, Redundancy: string(a.redundancy), K: a.k, Batch: b,
-				DecodeAfterMs: float64(a.decodeAfter) / float64(time.Millisecond),
+				DecodeAfterMs: float64(a.decodeAfter) / float64(time.Millisecond), FillAfterMs: fillAfterMs(m),
 				DataInstances: m.Replicas.N() + erExtra(m), ParityInstances: m.ParitySlots() - erExtra(m),
 				Summary: results[key{i, b}].Summary()})
 		}
@@ -255,7 +258,7 @@ func armNames(arms []parmArm) string {
 
 // parmBenchDeployment is examples/parm.yaml's model once per arm (each its
 // own one-model service), in mode bare: the pool is what is measured.
-func parmBenchDeployment(arms []parmArm, replicas int, straggle string) (*config.Deployment, error) {
+func parmBenchDeployment(arms []parmArm, replicas int, straggle string, fillAfter time.Duration) (*config.Deployment, error) {
 	raw, err := examples.Raw(parmService)
 	if err != nil {
 		return nil, err
@@ -284,6 +287,9 @@ func parmBenchDeployment(arms []parmArm, replicas int, straggle string) (*config
 			p.Backends = config.Instances{Count: max(p.R, (replicas+a.k-1)/a.k)}
 			p.Model = a.model + "-parity"
 			p.DecodeAfter = config.Duration(a.decodeAfter)
+			if fillAfter >= 0 {
+				p.FillAfter = config.Duration(fillAfter)
+			}
 			p.Params = map[string]any{}
 			for key, v := range tmpl.Parity.Params {
 				p.Params[key] = v
@@ -378,4 +384,11 @@ func plotParmBench(path string, rows []parmBenchRow) error {
 	p.Y.Max *= 1.2
 	p.NominalX(names...)
 	return p.Save(vg.Length(max(6, len(rows)))*vg.Inch, 4*vg.Inch, path)
+}
+
+func fillAfterMs(m *config.Model) float64 {
+	if m.Redundancy != config.RedundancyParM || m.Parity == nil {
+		return 0
+	}
+	return float64(m.Parity.FillAfter.D()) / float64(time.Millisecond)
 }

@@ -77,7 +77,7 @@ func newPoolBackend(dep *config.Deployment, m *config.Model, role string, log *s
 		if len(p.Image) == 3 {
 			cfg.Image = [3]int{p.Image[0], p.Image[1], p.Image[2]}
 		}
-		cfg.DecodeAfter = p.DecodeAfter.D()
+		cfg.DecodeAfter, cfg.FillAfter = p.DecodeAfter.D(), p.FillAfter.D()
 		cfg.ParityModel = p.Model
 		pm := *m
 		pm.Backend.Model = p.Model

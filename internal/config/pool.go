@@ -136,6 +136,12 @@ type Parity struct {
 	// DecodeAfter: once a reconstruction is possible, how much longer the
 	// original may take before the reconstruction is released (0: at once).
 	DecodeAfter Duration `yaml:"decode_after"`
+	// FillAfter: a coding group still short of k batches this long after
+	// its first one is completed with recently answered batches (their
+	// outputs are known), so a straggler under light load waits for no
+	// more arrivals (0: groups fill with new batches only, the paper's
+	// rule).
+	FillAfter Duration `yaml:"fill_after,omitempty"`
 	// Backends are the parity instances (a count started by the
 	// deployment, or addresses); default max(r, replicas/k). Under er and
 	// hedge these slots serve copies of the deployed model instead (the
@@ -296,8 +302,8 @@ func (m *Model) validatePool(where string, inputs []TensorSpec) []error {
 	if p.Decode != DecodeFirstK {
 		errs = append(errs, invalid("%s: parity.decode %q is not %s", where, p.Decode, DecodeFirstK))
 	}
-	if p.DecodeAfter < 0 {
-		errs = append(errs, invalid("%s: negative parity.decode_after", where))
+	if p.DecodeAfter < 0 || p.FillAfter < 0 {
+		errs = append(errs, invalid("%s: negative parity.decode_after or parity.fill_after", where))
 	}
 	if n := p.Backends.N(); n < p.R && m.Redundancy == RedundancyParM {
 		errs = append(errs, invalid("%s: %d parity backends for r = %d parity models (at least r)", where, n, p.R))

@@ -89,6 +89,12 @@ type Config struct {
 	// for late originals (the agreement metric) before it is forgotten
 	// (default 10 s).
 	SettleAfter time.Duration
+	// FillAfter: a group still short of K batches this long after its
+	// first one is closed with stand-ins: recently answered batches whose
+	// inputs and outputs the driver keeps (ActEncode.Fill). Under light
+	// load a straggler then waits for no more arrivals before its group can
+	// be decoded. 0: groups fill with new batches only (the paper's rule).
+	FillAfter time.Duration
 }
 
 // ActionKind says what an Action asks the driver to do.
@@ -100,9 +106,11 @@ const (
 	// it is a second copy of a running batch).
 	ActRunData ActionKind = iota + 1
 	// ActEncode: build parity batch Parity of Group from the inputs of
-	// Members (in group order; fewer than K when a member was cancelled
-	// before the group filled is impossible: groups fill in submit order),
-	// off the dispatch path, then report Encoded.
+	// Members (group positions 0..len-1, in submit order) and, when Fill >
+	// 0, of Fill stand-ins at positions len..K-1: recently answered
+	// batches the driver picks and keeps with the group (their outputs
+	// count as arrived originals when decoding), off the dispatch path;
+	// then report Encoded (not ok: no stand-ins to be had).
 	ActEncode
 	// ActRunParity: run parity batch Parity of Group on parity instance
 	// Instance.
@@ -155,6 +163,7 @@ type Action struct {
 	Instance Instance
 	Hedge    bool
 	Members  []BatchID
+	Fill     int
 	Missing  []BatchID
 	Parities []int
 }
@@ -168,6 +177,9 @@ func (a Action) String() string {
 		}
 		return fmt.Sprintf("run-data b%d on d%d", a.Batch, a.Instance)
 	case ActEncode:
+		if a.Fill > 0 {
+			return fmt.Sprintf("encode g%d p%d of %v and %d stand-ins", a.Group, a.Parity, a.Members, a.Fill)
+		}
 		return fmt.Sprintf("encode g%d p%d of %v", a.Group, a.Parity, a.Members)
 	case ActRunParity:
 		return fmt.Sprintf("run-parity g%d p%d on p%d", a.Group, a.Parity, a.Instance)
@@ -223,7 +235,12 @@ const (
 type group struct {
 	id      GroupID
 	members []*batch
-	parity  []parityState
+	// closed: no more members (K of them, or fewer and standIns); the
+	// parities are being encoded. createdAt: when the first member came.
+	closed    bool
+	standIns  int
+	createdAt time.Duration
+	parity    []parityState
 	// decodableAt: when the group first could reconstruct its missing
 	// members (-1: not now); decoding: a Decode action is outstanding.
 	decodableAt time.Duration
@@ -351,25 +368,35 @@ func (m *Machine) Submit(id BatchID, now time.Duration) []Action {
 	if m.cfg.Redundancy == RedundancyParM {
 		if m.filling == nil {
 			m.nextG++
-			m.filling = &group{id: m.nextG, parity: make([]parityState, m.cfg.Code.R), decodableAt: -1, releasedAt: -1}
+			m.filling = &group{id: m.nextG, parity: make([]parityState, m.cfg.Code.R), decodableAt: -1, releasedAt: -1, createdAt: now}
 			m.groups[m.filling.id] = m.filling
 		}
 		g := m.filling
 		b.group, b.pos = g, len(g.members)
 		g.members = append(g.members, b)
 		if len(g.members) == m.cfg.Code.K {
-			m.filling = nil
-			ids := make([]BatchID, len(g.members))
-			for i, mb := range g.members {
-				ids[i] = mb.id
-			}
-			for j := range g.parity {
-				g.parity[j] = pEncoding
-				m.emit(Action{Kind: ActEncode, Group: g.id, Parity: j, Members: ids})
-			}
+			m.close(g, now)
 		}
 	}
 	return m.flush(now)
+}
+
+// close ends g's membership: K members, or fewer completed by stand-ins;
+// every parity is encoded.
+func (m *Machine) close(g *group, now time.Duration) {
+	if m.filling == g {
+		m.filling = nil
+	}
+	g.closed = true
+	g.standIns = m.cfg.Code.K - len(g.members)
+	ids := make([]BatchID, len(g.members))
+	for i, mb := range g.members {
+		ids[i] = mb.id
+	}
+	for j := range g.parity {
+		g.parity[j] = pEncoding
+		m.emit(Action{Kind: ActEncode, Group: g.id, Parity: j, Members: ids, Fill: g.standIns})
+	}
 }
 
 // Encoded: parity batch j of g was built (ok) or could not be (the
@@ -549,6 +576,9 @@ func (m *Machine) Tick(now time.Duration) []Action {
 			}
 		}
 	}
+	if g := m.filling; g != nil && m.cfg.FillAfter > 0 && now >= g.createdAt+m.cfg.FillAfter && m.awaited(g) {
+		m.close(g, now)
+	}
 	for _, g := range m.sortedGroups() {
 		if g.decodableAt >= 0 && !g.decoding && now >= g.decodableAt+m.cfg.DecodeAfter {
 			m.decode(g)
@@ -576,6 +606,9 @@ func (m *Machine) NextDeadline(now time.Duration) (time.Duration, bool) {
 		if !ok || t < next {
 			next, ok = t, true
 		}
+	}
+	if g := m.filling; g != nil && m.cfg.FillAfter > 0 && m.awaited(g) {
+		at(g.createdAt + m.cfg.FillAfter)
 	}
 	for _, g := range m.groups {
 		if g.decodableAt >= 0 && !g.decoding {
@@ -735,7 +768,7 @@ func (m *Machine) groupChanged(g *group, now time.Duration) {
 			}
 		}
 	}
-	if !g.decoding && len(g.members) == m.cfg.Code.K && m.missing(g) > 0 {
+	if !g.decoding && g.closed && m.missing(g) > 0 {
 		switch {
 		case m.decodable(g) && m.anyFailedWaiting(g):
 			m.decode(g) // the original will not come: no decode_after
@@ -763,7 +796,7 @@ func (m *Machine) groupChanged(g *group, now time.Duration) {
 }
 
 func (m *Machine) afterGroup(g *group, now time.Duration) {
-	if len(g.members) < m.cfg.Code.K || g.decoding {
+	if !g.closed || g.decoding {
 		return
 	}
 	all, settled := true, true
@@ -795,6 +828,17 @@ func (m *Machine) forget(g *group) {
 	}
 	delete(m.groups, g.id)
 	m.emit(Action{Kind: ActForget, Group: g.id})
+}
+
+// awaited: some member of g still waits for its answer (closing a group
+// of answered batches early would only cost a parity call).
+func (m *Machine) awaited(g *group) bool {
+	for _, b := range g.members {
+		if b.state != bReleased {
+			return true
+		}
+	}
+	return false
 }
 
 // forgetSettled drops answered batches of a pool without groups.
@@ -831,8 +875,8 @@ func (m *Machine) anyFailedWaiting(g *group) bool {
 func (m *Machine) haves(g *group) (data, par []bool) {
 	data = make([]bool, m.cfg.Code.K)
 	par = make([]bool, len(g.parity))
-	for i, b := range g.members {
-		data[i] = b.original
+	for i := range data {
+		data[i] = i >= len(g.members) || g.members[i].original // stand-ins are known
 	}
 	for j, st := range g.parity {
 		par[j] = st == pDone
@@ -848,13 +892,18 @@ func (m *Machine) decodable(g *group) bool {
 // canStillDecode: g may yet reconstruct its missing members (parities
 // done or still to come cover every original that will not arrive).
 func (m *Machine) canStillDecode(g *group) bool {
-	if g == nil || len(g.members) < m.cfg.Code.K {
-		// A group not yet full has no parity coming for sure (traffic may
-		// stop): a failed member does not wait for it.
+	if g == nil || !g.closed {
+		// A group not yet closed has no parity coming for sure (traffic
+		// may stop): a failed member does not wait for it.
 		return false
 	}
 	data := make([]bool, m.cfg.Code.K)
-	for i, b := range g.members {
+	for i := range data {
+		if i >= len(g.members) {
+			data[i] = true // a stand-in
+			continue
+		}
+		b := g.members[i]
 		data[i] = b.original || !(b.failedWaiting || b.settled)
 	}
 	par := make([]bool, len(g.parity))
@@ -868,7 +917,7 @@ func (m *Machine) canStillDecode(g *group) bool {
 
 // parityUseless: every member's original arrived or nobody waits for it.
 func (m *Machine) parityUseless(g *group) bool {
-	if len(g.members) < m.cfg.Code.K {
+	if !g.closed {
 		return false
 	}
 	for _, b := range g.members {

@@ -491,6 +491,9 @@ func TestMachineRandomized(t *testing.T) {
 		r := 1 + rng.IntN(2)
 		cfg := parm(k, r, 1+rng.IntN(4), r+rng.IntN(2))
 		cfg.DecodeAfter = time.Duration(rng.IntN(3)) * time.Millisecond
+		if seed%3 == 1 {
+			cfg.FillAfter = time.Duration(1+rng.IntN(3)) * time.Millisecond
+		}
 		if seed%5 == 0 {
 			cfg = Config{Redundancy: RedundancyHedge, DataInstances: 1 + rng.IntN(3), HedgeAfter: time.Millisecond}
 		}
@@ -655,4 +658,41 @@ func TestNextDeadlinePassedIsReported(t *testing.T) {
 	if len(acts) != 1 || acts[0].Kind != ActDecode {
 		t.Fatalf("Tick after the deadline: %v, want a decode", acts)
 	}
+}
+
+// Light load: a group still short of members after fill_after is closed
+// with a stand-in (a recently answered batch); the straggler of the group
+// is then reconstructed from it and the parity.
+func TestScenarioFillAfter(t *testing.T) {
+	cfg := parm(2, 1, 2, 1)
+	cfg.FillAfter = 3 * time.Millisecond
+	scenario(t, cfg, `
+	submit 1
+	  run-data b1 on d0
+	submit 2 at 1ms
+	  run-data b2 on d1
+	  encode g1 p0 of [1 2]
+	encoded 1 p0 at 1ms
+	  run-parity g1 p0 on p0
+	done 1 d0 at 2ms
+	  release b1
+	done 2 d1 at 2ms
+	  release b2
+	  forget g1
+	pdone 1 p0 p0 at 2ms
+	submit 3 at 10ms
+	  run-data b3 on d0
+	tick at 12ms
+	tick at 13ms
+	  encode g2 p0 of [3] and 1 stand-ins
+	encoded 2 p0 at 13ms
+	  run-parity g2 p0 on p0
+	pdone 2 p0 p0 at 14ms
+	  decode g2 missing [3] from parities [0]
+	decoded 2 at 14ms
+	  release-decoded b3
+	done 3 d0 at 60ms
+	  compare b3
+	  forget g2
+	`)
 }

@@ -12,6 +12,7 @@ type metrics struct {
 	hedges         prometheus.Counter
 	hedgeAfter     prometheus.Gauge
 	withdrawn      prometheus.Counter
+	standIns       prometheus.Counter
 	parityDropped  prometheus.Counter
 	parityFailed   *prometheus.CounterVec
 	instance       *prometheus.HistogramVec
@@ -41,6 +42,8 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 			Help: "Current hedge delay (the observed p95 service time).", ConstLabels: cl}),
 		withdrawn: prometheus.NewCounter(prometheus.CounterOpts{Name: "hams_pool_withdrawn_total",
 			Help: "Queued batches answered before they ran (reconstructed or cancelled).", ConstLabels: cl}),
+		standIns: prometheus.NewCounter(prometheus.CounterOpts{Name: "hams_pool_stand_ins_total",
+			Help: "Answered batches that completed a coding group closed short of k members (fill_after).", ConstLabels: cl}),
 		parityDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "hams_pool_parity_dropped_total",
 			Help: "Parity batches dropped before they ran (every original arrived).", ConstLabels: cl}),
 		parityFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hams_pool_parity_failed_total",
@@ -51,6 +54,6 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 			Help: "Failed calls on the pool's instances, by kind and gRPC code.", ConstLabels: cl}, []string{"kind", "code"}),
 	}
 	reg.MustRegister(m.outcome, m.encode, m.decode, m.queue, m.lateRows, m.lateDiff, m.hedges, m.hedgeAfter,
-		m.withdrawn, m.parityDropped, m.parityFailed, m.instance, m.instanceErrors)
+		m.withdrawn, m.standIns, m.parityDropped, m.parityFailed, m.instance, m.instanceErrors)
 	return m
 }

@@ -54,8 +54,8 @@ type Config struct {
 	// Encoder: sum or concat (Image is then height, width, channels).
 	Encoder parity.EncoderKind
 	Image   [3]int
-	// DecodeAfter: see parity.Config.
-	DecodeAfter time.Duration
+	// DecodeAfter and FillAfter: see parity.Config.
+	DecodeAfter, FillAfter time.Duration
 	// HedgeAfter: hedge's delay; 0 follows the observed p95 service time.
 	HedgeAfter time.Duration
 	// CallTimeout bounds one call on an instance (default 5 s).
@@ -82,6 +82,9 @@ type Pool struct {
 	encodeQ  []encodeJob
 	samples  []float64 // recent data service times (seconds), for hedge's p95
 	nSamples int
+	// recent are the last originals answered (parm), stand-ins for groups
+	// closed short of k members (parity.Config.FillAfter).
+	recent []standIn
 	stopped  bool
 
 	dataWork []chan dataJob
@@ -110,8 +113,19 @@ type result struct {
 	err  error
 }
 
+// standIn is an answered batch standing in for a missing member of a
+// group: its inputs are encoded, its outputs are known.
+type standIn struct {
+	inputs, outputs []*hamsv1.Tensor
+	rows            uint32
+}
+
+// maxRecent bounds the stand-ins kept.
+const maxRecent = 8
+
 type group struct {
-	members []parity.BatchID
+	members  []parity.BatchID
+	standIns []standIn
 	parity  []*hamsv1.BatchRequest  // encoded parity batches
 	outputs [][]*hamsv1.Tensor      // parity outputs
 	maxRows uint32
@@ -166,7 +180,7 @@ func New(cfg Config) (*Pool, error) {
 	}
 	m, err := parity.NewMachine(parity.Config{
 		Redundancy: cfg.Redundancy, Code: cfg.Code, DataInstances: len(cfg.Data), ParityInstances: len(cfg.Parity),
-		DecodeAfter: cfg.DecodeAfter, HedgeAfter: hedge,
+		DecodeAfter: cfg.DecodeAfter, HedgeAfter: hedge, FillAfter: cfg.FillAfter,
 	})
 	if err != nil {
 		errs = append(errs, fmt.Errorf("%w: model %q: %v", ErrConfig, cfg.Model, err))
@@ -352,12 +366,26 @@ func (p *Pool) perform(acts []parity.Action) {
 		case parity.ActEncode:
 			g := p.groupOf(a.Group)
 			g.members = a.Members
+			if a.Fill > 0 && g.standIns == nil {
+				if len(p.recent) < a.Fill {
+					// Nothing answered yet to stand in: this group gets
+					// no parity.
+					p.perform(p.m.Encoded(a.Group, a.Parity, false, p.now()))
+					continue
+				}
+				g.standIns = slices.Clone(p.recent[len(p.recent)-a.Fill:])
+				p.metrics.standIns.Add(float64(a.Fill))
+			}
 			job := encodeJob{g: a.Group, j: a.Parity}
 			for _, id := range a.Members {
 				c := p.calls[id]
 				c.group = a.Group
 				job.inputs = append(job.inputs, c.req.GetInputs())
 				g.maxRows = max(g.maxRows, rowsOf(c.req))
+			}
+			for _, si := range g.standIns {
+				job.inputs = append(job.inputs, si.inputs)
+				g.maxRows = max(g.maxRows, si.rows)
 			}
 			p.encodeQ = append(p.encodeQ, job)
 			select {
@@ -371,6 +399,12 @@ func (p *Pool) perform(acts []parity.Action) {
 			c := p.calls[a.Batch]
 			p.metrics.outcome.WithLabelValues("original").Inc()
 			c.done <- result{resp: c.resp}
+			if p.cfg.FillAfter > 0 {
+				if len(p.recent) == maxRecent {
+					p.recent = slices.Delete(p.recent, 0, 1)
+				}
+				p.recent = append(p.recent, standIn{inputs: c.req.GetInputs(), outputs: c.resp.GetOutputs(), rows: rowsOf(c.req)})
+			}
 			if c.group == 0 && p.cfg.Redundancy != parity.RedundancyParM {
 				delete(p.calls, a.Batch)
 			}
@@ -443,9 +477,12 @@ func rowsOf(req *hamsv1.BatchRequest) uint32 {
 func (p *Pool) decode(a parity.Action) {
 	g := p.groups[a.Group]
 	start := time.Now()
-	k := len(g.members)
+	k := len(g.members) + len(g.standIns)
 	outs := make([][]*hamsv1.Tensor, k)
 	rows := make([]uint32, k)
+	for i, si := range g.standIns {
+		outs[len(g.members)+i], rows[len(g.members)+i] = si.outputs, si.rows
+	}
 	var missing []*call
 	for i, id := range g.members {
 		c := p.calls[id]

@@ -455,3 +455,40 @@ func TestParMStragglerUnderLoadWithDecodeAfter(t *testing.T) {
 		t.Fatal("the straggling replica slowed nothing")
 	}
 }
+
+// Light load: one request at a time, the second on a frozen replica.
+// No further batch comes to fill its group; with fill_after the group is
+// completed by the answered first batch (a stand-in) and the frozen one is
+// reconstructed, exactly for a linear model.
+func TestFillAfterStandIn(t *testing.T) {
+	w := newWeights(10)
+	data, ls := instances(w, 2)
+	par, _ := instances(w, 1)
+	gate := make(chan struct{})
+	defer close(gate)
+	ls[1].gate = gate
+	p, stop := runPool(t, Config{Model: "m", Data: data, Parity: par, ParityModel: "m-parity",
+		Redundancy: parity.RedundancyParM, Code: parity.Code{K: 2, R: 1}, Encoder: parity.EncoderSum, FillAfter: 5 * time.Millisecond})
+	defer stop()
+	first := batchOf(3, 1)
+	if resp, err := p.Infer(context.Background(), first); err != nil || isApprox(resp) {
+		t.Fatalf("first batch: %v (approximate %v)", err, isApprox(resp))
+	}
+	second := batchOf(2, 2) // fewer rows than the stand-in: padding
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := p.Infer(ctx, second)
+	if err != nil {
+		t.Fatalf("second batch (frozen replica, no batch to fill its group): %v", err)
+	}
+	if !isApprox(resp) {
+		t.Fatal("second batch not marked approximate")
+	}
+	got, _ := tensor.Float32(resp.GetOutputs()[0])
+	want := exact(w, second)
+	for i := range want {
+		if math.Abs(float64(got[i]-want[i])) > 1e-4*(1+math.Abs(float64(want[i]))) {
+			t.Fatalf("value %d: %v, want %v", i, got[i], want[i])
+		}
+	}
+}
