@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # concurrent request path).
 RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/...
 
-.PHONY: all tools proto build test test-race test-rest demo bench bench-paper recovery chaos docker clean
+.PHONY: all tools proto build test test-race test-rest demo bench bench-paper recovery chaos netem-straggler docker clean
 
 all: build
 
@@ -78,6 +78,16 @@ recovery: build
 chaos: build
 	$(BIN)/hams chaos --service ap --duration 60s --seed 1 --audit chaos-audit --json chaos-ap.json
 	$(BIN)/hams chaos --service olv --duration 60s --seed 1 --audit chaos-audit-olv --json chaos-olv.json
+
+# A real network straggler for a ParM pool (root; ip, tc with the netem
+# qdisc, curl): one replica in a network namespace of its own behind
+# `tc netem delay 30ms 10ms` on a veth pair, the rest of the deployment in a
+# second namespace; a short load on a pool without redundancy and on a ParM
+# pool over the same replicas, then everything is removed
+# (scripts/netem-straggler.sh --help; NETEM_ARGS=serve keeps the delayed
+# replica up for a deployment of your own).
+netem-straggler: build
+	scripts/netem-straggler.sh --hams $(BIN)/hams $(NETEM_ARGS)
 
 clean:
 	rm -rf $(BIN)

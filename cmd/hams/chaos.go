@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -37,6 +38,9 @@ type chaosReport struct {
 	Conflicts  int          `json:"conflicts"`
 	Lost       int          `json:"lost"`
 	Duplicates int          `json:"duplicates"`
+	// Approximate counts the replies marked approximate (a replica
+	// pool's parity reconstruction, DESIGN.md "Parity models").
+	Approximate int `json:"approximate"`
 	// RecoveryP50Ms and RecoveryMaxMs summarise recovery_ms over the kills
 	// that recovered.
 	RecoveryP50Ms float64 `json:"recovery_p50_ms"`
@@ -81,7 +85,10 @@ type chaosTarget struct{ role, model, kind string }
 func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[string][]chaosTarget {
 	out := map[string][]chaosTarget{}
 	for i, m := range dep.Models {
-		own := m.Backend.Address == ""
+		// A model server of the model's own (a pooled model's sidecar
+		// runs a pool of servers started beside it and restarted in place
+		// on their addresses: only the sidecar is failed over).
+		own := externalAddr(&dep.Models[i]) == ""
 		procs := func(sc, ms string) []string {
 			if own {
 				return []string{sc, ms}
@@ -117,7 +124,8 @@ var chaosKinds = []string{"primary", "backup", "stateless", "frontend", "manager
 
 func runChaos(args []string) error {
 	fs := newFlagSet("chaos")
-	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+") or all")
+	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+") or all; with --config, a service of that file or all of them (the default with --config)")
+	cfgFile := fs.String("config", "", "deployment file to run instead of the examples (as hams up --config; its mode is replaced by --mode); --service then names one of its services, run with only that service's models, or all")
 	duration := fs.Duration("duration", 30*time.Second, "how long to drive load (kills stop early enough to recover before the end)")
 	seed := fs.Uint64("seed", 1, "random seed (kill targets and times; inputs)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (default: <run-dir>/audit)")
@@ -143,15 +151,32 @@ func runChaos(args []string) error {
 	if *duration <= 0 || *conc < 1 || *timeout <= 0 || *settle <= 0 {
 		return usageErr("chaos: --duration, --concurrency, --timeout and --settle must be positive")
 	}
+	var (
+		dep      *config.Deployment
+		services []string
+	)
+	if *cfgFile != "" {
+		// Read before the run dir exists: a bad file leaves nothing behind.
+		serviceSet := false
+		fs.Visit(func(f *flag.Flag) { serviceSet = serviceSet || f.Name == "service" })
+		if !serviceSet {
+			*service = "all"
+		}
+		var err error
+		if dep, services, err = fileDeployment(*cfgFile, *service); err != nil {
+			return err
+		}
+	}
 	dir, cleanup, err := tf.prepare("hams-chaos-")
 	if err != nil {
 		return err
 	}
 	ok := false
 	defer func() { cleanup(ok) }()
-	dep, services, err := exampleDeployment(*service, dir)
-	if err != nil {
-		return err
+	if dep == nil {
+		if dep, services, err = exampleDeployment(*service, dir); err != nil {
+			return err
+		}
 	}
 	dep.Mode = *mode
 	if err := setCheckpointEvery(dep, *ckptEvery); err != nil {
@@ -214,6 +239,7 @@ func runChaos(args []string) error {
 		retried  int
 		reask    []loadgen.Result // answered requests to send again after the run
 		answered int
+		approx   int
 		errCodes = map[string]int{}
 		errMsgs  []string
 	)
@@ -310,6 +336,9 @@ func runChaos(args []string) error {
 					reask = append(reask, r)
 				}
 				answered++
+				if r.Reply.GetApproximate() {
+					approx++
+				}
 			}
 			mu.Unlock()
 		},
@@ -352,7 +381,7 @@ func runChaos(args []string) error {
 	rep := chaosReport{
 		Service: *service, Mode: *mode, Seed: *seed, DurationS: round3(st.ElapsedS), Kills: kt.snapshot(),
 		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors,
-		Conflicts: crep.Conflicts, Lost: crep.Lost, Duplicates: crep.Duplicates, Consistency: crep,
+		Conflicts: crep.Conflicts, Lost: crep.Lost, Duplicates: crep.Duplicates, Approximate: approx, Consistency: crep,
 		Frontends: nFrontends, Managers: nManagers, Retried: retried, Reasked: len(reask), ReaskMismatches: mismatches,
 		RecoveryMsByKind: byKind(kt.snapshot()), ErrorsByCode: errCodes, ErrorExamples: errMsgs,
 	}
@@ -376,6 +405,9 @@ func runChaos(args []string) error {
 			map[bool]string{true: "  (now active: " + k.NewActive + ")"}[k.NewActive != ""], map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
 	}
 	fmt.Printf("  requests %d  replies %d  errors %d  recovery p50 %.0f ms  max %.0f ms\n", rep.Requests, rep.Replies, rep.Errors, rep.RecoveryP50Ms, rep.RecoveryMaxMs)
+	if rep.Approximate > 0 {
+		fmt.Printf("  approximate replies %d (parity reconstructions, marked)\n", rep.Approximate)
+	}
 	if len(errMsgs) > 0 {
 		fmt.Printf("  errors by code %v, e.g. %s\n", errCodes, strings.Join(errMsgs, "; "))
 	}
@@ -398,6 +430,26 @@ func runChaos(args []string) error {
 	}
 	ok = true
 	return nil
+}
+
+// fileDeployment reads the deployment file of --config and keeps only
+// service's models (every model for "all"); it returns the services the
+// load goes to.
+func fileDeployment(path, service string) (*config.Deployment, []string, error) {
+	d, err := loadDeployment(path)
+	if err != nil {
+		return nil, nil, &exitError{code: 2, err: fmt.Errorf("chaos: --config %s: %w", path, err)}
+	}
+	if service == "all" {
+		return d, d.ServiceNames(), nil
+	}
+	if d.Service(service) == nil {
+		return nil, nil, usageErr("chaos: --service %q: unknown in %s (one of %s, all)", service, path, strings.Join(d.ServiceNames(), ", "))
+	}
+	if d, err = onlyService(d, service); err != nil {
+		return nil, nil, &exitError{code: 2, err: fmt.Errorf("chaos: --config %s: %w", path, err)}
+	}
+	return d, []string{service}, nil
 }
 
 // reaskEvery: besides every retried request, every reaskEvery-th answered
