@@ -287,16 +287,7 @@ func TestParMFrozenReplicaReconstructed(t *testing.T) {
 // computed from an original must not be: without failures, and across a
 // failover of the stateful model (its primary sidecar SIGKILLed under
 // load: the promoted backup re-sends the outputs it holds).
-//
-// Known to fail (gated like requireRecovery): the primary of a replicated
-// stateful model builds its output items without the approximate mark
-// of their inputs (sidecar/primary.go, computed batch items: no
-// `Approximate: r.approximate || anyApproximate(r.j.Parts)` as
-// sidecar/executor.go's finish sets), so in the replicated modes a reply
-// computed from a reconstruction reaches the client unmarked. Run it with
-// HAMS_PARM_TESTS=mark-stateful (or all); remove the gate with the fix.
 func TestParMApproximateMarkThroughStatefulModel(t *testing.T) {
-	requireParM(t, "mark-stateful")
 	for _, tc := range []struct {
 		name string
 		kill string // child SIGKILLed after 1 s ("": none)
@@ -306,19 +297,6 @@ func TestParMApproximateMarkThroughStatefulModel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { parmMarkRun(t, tc.kill) })
 	}
-}
-
-// requireParM skips a ParM test that is still known to fail unless
-// HAMS_PARM_TESTS lists its name (or "all"); the test's comment says what
-// it waits for.
-func requireParM(t *testing.T, name string) {
-	t.Helper()
-	for _, k := range strings.Split(os.Getenv("HAMS_PARM_TESTS"), ",") {
-		if k == "all" || k == name {
-			return
-		}
-	}
-	t.Skipf("known to fail until the stateful primary carries the approximate mark (sidecar/primary.go): set HAMS_PARM_TESTS=%s (or all) to run it", name)
 }
 
 func parmMarkRun(t *testing.T, kill string) {

@@ -337,6 +337,7 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 			if oerr == nil {
 				s.outlog.Add(rq.GetReqId(), []*hamsv1.Item{{
 					ReqId: rq.GetReqId(), StreamId: rq.GetStreamId(), Tensors: outs[i], Lineage: rq.GetLineage(),
+					Approximate: rq.GetApproximate(),
 				}})
 			}
 			if werr := alog.Write(audit.Durable{Model: s.cfg.Model, Seq: rq.GetSeq(), InputDigest: rq.GetInputDigest(),

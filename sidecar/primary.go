@@ -542,13 +542,14 @@ func (p *primary) record(ev opDone) *computedBatch {
 	for i, r := range ev.reqs {
 		p0 := r.j.Parts[0]
 		lin := lineages[i]
+		approx := r.approximate || anyApproximate(r.j.Parts)
 		b.items[i] = &hamsv1.Item{
 			ReqId: r.j.ReqID, Service: p0.GetService(), StreamId: p0.GetStreamId(),
-			Tensors: ev.outs[i], Lineage: lin, DeadlineUnixNano: r.j.Deadline,
+			Tensors: ev.outs[i], Lineage: lin, DeadlineUnixNano: r.j.Deadline, Approximate: approx,
 		}
 		b.records[i] = &hamsv1.RequestRecord{
 			ReqId: r.j.ReqID, Seq: seqs[i], StreamId: p0.GetStreamId(), Lineage: lin,
-			InputDigest: tensor.Digest(r.inputs...), OutputDigest: lin[len(lin)-1].GetOutputDigest(),
+			InputDigest: tensor.Digest(r.inputs...), OutputDigest: lin[len(lin)-1].GetOutputDigest(), Approximate: approx,
 		}
 	}
 	s.metrics.lineage.Observe(time.Since(start).Seconds())

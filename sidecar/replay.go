@@ -244,7 +244,7 @@ func (rp *replayState) executed(ctx context.Context, reqs []request, seqs []uint
 		parts := make([]*hamsv1.Item, len(r.j.Parts))
 		for k, p := range r.j.Parts {
 			parts[k] = &hamsv1.Item{ReqId: p.GetReqId(), Service: p.GetService(), StreamId: p.GetStreamId(), Lineage: p.GetLineage(),
-				EdgeSeq: p.GetEdgeSeq(), DeadlineUnixNano: p.GetDeadlineUnixNano(), FromModel: p.GetFromModel()}
+				EdgeSeq: p.GetEdgeSeq(), DeadlineUnixNano: p.GetDeadlineUnixNano(), FromModel: p.GetFromModel(), Approximate: p.GetApproximate()}
 		}
 		in := tensor.Digest(r.inputs...)
 		out := lins[i][len(lins[i])-1].GetOutputDigest()
@@ -694,7 +694,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 			rp.records = append(rp.records, &hamsv1.ReplayRecord{Seq: seqs[i], ReqId: r.GetReqId(), InputDigest: r.GetInputDigest(), OutputDigest: out})
 			p0 := r.GetParts()[0]
 			items = append(items, &hamsv1.Item{ReqId: r.GetReqId(), Service: p0.GetService(), StreamId: p0.GetStreamId(),
-				Tensors: outs[i], Lineage: lins[i], DeadlineUnixNano: p0.GetDeadlineUnixNano()})
+				Tensors: outs[i], Lineage: lins[i], DeadlineUnixNano: p0.GetDeadlineUnixNano(), Approximate: anyApproximate(r.GetParts())})
 		}
 		rp.batch = b.GetBatchId()
 		st.batches++
@@ -786,7 +786,7 @@ func (rp *replayState) promote(epoch uint64, after map[string]uint64) (uint64, e
 					continue
 				}
 				snd.Send(&hamsv1.Item{ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
-					Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano})
+					Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Approximate: it.Approximate})
 				sent++
 			}
 		}

@@ -23,13 +23,16 @@ const (
 
 // RequestRecord is one request covered by a snapshot.
 type RequestRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ReqId         uint64                 `protobuf:"varint,1,opt,name=req_id,json=reqId,proto3" json:"req_id,omitempty"`
-	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
-	StreamId      string                 `protobuf:"bytes,3,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
-	Lineage       []*LineageEntry        `protobuf:"bytes,4,rep,name=lineage,proto3" json:"lineage,omitempty"`
-	InputDigest   string                 `protobuf:"bytes,5,opt,name=input_digest,json=inputDigest,proto3" json:"input_digest,omitempty"`
-	OutputDigest  string                 `protobuf:"bytes,6,opt,name=output_digest,json=outputDigest,proto3" json:"output_digest,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ReqId        uint64                 `protobuf:"varint,1,opt,name=req_id,json=reqId,proto3" json:"req_id,omitempty"`
+	Seq          uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	StreamId     string                 `protobuf:"bytes,3,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	Lineage      []*LineageEntry        `protobuf:"bytes,4,rep,name=lineage,proto3" json:"lineage,omitempty"`
+	InputDigest  string                 `protobuf:"bytes,5,opt,name=input_digest,json=inputDigest,proto3" json:"input_digest,omitempty"`
+	OutputDigest string                 `protobuf:"bytes,6,opt,name=output_digest,json=outputDigest,proto3" json:"output_digest,omitempty"`
+	// The output is (computed from) a ParM reconstruction: a promoted
+	// backup resends it marked approximate.
+	Approximate   bool `protobuf:"varint,7,opt,name=approximate,proto3" json:"approximate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -104,6 +107,13 @@ func (x *RequestRecord) GetOutputDigest() string {
 		return x.OutputDigest
 	}
 	return ""
+}
+
+func (x *RequestRecord) GetApproximate() bool {
+	if x != nil {
+		return x.Approximate
+	}
+	return false
 }
 
 // SnapshotHeader opens a snapshot: <requests with lineage, state, outputs>.
@@ -1130,14 +1140,15 @@ var File_hams_v1_replication_proto protoreflect.FileDescriptor
 
 const file_hams_v1_replication_proto_rawDesc = "" +
 	"\n" +
-	"\x19hams/v1/replication.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xce\x01\n" +
+	"\x19hams/v1/replication.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xf0\x01\n" +
 	"\rRequestRecord\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\x04R\x05reqId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x1b\n" +
 	"\tstream_id\x18\x03 \x01(\tR\bstreamId\x12/\n" +
 	"\alineage\x18\x04 \x03(\v2\x15.hams.v1.LineageEntryR\alineage\x12!\n" +
 	"\finput_digest\x18\x05 \x01(\tR\vinputDigest\x12#\n" +
-	"\routput_digest\x18\x06 \x01(\tR\foutputDigest\"\xb1\x03\n" +
+	"\routput_digest\x18\x06 \x01(\tR\foutputDigest\x12 \n" +
+	"\vapproximate\x18\a \x01(\bR\vapproximate\"\xb1\x03\n" +
 	"\x0eSnapshotHeader\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
