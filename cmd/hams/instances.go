@@ -150,7 +150,9 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	d.insts = append(d.insts, in)
 	d.byID[in.ID] = in
 	d.mu.Unlock()
-	if !inPlace && in.ModelServer != "" {
+	if !inPlace {
+		// Ends when either process of the instance exits (at the latest
+		// when the supervisor stops them all).
 		go d.pair(in)
 	}
 	return in, nil
@@ -166,15 +168,27 @@ func suffix(n int) string {
 // pair makes an instance's sidecar and model server fail together: when
 // one exits, the other is killed (the model server loses no state the
 // protocol needs: the instance is replaced as a whole).
+//
+// An instance without a model server of its own (a backend at an address,
+// a replica pool) is watched too: its sidecar's exit is reported at once
+// instead of after the heartbeat suspicion timeout.
 func (d *deployment) pair(in *instance) {
-	sc, ms := d.sup.Done(in.Sidecar), d.sup.Done(in.ModelServer)
-	if sc == nil || ms == nil {
+	sc := d.sup.Done(in.Sidecar)
+	if sc == nil {
 		return
+	}
+	var ms <-chan struct{} // nil (never ready) without a model server
+	if in.ModelServer != "" {
+		if ms = d.sup.Done(in.ModelServer); ms == nil {
+			return
+		}
 	}
 	select {
 	case <-sc:
 		if !d.closing.Load() {
-			_, _ = d.sup.Kill(in.ModelServer, syscall.SIGKILL)
+			if in.ModelServer != "" {
+				_, _ = d.sup.Kill(in.ModelServer, syscall.SIGKILL)
+			}
 			d.reportExit(in, "sidecar process exited")
 		}
 	case <-ms:
