@@ -9,9 +9,9 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 
 # Packages whose tests run under the race detector (the protocol and the
 # concurrent request path).
-RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/...
+RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/... ./protocol/...
 
-.PHONY: all tools proto build test test-race test-rest demo bench bench-paper recovery chaos netem-straggler docker clean
+.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler docker clean
 
 all: build
 
@@ -33,7 +33,7 @@ build:
 test: tools
 	$(GO) vet ./...
 	$(GO) test -race -count=1 $(RACE_PKGS)
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v -E '/(internal|sidecar|frontend|manager)(/|$$)')
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v -E '/(internal|sidecar|frontend|manager|protocol)(/|$$)')
 
 demo: build
 	$(BIN)/hams demo
@@ -78,6 +78,13 @@ recovery: build
 chaos: build
 	$(BIN)/hams chaos --service ap --duration 60s --seed 1 --audit chaos-audit --json chaos-ap.json
 	$(BIN)/hams chaos --service olv --duration 60s --seed 1 --audit chaos-audit-olv --json chaos-olv.json
+
+# The ParM measurement (docs/parm.md): none, er, hedge and parm arms of a
+# replica pool with one straggling replica, interleaved, open-loop Poisson
+# arrivals; k = 2, 3, 4 at batch 1, then batches 2 and 4 at k = 2.
+bench-parm: build
+	$(BIN)/hams bench --service parm --redundancy none,er,hedge,parm --k 2,3,4 --batch 1 --decode-after 0,5ms --requests 3000 --json bench-parm.json --plot bench-parm.png
+	$(BIN)/hams bench --service parm --redundancy none,er,hedge,parm --k 2 --batch 2,4 --requests 3000 --json bench-parm-batch.json
 
 # A real network straggler for a ParM pool (root; ip, tc with the netem
 # qdisc, curl): one replica in a network namespace of its own behind
