@@ -130,3 +130,16 @@ func (b *Backend) Close() error {
 	b.closeDelta()
 	return nil
 }
+
+// LoadWeights replaces the weights of model at the reference model server
+// while it serves (ModelRuntime.LoadWeights; a parity model trained
+// online). The server refuses weights of another format or shape.
+func (b *Backend) LoadWeights(ctx context.Context, model string, weights []byte, version uint64) error {
+	ctx, cancel := b.ctx(ctx)
+	defer cancel()
+	if model == "" {
+		model = b.model
+	}
+	_, err := b.rt.LoadWeights(ctx, &hamsv1.LoadWeightsRequest{Model: model, Weights: weights, Version: version})
+	return b.mapErr("load weights", err)
+}

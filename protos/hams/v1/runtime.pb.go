@@ -21,6 +21,112 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type LoadWeightsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// The weights file, in the format the model kind reads.
+	Weights []byte `protobuf:"bytes,2,opt,name=weights,proto3" json:"weights,omitempty"`
+	// Caller's version of these weights (echoed; for logs and metrics).
+	Version       uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadWeightsRequest) Reset() {
+	*x = LoadWeightsRequest{}
+	mi := &file_hams_v1_runtime_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadWeightsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadWeightsRequest) ProtoMessage() {}
+
+func (x *LoadWeightsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hams_v1_runtime_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadWeightsRequest.ProtoReflect.Descriptor instead.
+func (*LoadWeightsRequest) Descriptor() ([]byte, []int) {
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *LoadWeightsRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *LoadWeightsRequest) GetWeights() []byte {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
+}
+
+func (x *LoadWeightsRequest) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type LoadWeightsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadWeightsResponse) Reset() {
+	*x = LoadWeightsResponse{}
+	mi := &file_hams_v1_runtime_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadWeightsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadWeightsResponse) ProtoMessage() {}
+
+func (x *LoadWeightsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hams_v1_runtime_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadWeightsResponse.ProtoReflect.Descriptor instead.
+func (*LoadWeightsResponse) Descriptor() ([]byte, []int) {
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LoadWeightsResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 type HealthRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -30,7 +136,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[0]
+	mi := &file_hams_v1_runtime_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -42,7 +148,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[0]
+	mi := &file_hams_v1_runtime_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -55,7 +161,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{0}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HealthRequest) GetModel() string {
@@ -76,7 +182,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[1]
+	mi := &file_hams_v1_runtime_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -88,7 +194,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[1]
+	mi := &file_hams_v1_runtime_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -101,7 +207,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{1}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HealthResponse) GetLive() bool {
@@ -134,7 +240,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[2]
+	mi := &file_hams_v1_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -146,7 +252,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[2]
+	mi := &file_hams_v1_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -159,7 +265,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{2}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DescribeRequest) GetModel() string {
@@ -192,7 +298,7 @@ type ModelDescription struct {
 
 func (x *ModelDescription) Reset() {
 	*x = ModelDescription{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[3]
+	mi := &file_hams_v1_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -204,7 +310,7 @@ func (x *ModelDescription) String() string {
 func (*ModelDescription) ProtoMessage() {}
 
 func (x *ModelDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[3]
+	mi := &file_hams_v1_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -217,7 +323,7 @@ func (x *ModelDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDescription.ProtoReflect.Descriptor instead.
 func (*ModelDescription) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{3}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ModelDescription) GetName() string {
@@ -317,7 +423,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[4]
+	mi := &file_hams_v1_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +435,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[4]
+	mi := &file_hams_v1_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +448,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{4}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BatchRequest) GetModel() string {
@@ -431,7 +537,7 @@ type BatchResponse struct {
 
 func (x *BatchResponse) Reset() {
 	*x = BatchResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[5]
+	mi := &file_hams_v1_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +549,7 @@ func (x *BatchResponse) String() string {
 func (*BatchResponse) ProtoMessage() {}
 
 func (x *BatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[5]
+	mi := &file_hams_v1_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +562,7 @@ func (x *BatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
 func (*BatchResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{5}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BatchResponse) GetOutputs() []*Tensor {
@@ -533,7 +639,7 @@ type StateRange struct {
 
 func (x *StateRange) Reset() {
 	*x = StateRange{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[6]
+	mi := &file_hams_v1_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -545,7 +651,7 @@ func (x *StateRange) String() string {
 func (*StateRange) ProtoMessage() {}
 
 func (x *StateRange) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[6]
+	mi := &file_hams_v1_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -558,7 +664,7 @@ func (x *StateRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateRange.ProtoReflect.Descriptor instead.
 func (*StateRange) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{6}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StateRange) GetOffset() uint64 {
@@ -585,7 +691,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[7]
+	mi := &file_hams_v1_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +703,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[7]
+	mi := &file_hams_v1_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,7 +716,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{7}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpdateRequest) GetModel() string {
@@ -636,7 +742,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[8]
+	mi := &file_hams_v1_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +754,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[8]
+	mi := &file_hams_v1_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +767,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{8}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateResponse) GetStateVersion() uint64 {
@@ -681,7 +787,7 @@ type ReadStateRequest struct {
 
 func (x *ReadStateRequest) Reset() {
 	*x = ReadStateRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[9]
+	mi := &file_hams_v1_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +799,7 @@ func (x *ReadStateRequest) String() string {
 func (*ReadStateRequest) ProtoMessage() {}
 
 func (x *ReadStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[9]
+	mi := &file_hams_v1_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +812,7 @@ func (x *ReadStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStateRequest.ProtoReflect.Descriptor instead.
 func (*ReadStateRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{9}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReadStateRequest) GetModel() string {
@@ -750,7 +856,7 @@ type StateChunk struct {
 
 func (x *StateChunk) Reset() {
 	*x = StateChunk{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[10]
+	mi := &file_hams_v1_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +868,7 @@ func (x *StateChunk) String() string {
 func (*StateChunk) ProtoMessage() {}
 
 func (x *StateChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[10]
+	mi := &file_hams_v1_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +881,7 @@ func (x *StateChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChunk.ProtoReflect.Descriptor instead.
 func (*StateChunk) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{10}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StateChunk) GetModel() string {
@@ -858,7 +964,7 @@ type WriteStateResponse struct {
 
 func (x *WriteStateResponse) Reset() {
 	*x = WriteStateResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[11]
+	mi := &file_hams_v1_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +976,7 @@ func (x *WriteStateResponse) String() string {
 func (*WriteStateResponse) ProtoMessage() {}
 
 func (x *WriteStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[11]
+	mi := &file_hams_v1_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +989,7 @@ func (x *WriteStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStateResponse.ProtoReflect.Descriptor instead.
 func (*WriteStateResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{11}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WriteStateResponse) GetStateVersion() uint64 {
@@ -909,7 +1015,7 @@ type StateHandlesRequest struct {
 
 func (x *StateHandlesRequest) Reset() {
 	*x = StateHandlesRequest{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[12]
+	mi := &file_hams_v1_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1027,7 @@ func (x *StateHandlesRequest) String() string {
 func (*StateHandlesRequest) ProtoMessage() {}
 
 func (x *StateHandlesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[12]
+	mi := &file_hams_v1_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1040,7 @@ func (x *StateHandlesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateHandlesRequest.ProtoReflect.Descriptor instead.
 func (*StateHandlesRequest) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{12}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StateHandlesRequest) GetModel() string {
@@ -960,7 +1066,7 @@ type StateRegion struct {
 
 func (x *StateRegion) Reset() {
 	*x = StateRegion{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[13]
+	mi := &file_hams_v1_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1078,7 @@ func (x *StateRegion) String() string {
 func (*StateRegion) ProtoMessage() {}
 
 func (x *StateRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[13]
+	mi := &file_hams_v1_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1091,7 @@ func (x *StateRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateRegion.ProtoReflect.Descriptor instead.
 func (*StateRegion) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{13}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StateRegion) GetTensor() string {
@@ -1046,7 +1152,7 @@ type StateHandlesResponse struct {
 
 func (x *StateHandlesResponse) Reset() {
 	*x = StateHandlesResponse{}
-	mi := &file_hams_v1_runtime_proto_msgTypes[14]
+	mi := &file_hams_v1_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1164,7 @@ func (x *StateHandlesResponse) String() string {
 func (*StateHandlesResponse) ProtoMessage() {}
 
 func (x *StateHandlesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hams_v1_runtime_proto_msgTypes[14]
+	mi := &file_hams_v1_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1177,7 @@ func (x *StateHandlesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateHandlesResponse.ProtoReflect.Descriptor instead.
 func (*StateHandlesResponse) Descriptor() ([]byte, []int) {
-	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{14}
+	return file_hams_v1_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StateHandlesResponse) GetRegions() []*StateRegion {
@@ -1085,7 +1191,13 @@ var File_hams_v1_runtime_proto protoreflect.FileDescriptor
 
 const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\x15hams/v1/runtime.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"%\n" +
+	"\x15hams/v1/runtime.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"^\n" +
+	"\x12LoadWeightsRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\aweights\x18\x02 \x01(\fR\aweights\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"/\n" +
+	"\x13LoadWeightsResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\"%\n" +
 	"\rHealthRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"R\n" +
 	"\x0eHealthResponse\x12\x12\n" +
@@ -1170,7 +1282,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x06offset\x18\x06 \x01(\x04R\x06offset\x12\x1b\n" +
 	"\tbyte_size\x18\a \x01(\x04R\bbyteSize\"F\n" +
 	"\x14StateHandlesResponse\x12.\n" +
-	"\aregions\x18\x01 \x03(\v2\x14.hams.v1.StateRegionR\aregions2\x85\x04\n" +
+	"\aregions\x18\x01 \x03(\v2\x14.hams.v1.StateRegionR\aregions2\xcf\x04\n" +
 	"\fModelRuntime\x129\n" +
 	"\x06Health\x12\x16.hams.v1.HealthRequest\x1a\x17.hams.v1.HealthResponse\x12?\n" +
 	"\bDescribe\x12\x18.hams.v1.DescribeRequest\x1a\x19.hams.v1.ModelDescription\x126\n" +
@@ -1180,7 +1292,8 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\tReadState\x12\x19.hams.v1.ReadStateRequest\x1a\x13.hams.v1.StateChunk0\x01\x12@\n" +
 	"\n" +
 	"WriteState\x12\x13.hams.v1.StateChunk\x1a\x1b.hams.v1.WriteStateResponse(\x01\x12K\n" +
-	"\fStateHandles\x12\x1c.hams.v1.StateHandlesRequest\x1a\x1d.hams.v1.StateHandlesResponseB/Z-github.com/hams-go/hams/protos/hams/v1;hamsv1b\x06proto3"
+	"\fStateHandles\x12\x1c.hams.v1.StateHandlesRequest\x1a\x1d.hams.v1.StateHandlesResponse\x12H\n" +
+	"\vLoadWeights\x12\x1b.hams.v1.LoadWeightsRequest\x1a\x1c.hams.v1.LoadWeightsResponseB/Z-github.com/hams-go/hams/protos/hams/v1;hamsv1b\x06proto3"
 
 var (
 	file_hams_v1_runtime_proto_rawDescOnce sync.Once
@@ -1194,52 +1307,56 @@ func file_hams_v1_runtime_proto_rawDescGZIP() []byte {
 	return file_hams_v1_runtime_proto_rawDescData
 }
 
-var file_hams_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_hams_v1_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_hams_v1_runtime_proto_goTypes = []any{
-	(*HealthRequest)(nil),        // 0: hams.v1.HealthRequest
-	(*HealthResponse)(nil),       // 1: hams.v1.HealthResponse
-	(*DescribeRequest)(nil),      // 2: hams.v1.DescribeRequest
-	(*ModelDescription)(nil),     // 3: hams.v1.ModelDescription
-	(*BatchRequest)(nil),         // 4: hams.v1.BatchRequest
-	(*BatchResponse)(nil),        // 5: hams.v1.BatchResponse
-	(*StateRange)(nil),           // 6: hams.v1.StateRange
-	(*UpdateRequest)(nil),        // 7: hams.v1.UpdateRequest
-	(*UpdateResponse)(nil),       // 8: hams.v1.UpdateResponse
-	(*ReadStateRequest)(nil),     // 9: hams.v1.ReadStateRequest
-	(*StateChunk)(nil),           // 10: hams.v1.StateChunk
-	(*WriteStateResponse)(nil),   // 11: hams.v1.WriteStateResponse
-	(*StateHandlesRequest)(nil),  // 12: hams.v1.StateHandlesRequest
-	(*StateRegion)(nil),          // 13: hams.v1.StateRegion
-	(*StateHandlesResponse)(nil), // 14: hams.v1.StateHandlesResponse
-	(*TensorSpec)(nil),           // 15: hams.v1.TensorSpec
-	(*Tensor)(nil),               // 16: hams.v1.Tensor
+	(*LoadWeightsRequest)(nil),   // 0: hams.v1.LoadWeightsRequest
+	(*LoadWeightsResponse)(nil),  // 1: hams.v1.LoadWeightsResponse
+	(*HealthRequest)(nil),        // 2: hams.v1.HealthRequest
+	(*HealthResponse)(nil),       // 3: hams.v1.HealthResponse
+	(*DescribeRequest)(nil),      // 4: hams.v1.DescribeRequest
+	(*ModelDescription)(nil),     // 5: hams.v1.ModelDescription
+	(*BatchRequest)(nil),         // 6: hams.v1.BatchRequest
+	(*BatchResponse)(nil),        // 7: hams.v1.BatchResponse
+	(*StateRange)(nil),           // 8: hams.v1.StateRange
+	(*UpdateRequest)(nil),        // 9: hams.v1.UpdateRequest
+	(*UpdateResponse)(nil),       // 10: hams.v1.UpdateResponse
+	(*ReadStateRequest)(nil),     // 11: hams.v1.ReadStateRequest
+	(*StateChunk)(nil),           // 12: hams.v1.StateChunk
+	(*WriteStateResponse)(nil),   // 13: hams.v1.WriteStateResponse
+	(*StateHandlesRequest)(nil),  // 14: hams.v1.StateHandlesRequest
+	(*StateRegion)(nil),          // 15: hams.v1.StateRegion
+	(*StateHandlesResponse)(nil), // 16: hams.v1.StateHandlesResponse
+	(*TensorSpec)(nil),           // 17: hams.v1.TensorSpec
+	(*Tensor)(nil),               // 18: hams.v1.Tensor
 }
 var file_hams_v1_runtime_proto_depIdxs = []int32{
-	15, // 0: hams.v1.ModelDescription.inputs:type_name -> hams.v1.TensorSpec
-	15, // 1: hams.v1.ModelDescription.outputs:type_name -> hams.v1.TensorSpec
-	16, // 2: hams.v1.BatchRequest.inputs:type_name -> hams.v1.Tensor
-	16, // 3: hams.v1.BatchResponse.outputs:type_name -> hams.v1.Tensor
-	6,  // 4: hams.v1.BatchResponse.state_delta:type_name -> hams.v1.StateRange
-	15, // 5: hams.v1.StateChunk.tensors:type_name -> hams.v1.TensorSpec
-	13, // 6: hams.v1.StateHandlesResponse.regions:type_name -> hams.v1.StateRegion
-	0,  // 7: hams.v1.ModelRuntime.Health:input_type -> hams.v1.HealthRequest
-	2,  // 8: hams.v1.ModelRuntime.Describe:input_type -> hams.v1.DescribeRequest
-	4,  // 9: hams.v1.ModelRuntime.Infer:input_type -> hams.v1.BatchRequest
-	4,  // 10: hams.v1.ModelRuntime.Compute:input_type -> hams.v1.BatchRequest
-	7,  // 11: hams.v1.ModelRuntime.Update:input_type -> hams.v1.UpdateRequest
-	9,  // 12: hams.v1.ModelRuntime.ReadState:input_type -> hams.v1.ReadStateRequest
-	10, // 13: hams.v1.ModelRuntime.WriteState:input_type -> hams.v1.StateChunk
-	12, // 14: hams.v1.ModelRuntime.StateHandles:input_type -> hams.v1.StateHandlesRequest
-	1,  // 15: hams.v1.ModelRuntime.Health:output_type -> hams.v1.HealthResponse
-	3,  // 16: hams.v1.ModelRuntime.Describe:output_type -> hams.v1.ModelDescription
-	5,  // 17: hams.v1.ModelRuntime.Infer:output_type -> hams.v1.BatchResponse
-	5,  // 18: hams.v1.ModelRuntime.Compute:output_type -> hams.v1.BatchResponse
-	8,  // 19: hams.v1.ModelRuntime.Update:output_type -> hams.v1.UpdateResponse
-	10, // 20: hams.v1.ModelRuntime.ReadState:output_type -> hams.v1.StateChunk
-	11, // 21: hams.v1.ModelRuntime.WriteState:output_type -> hams.v1.WriteStateResponse
-	14, // 22: hams.v1.ModelRuntime.StateHandles:output_type -> hams.v1.StateHandlesResponse
-	15, // [15:23] is the sub-list for method output_type
-	7,  // [7:15] is the sub-list for method input_type
+	17, // 0: hams.v1.ModelDescription.inputs:type_name -> hams.v1.TensorSpec
+	17, // 1: hams.v1.ModelDescription.outputs:type_name -> hams.v1.TensorSpec
+	18, // 2: hams.v1.BatchRequest.inputs:type_name -> hams.v1.Tensor
+	18, // 3: hams.v1.BatchResponse.outputs:type_name -> hams.v1.Tensor
+	8,  // 4: hams.v1.BatchResponse.state_delta:type_name -> hams.v1.StateRange
+	17, // 5: hams.v1.StateChunk.tensors:type_name -> hams.v1.TensorSpec
+	15, // 6: hams.v1.StateHandlesResponse.regions:type_name -> hams.v1.StateRegion
+	2,  // 7: hams.v1.ModelRuntime.Health:input_type -> hams.v1.HealthRequest
+	4,  // 8: hams.v1.ModelRuntime.Describe:input_type -> hams.v1.DescribeRequest
+	6,  // 9: hams.v1.ModelRuntime.Infer:input_type -> hams.v1.BatchRequest
+	6,  // 10: hams.v1.ModelRuntime.Compute:input_type -> hams.v1.BatchRequest
+	9,  // 11: hams.v1.ModelRuntime.Update:input_type -> hams.v1.UpdateRequest
+	11, // 12: hams.v1.ModelRuntime.ReadState:input_type -> hams.v1.ReadStateRequest
+	12, // 13: hams.v1.ModelRuntime.WriteState:input_type -> hams.v1.StateChunk
+	14, // 14: hams.v1.ModelRuntime.StateHandles:input_type -> hams.v1.StateHandlesRequest
+	0,  // 15: hams.v1.ModelRuntime.LoadWeights:input_type -> hams.v1.LoadWeightsRequest
+	3,  // 16: hams.v1.ModelRuntime.Health:output_type -> hams.v1.HealthResponse
+	5,  // 17: hams.v1.ModelRuntime.Describe:output_type -> hams.v1.ModelDescription
+	7,  // 18: hams.v1.ModelRuntime.Infer:output_type -> hams.v1.BatchResponse
+	7,  // 19: hams.v1.ModelRuntime.Compute:output_type -> hams.v1.BatchResponse
+	10, // 20: hams.v1.ModelRuntime.Update:output_type -> hams.v1.UpdateResponse
+	12, // 21: hams.v1.ModelRuntime.ReadState:output_type -> hams.v1.StateChunk
+	13, // 22: hams.v1.ModelRuntime.WriteState:output_type -> hams.v1.WriteStateResponse
+	16, // 23: hams.v1.ModelRuntime.StateHandles:output_type -> hams.v1.StateHandlesResponse
+	1,  // 24: hams.v1.ModelRuntime.LoadWeights:output_type -> hams.v1.LoadWeightsResponse
+	16, // [16:25] is the sub-list for method output_type
+	7,  // [7:16] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -1257,7 +1374,7 @@ func file_hams_v1_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hams_v1_runtime_proto_rawDesc), len(file_hams_v1_runtime_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	ModelRuntime_ReadState_FullMethodName    = "/hams.v1.ModelRuntime/ReadState"
 	ModelRuntime_WriteState_FullMethodName   = "/hams.v1.ModelRuntime/WriteState"
 	ModelRuntime_StateHandles_FullMethodName = "/hams.v1.ModelRuntime/StateHandles"
+	ModelRuntime_LoadWeights_FullMethodName  = "/hams.v1.ModelRuntime/LoadWeights"
 )
 
 // ModelRuntimeClient is the client API for ModelRuntime service.
@@ -55,6 +56,11 @@ type ModelRuntimeClient interface {
 	// Where the model exposes its state memory directly (POSIX shm or CUDA
 	// IPC), the handles the sidecar opens to copy state without gRPC.
 	StateHandles(ctx context.Context, in *StateHandlesRequest, opts ...grpc.CallOption) (*StateHandlesResponse, error)
+	// Replaces a stateless model's weights while it serves (a parity model
+	// trained online from live traffic): calls in flight finish on the old
+	// weights, later ones run on the new; a file of another format or shape
+	// is refused (InvalidArgument) and the old weights stay.
+	LoadWeights(ctx context.Context, in *LoadWeightsRequest, opts ...grpc.CallOption) (*LoadWeightsResponse, error)
 }
 
 type modelRuntimeClient struct {
@@ -157,6 +163,16 @@ func (c *modelRuntimeClient) StateHandles(ctx context.Context, in *StateHandlesR
 	return out, nil
 }
 
+func (c *modelRuntimeClient) LoadWeights(ctx context.Context, in *LoadWeightsRequest, opts ...grpc.CallOption) (*LoadWeightsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LoadWeightsResponse)
+	err := c.cc.Invoke(ctx, ModelRuntime_LoadWeights_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ModelRuntimeServer is the server API for ModelRuntime service.
 // All implementations must embed UnimplementedModelRuntimeServer
 // for forward compatibility.
@@ -183,6 +199,11 @@ type ModelRuntimeServer interface {
 	// Where the model exposes its state memory directly (POSIX shm or CUDA
 	// IPC), the handles the sidecar opens to copy state without gRPC.
 	StateHandles(context.Context, *StateHandlesRequest) (*StateHandlesResponse, error)
+	// Replaces a stateless model's weights while it serves (a parity model
+	// trained online from live traffic): calls in flight finish on the old
+	// weights, later ones run on the new; a file of another format or shape
+	// is refused (InvalidArgument) and the old weights stay.
+	LoadWeights(context.Context, *LoadWeightsRequest) (*LoadWeightsResponse, error)
 	mustEmbedUnimplementedModelRuntimeServer()
 }
 
@@ -216,6 +237,9 @@ func (UnimplementedModelRuntimeServer) WriteState(grpc.ClientStreamingServer[Sta
 }
 func (UnimplementedModelRuntimeServer) StateHandles(context.Context, *StateHandlesRequest) (*StateHandlesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StateHandles not implemented")
+}
+func (UnimplementedModelRuntimeServer) LoadWeights(context.Context, *LoadWeightsRequest) (*LoadWeightsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LoadWeights not implemented")
 }
 func (UnimplementedModelRuntimeServer) mustEmbedUnimplementedModelRuntimeServer() {}
 func (UnimplementedModelRuntimeServer) testEmbeddedByValue()                      {}
@@ -364,6 +388,24 @@ func _ModelRuntime_StateHandles_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ModelRuntime_LoadWeights_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LoadWeightsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ModelRuntimeServer).LoadWeights(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ModelRuntime_LoadWeights_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ModelRuntimeServer).LoadWeights(ctx, req.(*LoadWeightsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ModelRuntime_ServiceDesc is the grpc.ServiceDesc for ModelRuntime service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -394,6 +436,10 @@ var ModelRuntime_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StateHandles",
 			Handler:    _ModelRuntime_StateHandles_Handler,
+		},
+		{
+			MethodName: "LoadWeights",
+			Handler:    _ModelRuntime_LoadWeights_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
