@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -79,6 +80,9 @@ func newPoolBackend(dep *config.Deployment, m *config.Model, role string, log *s
 		}
 		cfg.DecodeAfter, cfg.FillAfter = p.DecodeAfter.D(), p.FillAfter.D()
 		cfg.ParityModel = p.Model
+		for j := range p.R {
+			cfg.ParityModels = append(cfg.ParityModels, p.ModelName(j))
+		}
 		pm := *m
 		pm.Backend.Model = p.Model
 		for i, a := range p.Backends.Addresses {
@@ -201,22 +205,31 @@ func containsInt(s []int, v int) bool {
 	return false
 }
 
-// parityModelOf returns the model config a parity server hosts for pool
-// model m: named parity.model, with parity.kind and parity.params (the
-// deployed model's own kind and params when unset: exact for a linear
-// model without bias).
-func parityModelOf(m *config.Model) (config.Model, error) {
+// parityModelsOf returns the model configs a parity server hosts for pool
+// model m: parity model j (j < r) named parity.ModelName(j), with
+// parity.kind and parity.params (weights parity.WeightsParam(j)), or the
+// deployed model's own kind and params when parity.kind is unset (exact
+// for a linear model without bias, whose sum encoder already weighs the
+// queries by the coefficients of j).
+func parityModelsOf(m *config.Model) ([]config.Model, error) {
 	if m.Parity == nil {
-		return config.Model{}, fmt.Errorf("model %q has no parity block", m.Name)
+		return nil, fmt.Errorf("model %q has no parity block", m.Name)
 	}
-	pm := *m
-	pm.Name = m.Parity.Model
-	pm.Backend.Model = m.Parity.Model
-	if m.Parity.Kind != "" {
-		pm.Kind, pm.Params = m.Parity.Kind, m.Parity.Params
+	var out []config.Model
+	for j := range m.Parity.R {
+		pm := *m
+		pm.Name = m.Parity.ModelName(j)
+		pm.Backend.Model = pm.Name
+		if m.Parity.Kind != "" {
+			pm.Kind, pm.Params = m.Parity.Kind, maps.Clone(m.Parity.Params)
+			if w := m.Parity.WeightsParam(j); w != "" {
+				pm.Params["weights"] = w
+			}
+		}
+		pm.Replicas, pm.Parity, pm.Straggle, pm.Redundancy = config.Instances{}, nil, nil, ""
+		out = append(out, pm)
 	}
-	pm.Replicas, pm.Parity, pm.Straggle, pm.Redundancy = config.Instances{}, nil, nil, ""
-	return pm, nil
+	return out, nil
 }
 
 // poolSummary names a pool's instances for logs and registration.

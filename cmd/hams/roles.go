@@ -108,15 +108,18 @@ func runModelServer(args []string) error {
 			r.close()
 			return usageErr("modelserver: --parity-of %q: no model of deployment %q with a parity block", *parityOf, r.dep.Name)
 		}
-		pm, err := parityModelOf(m)
+		pms, err := parityModelsOf(m)
 		if err != nil {
 			r.close()
 			return usageErr("modelserver: --parity-of: %v", err)
 		}
-		// The parity model lives in this process's copy of the deployment
-		// only (it is no node of any service graph).
-		r.dep.Models = append(r.dep.Models, pm)
-		names = []string{pm.Name}
+		// The parity models live in this process's copy of the deployment
+		// only (they are no node of any service graph).
+		names = nil
+		for _, pm := range pms {
+			r.dep.Models = append(r.dep.Models, pm)
+			names = append(names, pm.Name)
+		}
 	}
 	srv, err := refserver.New(refserver.Config{
 		Deployment:   r.dep,

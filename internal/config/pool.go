@@ -149,7 +149,8 @@ type Parity struct {
 	// name servers of the model.
 	Backends Instances `yaml:"backends,omitempty"`
 	// Model is the parity model at the backend (default
-	// "<backend.model>-parity").
+	// "<backend.model>-parity"): parity 0's, and for r > 1 parity j's is
+	// Model + "-p<j>" (ModelName), each trained for its own coefficients.
 	Model string `yaml:"model"`
 	// Kind and Params are the reference model server's parity model, for
 	// backends the deployment starts (e.g. kind parity-mlp, params
@@ -330,4 +331,24 @@ func rowWidth(shape []int64) int64 {
 		w *= d
 	}
 	return w
+}
+
+// ModelName is the name of parity model j (0 <= j < r) at the parity
+// backends: Model for j = 0, Model + "-p<j>" after it.
+func (p *Parity) ModelName(j int) string {
+	if j == 0 {
+		return p.Model
+	}
+	return fmt.Sprintf("%s-p%d", p.Model, j)
+}
+
+// WeightsParam is the `weights` param of parity model j of a parity
+// server the deployment starts: params.weights for j = 0, with "-p<j>"
+// appended after it ("" when params name no weights).
+func (p *Parity) WeightsParam(j int) string {
+	w, _ := p.Params["weights"].(string)
+	if w == "" || j == 0 {
+		return w
+	}
+	return fmt.Sprintf("%s-p%d", w, j)
 }

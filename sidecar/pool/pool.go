@@ -47,8 +47,11 @@ type Config struct {
 	// hedge the extra copies too); Parity the parity model instances
 	// (parm). The pool does not close them.
 	Data, Parity []sidecar.Backend
-	// ParityModel is the parity model's name at the parity backends.
-	ParityModel string
+	// ParityModel is the parity model's name at the parity backends;
+	// ParityModels, when set, names parity model j for each j < r (each
+	// parity instance hosts all of them), else every j uses ParityModel.
+	ParityModel  string
+	ParityModels []string
 	Redundancy  parity.Redundancy
 	Code        parity.Code
 	// Encoder: sum or concat (Image is then height, width, channels).
@@ -157,7 +160,10 @@ func New(cfg Config) (*Pool, error) {
 		if len(cfg.Parity) < cfg.Code.R {
 			errs = append(errs, fmt.Errorf("%w: model %q: %d parity instances for r = %d", ErrConfig, cfg.Model, len(cfg.Parity), cfg.Code.R))
 		}
-		if cfg.ParityModel == "" {
+		if len(cfg.ParityModels) > 0 && len(cfg.ParityModels) != cfg.Code.R {
+			errs = append(errs, fmt.Errorf("%w: model %q: %d parity model names for r = %d", ErrConfig, cfg.Model, len(cfg.ParityModels), cfg.Code.R))
+		}
+		if cfg.ParityModel == "" && len(cfg.ParityModels) == 0 {
 			errs = append(errs, fmt.Errorf("%w: model %q: no parity model name", ErrConfig, cfg.Model))
 		}
 		if cfg.Encoder == parity.EncoderConcat {
@@ -751,7 +757,7 @@ func (p *Pool) encoder(ctx context.Context) {
 		if ok {
 			if g := p.groups[job.g]; g != nil {
 				g.parity[job.j] = &hamsv1.BatchRequest{
-					Model: p.cfg.ParityModel, Inputs: ins, Rows: []uint32{g.maxRows}, StreamIds: []string{""},
+					Model: p.parityModel(job.j), Inputs: ins, Rows: []uint32{g.maxRows}, StreamIds: []string{""},
 					BatchId: 1<<63 | uint64(job.g)<<4 | uint64(job.j),
 				}
 			}
@@ -789,4 +795,12 @@ func (p *Pool) timer(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// parityModel is the name of parity model j at the parity instances.
+func (p *Pool) parityModel(j int) string {
+	if j < len(p.cfg.ParityModels) {
+		return p.cfg.ParityModels[j]
+	}
+	return p.cfg.ParityModel
 }

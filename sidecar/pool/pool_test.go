@@ -492,3 +492,52 @@ func TestFillAfterStandIn(t *testing.T) {
 		}
 	}
 }
+
+// namedParity records the model names parity batches are sent to.
+type namedParity struct {
+	linear
+	mu    sync.Mutex
+	names map[string]int
+}
+
+func (n *namedParity) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	n.mu.Lock()
+	n.names[req.GetModel()]++
+	n.mu.Unlock()
+	return n.linear.Infer(ctx, req)
+}
+
+// With r = 2 each parity batch j goes to parity model j's name (each is
+// trained for its own coefficients).
+func TestParityModelPerJ(t *testing.T) {
+	w := newWeights(11)
+	data, ls := instances(w, 2)
+	gate := make(chan struct{})
+	defer close(gate)
+	ls[0].gate = gate // every group waits for a reconstruction: its parities run
+	np := &namedParity{linear: linear{w: w}, names: map[string]int{}}
+	p, stop := runPool(t, Config{Model: "m", Data: data, Parity: []sidecar.Backend{np, np}, ParityModels: []string{"m-parity", "m-parity-p1"},
+		Redundancy: parity.RedundancyParM, Code: parity.Code{K: 2, R: 2}, Encoder: parity.EncoderSum})
+	defer stop()
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Go(func() {
+			if _, err := p.Infer(context.Background(), batchOf(1, uint64(i+1))); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(t, func() bool {
+		np.mu.Lock()
+		defer np.mu.Unlock()
+		return np.names["m-parity"] > 0 && np.names["m-parity-p1"] > 0
+	}, "parity batches of both models")
+	np.mu.Lock()
+	defer np.mu.Unlock()
+	for name := range np.names {
+		if name != "m-parity" && name != "m-parity-p1" {
+			t.Errorf("parity batch sent to model %q", name)
+		}
+	}
+}
