@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/parity"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -61,6 +62,10 @@ type Config struct {
 	DecodeAfter, FillAfter time.Duration
 	// HedgeAfter: hedge's delay; 0 follows the observed p95 service time.
 	HedgeAfter time.Duration
+	// Online, when set, trains the parity models from live traffic and
+	// swaps them into the parity instances, which must implement
+	// WeightLoader (parm only).
+	Online *OnlineConfig
 	// CallTimeout bounds one call on an instance (default 5 s).
 	CallTimeout time.Duration
 	Logger      *slog.Logger
@@ -75,6 +80,7 @@ type Pool struct {
 	log     *slog.Logger
 	metrics *metrics
 	dec     *parity.Decoder
+	online  *online // nil unless parity models are trained online
 	epoch   time.Time
 
 	mu       sync.Mutex
@@ -171,8 +177,16 @@ func New(cfg Config) (*Pool, error) {
 				errs = append(errs, fmt.Errorf("%w: model %q: %v", ErrConfig, cfg.Model, err))
 			}
 		}
+		if cfg.Online != nil {
+			for i, b := range cfg.Parity {
+				if _, ok := b.(WeightLoader); !ok {
+					errs = append(errs, fmt.Errorf("%w: model %q: online parity training needs parity instances whose weights can be replaced (backend type reference); parity instance %d is a %T", ErrConfig, cfg.Model, i, b))
+				}
+			}
+		}
 	} else {
 		cfg.Parity = nil
+		cfg.Online = nil
 	}
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 5 * time.Second
@@ -209,6 +223,18 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.Redundancy == parity.RedundancyParM {
 		p.dec = parity.NewDecoder(cfg.Code)
+	}
+	if cfg.Online != nil {
+		oc := cfg.Online.withDefaults()
+		var loaders []WeightLoader
+		for _, b := range cfg.Parity {
+			loaders = append(loaders, b.(WeightLoader))
+		}
+		p.online = &online{cfg: oc, code: cfg.Code, enc: cfg.Encoder, models: p.parityModel, loaders: loaders,
+			log: log.With("component", "online parity training"), m: newOnlineMetrics(reg, cfg.Model), offers: make(chan offered, 256)}
+		if cfg.Encoder == parity.EncoderConcat && oc.Image.Size() == 0 {
+			p.online.cfg.Image = paritytrain.Image{H: cfg.Image[0], W: cfg.Image[1], C: cfg.Image[2]}
+		}
 	}
 	for range cfg.Data {
 		p.dataWork = append(p.dataWork, make(chan dataJob, 1))
@@ -254,6 +280,9 @@ func (p *Pool) Run(ctx context.Context) error {
 	}
 	if p.cfg.Redundancy == parity.RedundancyParM {
 		wg.Go(func() { p.encoder(ctx) })
+	}
+	if p.online != nil {
+		wg.Go(func() { p.online.run(ctx) })
 	}
 	wg.Go(func() { p.timer(ctx) })
 	close(p.started)
@@ -372,6 +401,12 @@ func (p *Pool) perform(acts []parity.Action) {
 		case parity.ActEncode:
 			g := p.groupOf(a.Group)
 			g.members = a.Members
+			if p.online != nil && !p.online.ready.Load() {
+				// No parity model trained yet: no reconstruction.
+				p.metrics.parityFailed.WithLabelValues("untrained").Inc()
+				p.perform(p.m.Encoded(a.Group, a.Parity, false, p.now()))
+				continue
+			}
 			if a.Fill > 0 && g.standIns == nil {
 				if len(p.recent) < a.Fill {
 					// Nothing answered yet to stand in: this group gets
@@ -405,6 +440,9 @@ func (p *Pool) perform(acts []parity.Action) {
 			c := p.calls[a.Batch]
 			p.metrics.outcome.WithLabelValues("original").Inc()
 			c.done <- result{resp: c.resp}
+			if p.online != nil {
+				p.online.offer(c.req, c.resp)
+			}
 			if p.cfg.FillAfter > 0 {
 				if len(p.recent) == maxRecent {
 					p.recent = slices.Delete(p.recent, 0, 1)
