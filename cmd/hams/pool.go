@@ -79,6 +79,14 @@ func newPoolBackend(dep *config.Deployment, m *config.Model, role string, log *s
 			cfg.Image = [3]int{p.Image[0], p.Image[1], p.Image[2]}
 		}
 		cfg.DecodeAfter, cfg.FillAfter = p.DecodeAfter.D(), p.FillAfter.D()
+		if p.Train == "online" {
+			oc := &pool.OnlineConfig{Seed: 1}
+			if o := p.Online; o != nil {
+				oc = &pool.OnlineConfig{Arch: o.Arch, Buffer: o.Buffer, Holdout: o.Holdout, MinSamples: o.MinSamples, Every: o.Every.D(),
+					Epochs: o.Epochs, Workers: o.Workers, MinAgreement: o.MinAgreement, Seed: 1}
+			}
+			cfg.Online = oc
+		}
 		cfg.ParityModel = p.Model
 		for j := range p.R {
 			cfg.ParityModels = append(cfg.ParityModels, p.ModelName(j))

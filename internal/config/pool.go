@@ -158,6 +158,32 @@ type Parity struct {
 	// kind and params (exact for a linear model without bias).
 	Kind   string         `yaml:"kind"`
 	Params map[string]any `yaml:"params,omitempty"`
+	// Train: "" (the parity models' weights as given) or "online": the
+	// pool trains them from live traffic and swaps them in (parity
+	// backends of type reference); until the first swap nothing is
+	// reconstructed. Online bounds what training may use.
+	Train  string       `yaml:"train,omitempty"`
+	Online *OnlineTrain `yaml:"online,omitempty"`
+}
+
+// OnlineTrain bounds online parity training (sidecar/pool.OnlineConfig;
+// zero fields take its defaults).
+type OnlineTrain struct {
+	// Arch: mlp (784-200-100-out), mlp:H1,H2,..., lenet.
+	Arch string `yaml:"arch,omitempty"`
+	// Buffer and Holdout: samples kept for training and for evaluation
+	// (memory: their sum times the query and output widths, in floats).
+	Buffer  int `yaml:"buffer,omitempty"`
+	Holdout int `yaml:"holdout,omitempty"`
+	// MinSamples before the first round; Every: at most one round this
+	// often.
+	MinSamples int      `yaml:"min_samples,omitempty"`
+	Every      Duration `yaml:"every,omitempty"`
+	// Epochs per round and Workers (cores): the CPU it takes.
+	Epochs  int `yaml:"epochs,omitempty"`
+	Workers int `yaml:"workers,omitempty"`
+	// MinAgreement with the deployed model's top-1 before weights serve.
+	MinAgreement float64 `yaml:"min_agreement,omitempty"`
 }
 
 // Straggle injects stragglers into the reference model servers a
@@ -299,6 +325,21 @@ func (m *Model) validatePool(where string, inputs []TensorSpec) []error {
 		}
 	default:
 		errs = append(errs, invalid("%s: parity.encoder %q is not sum or concat", where, p.Encoder))
+	}
+	switch p.Train {
+	case "":
+		if p.Online != nil {
+			errs = append(errs, invalid("%s: parity.online needs parity.train: online", where))
+		}
+	case "online":
+		if m.Backend.Type != "reference" {
+			errs = append(errs, invalid("%s: parity.train online swaps weights into parity servers of backend type reference, not %s", where, m.Backend.Type))
+		}
+		if o := p.Online; o != nil && (o.Buffer < 0 || o.Holdout < 0 || o.MinSamples < 0 || o.Every < 0 || o.Epochs < 0 || o.Workers < 0 || o.MinAgreement < 0 || o.MinAgreement > 1) {
+			errs = append(errs, invalid("%s: parity.online: negative bound or min_agreement outside 0..1", where))
+		}
+	default:
+		errs = append(errs, invalid("%s: parity.train %q is not online (or empty)", where, p.Train))
 	}
 	if p.Decode != DecodeFirstK {
 		errs = append(errs, invalid("%s: parity.decode %q is not %s", where, p.Decode, DecodeFirstK))

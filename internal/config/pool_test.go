@@ -102,3 +102,25 @@ func TestPoolConfigInvalid(t *testing.T) {
 		}
 	}
 }
+
+func TestPoolConfigOnlineTraining(t *testing.T) {
+	d, err := Parse(poolDoc(`    replicas: 4
+    parity: {k: 2, train: online, online: {buffer: 1000, every: 10s, epochs: 1, workers: 1, min_agreement: 0.6}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := d.Model("m").Parity.Online; o.Buffer != 1000 || o.Every.D().Seconds() != 10 || o.MinAgreement != 0.6 {
+		t.Fatalf("online %+v", o)
+	}
+	for _, c := range []struct{ model, want string }{
+		{"    replicas: 4\n    parity: {k: 2, train: offline}", `parity.train "offline"`},
+		{"    replicas: 4\n    parity: {k: 2, online: {epochs: 1}}", "needs parity.train: online"},
+		{"    replicas: 4\n    parity: {k: 2, train: online, online: {min_agreement: 2}}", "min_agreement outside 0..1"},
+		{"    replicas: [127.0.0.1:1]\n    backend: {type: tfserving}\n    parity: {k: 2, train: online}", "backend type reference, not tfserving"},
+	} {
+		_, err := Parse(poolDoc(c.model))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q:\n got %v\nwant an error naming %q", c.model, err, c.want)
+		}
+	}
+}
