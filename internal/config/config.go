@@ -87,7 +87,44 @@ type Limits struct {
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 	// RequestTimeout is the default client deadline (default 10s).
 	RequestTimeout Duration `yaml:"request_timeout"`
+	// MaxRowsPerRequest caps dimension 0 (the rows) of every input tensor
+	// of one client request (default DefaultMaxRowsPerRequest); a request
+	// over it is refused with InvalidArgument naming the tensor. The
+	// request's bytes are capped by MaxMessageBytes, which also bounds
+	// what the frontend decodes from any API (MaxDecodedBytes).
+	MaxRowsPerRequest int `yaml:"max_rows_per_request,omitempty"`
+	// MaxInflightRequests and MaxInflightBytes bound the client requests
+	// a frontend works on at once and their tensor bytes (defaults
+	// DefaultMaxInflightRequests and DefaultInflightMessages times
+	// max_message_bytes); a request beyond either is answered
+	// ResourceExhausted at once instead of queueing behind the others.
+	// The byte bound is never below max_message_bytes (one request of the
+	// largest size always fits when nothing else is in flight).
+	MaxInflightRequests int   `yaml:"max_inflight_requests,omitempty"`
+	MaxInflightBytes    int64 `yaml:"max_inflight_bytes,omitempty"`
+	// RejectNonFinite makes the frontend refuse requests whose
+	// floating-point inputs hold NaN or ±Inf (InvalidArgument naming the
+	// tensor and element). Unset: on for every service that contains a
+	// stateful model (one poisoned request would otherwise poison the
+	// state every later request reads), off for the others. A model's own
+	// reject_non_finite overrides it for the services that contain it.
+	RejectNonFinite *bool `yaml:"reject_non_finite,omitempty"`
 }
+
+// Defaults of Limits.
+const (
+	DefaultMaxRowsPerRequest   = 4096
+	DefaultMaxInflightRequests = 4096
+	// DefaultInflightMessages is max_inflight_bytes' default in units of
+	// max_message_bytes.
+	DefaultInflightMessages = 4
+)
+
+// MaxDecodedBytes is the most tensor data the frontend builds from one
+// request on any API (JSON numbers, TF Serving's typed and broadcast
+// fields, KServe's contents): the message limit, checked before the
+// tensors are allocated.
+func (l Limits) MaxDecodedBytes() int { return l.MaxMessageBytes }
 
 // Model is one model of the graph.
 type Model struct {
@@ -119,6 +156,9 @@ type Model struct {
 	HedgeAfter Duration `yaml:"hedge_after,omitempty"`
 	// Straggle slows replicas the deployment starts (fault injection).
 	Straggle *Straggle `yaml:"straggle,omitempty"`
+	// RejectNonFinite overrides limits.reject_non_finite for the services
+	// that contain this model (Deployment.RejectNonFinite).
+	RejectNonFinite *bool `yaml:"reject_non_finite,omitempty"`
 }
 
 // Backend says how the sidecar reaches the model server.
@@ -288,6 +328,15 @@ func (d *Deployment) applyDefaults() {
 	if d.Limits.RequestTimeout == 0 {
 		d.Limits.RequestTimeout = Duration(10 * time.Second)
 	}
+	if d.Limits.MaxRowsPerRequest == 0 {
+		d.Limits.MaxRowsPerRequest = DefaultMaxRowsPerRequest
+	}
+	if d.Limits.MaxInflightRequests == 0 {
+		d.Limits.MaxInflightRequests = DefaultMaxInflightRequests
+	}
+	if d.Limits.MaxInflightBytes == 0 && d.Limits.MaxMessageBytes > 0 {
+		d.Limits.MaxInflightBytes = DefaultInflightMessages * int64(d.Limits.MaxMessageBytes)
+	}
 	d.Replay.applyDefaults()
 	for i := range d.Models {
 		m := &d.Models[i]
@@ -361,6 +410,18 @@ func (d *Deployment) Validate() error {
 	}
 	if d.Limits.MaxMessageBytes < 0 {
 		errs = append(errs, invalid("limits.max_message_bytes must be positive"))
+	}
+	if d.Limits.RequestTimeout < 0 {
+		errs = append(errs, invalid("limits.request_timeout %s is negative", d.Limits.RequestTimeout.D()))
+	}
+	if d.Limits.MaxRowsPerRequest < 0 {
+		errs = append(errs, invalid("limits.max_rows_per_request %d is negative", d.Limits.MaxRowsPerRequest))
+	}
+	if d.Limits.MaxInflightRequests < 0 {
+		errs = append(errs, invalid("limits.max_inflight_requests %d is negative", d.Limits.MaxInflightRequests))
+	}
+	if d.Limits.MaxInflightBytes < 0 {
+		errs = append(errs, invalid("limits.max_inflight_bytes %d is negative", d.Limits.MaxInflightBytes))
 	}
 	errs = append(errs, d.Replay.validate()...)
 	hosts := map[string]bool{}
@@ -734,6 +795,37 @@ func (d *Deployment) StatefulModels() []string {
 		}
 	}
 	return out
+}
+
+// RejectNonFinite reports whether the frontend refuses NaN and ±Inf in
+// the inputs of service svc: a model of the service with
+// reject_non_finite set decides (true if any of them says true), else
+// limits.reject_non_finite when set, else whether the service contains a
+// stateful model.
+func (d *Deployment) RejectNonFinite(svc string) bool {
+	s := d.Service(svc)
+	if s == nil {
+		return false
+	}
+	var set, on, stateful bool
+	for _, name := range s.Graph().Models() {
+		m := d.Model(name)
+		if m == nil {
+			continue
+		}
+		stateful = stateful || m.Stateful
+		if m.RejectNonFinite != nil {
+			set = true
+			on = on || *m.RejectNonFinite
+		}
+	}
+	switch {
+	case set:
+		return on
+	case d.Limits.RejectNonFinite != nil:
+		return *d.Limits.RejectNonFinite
+	}
+	return stateful
 }
 
 // ParamInt reads an integer model parameter with a default.
