@@ -113,6 +113,10 @@ type Frontend struct {
 	cfg      Config
 	log      *slog.Logger
 	maxBytes int
+	// maxRows is limits.max_rows_per_request; admit bounds the work in
+	// flight (admission.go).
+	maxRows int
+	admit   *admission
 	timeout  time.Duration
 	now      func() time.Time
 	m        *metrics
@@ -292,6 +296,18 @@ func New(cfg Config) (*Frontend, error) {
 	if f.maxBytes <= 0 {
 		f.maxBytes = grpcx.DefaultMaxMessageBytes
 	}
+	f.maxRows = d.Limits.MaxRowsPerRequest
+	if f.maxRows == 0 {
+		f.maxRows = config.DefaultMaxRowsPerRequest
+	}
+	maxReqs, maxInflight := d.Limits.MaxInflightRequests, d.Limits.MaxInflightBytes
+	if maxReqs == 0 {
+		maxReqs = config.DefaultMaxInflightRequests
+	}
+	if maxInflight == 0 {
+		maxInflight = config.DefaultInflightMessages * int64(f.maxBytes)
+	}
+	f.admit = newAdmission(maxReqs, max(maxInflight, int64(f.maxBytes)))
 	if f.timeout <= 0 {
 		f.timeout = 10 * time.Second
 	}
@@ -750,6 +766,13 @@ func (f *Frontend) cacheCount() float64 {
 // join an identical in-flight or answered request, else admit it into the
 // table, send one item per entry model and wait for the sinks.
 func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (resp *hamsv1.PredictResponse, err error) {
+	return f.predictAdmitted(ctx, req, false)
+}
+
+// predictAdmitted is predict; admitted says the caller holds the
+// request's admission already (the HTTP API admits a body before reading
+// it).
+func (f *Frontend) predictAdmitted(ctx context.Context, req *hamsv1.PredictRequest, admitted bool) (resp *hamsv1.PredictResponse, err error) {
 	start := time.Now()
 	svcLabel := unknownService
 	if !f.enter() {
@@ -781,6 +804,20 @@ func (f *Frontend) predict(ctx context.Context, req *hamsv1.PredictRequest) (res
 	}
 	svcLabel = svc.name
 	if err := svc.validateInputs(req.GetInputs(), f.maxBytes); err != nil {
+		return nil, err
+	}
+	if err := svc.checkRows(req.GetInputs(), f.maxRows); err != nil {
+		return nil, err
+	}
+	if !admitted {
+		release, err := f.admit.acquire(svc.name, requestBytes(req))
+		if err != nil {
+			f.m.refused.Inc()
+			return nil, err
+		}
+		defer release()
+	}
+	if err := svc.checkFinite(req.GetInputs()); err != nil {
 		return nil, err
 	}
 	if err := f.checkItemSize(svc, req); err != nil {

@@ -93,6 +93,23 @@ func (f *Frontend) handlePredict(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status.Errorf(codes.NotFound, "no such endpoint %q (want /v1/services/{service}:predict)", r.URL.Path))
 		return
 	}
+	// Admitted on the body's size before the body is read (at most the
+	// message limit: MaxBytesReader refuses more).
+	size := r.ContentLength
+	if size < 0 || size > int64(f.maxBytes) {
+		size = int64(f.maxBytes)
+	}
+	release, err := f.admit.acquire(svc, size)
+	if err != nil {
+		f.m.refused.Inc()
+		f.m.requests.WithLabelValues(f.serviceLabel(svc), status.Code(err).String()).Inc()
+		// Busy, not too large: 429 with a hint to retry.
+		st := status.Convert(err)
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, jsonError{Error: st.Message(), Code: st.Code().String()})
+		return
+	}
+	defer release()
 	req, err := f.decodePredict(w, r, svc)
 	if err != nil {
 		f.m.requests.WithLabelValues(f.serviceLabel(svc), status.Code(err).String()).Inc()
@@ -100,7 +117,7 @@ func (f *Frontend) handlePredict(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	resp, err := f.predict(r.Context(), req)
+	resp, err := f.predictAdmitted(r.Context(), req, true)
 	if err != nil {
 		writeError(w, err)
 		return

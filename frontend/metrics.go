@@ -35,6 +35,9 @@ type metrics struct {
 	// reply (a parity reconstruction), by service: a subset of the OK
 	// answers requests counts.
 	approximate *prometheus.CounterVec // service
+	// refused counts requests answered ResourceExhausted by admission
+	// control (admission.go).
+	refused prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64) (*metrics, error) {
@@ -122,12 +125,16 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 			Help:    "Time to append a request to the request log (until JetStream acknowledged it).",
 			Buckets: []float64{.0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .5},
 		}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "hams", Subsystem: "frontend", Name: "admission_refused_total",
+			Help: "Client requests answered ResourceExhausted at once because the requests or bytes in flight were at their bound (limits.max_inflight_requests, max_inflight_bytes).",
+		}),
 		passThrough: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "hams", Subsystem: "frontend", Name: "pass_through_calls_total",
 			Help: "Calls forwarded to the backend of a pass-through (ha: off) model, by model and gRPC status code.",
 		}, []string{"model", "code"}),
 	}
-	for _, c := range []prometheus.Collector{m.passThrough, m.rolledBack, m.logged, m.recorded, m.adopted, m.retakes, m.logLatency, m.requests, m.approximate, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
+	for _, c := range []prometheus.Collector{m.refused, m.passThrough, m.rolledBack, m.logged, m.recorded, m.adopted, m.retakes, m.logLatency, m.requests, m.approximate, m.latency, m.inFlight, m.cacheHits, m.lateItems, m.pending, m.replyCache,
 		m.held, m.gatingWait, m.watchRestarts, m.completions, m.completionErrors, m.auditErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

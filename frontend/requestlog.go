@@ -269,7 +269,16 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 	if skip {
 		return
 	}
-	if backlog {
+	// A record is checked as predict checks a client's request: the log
+	// is outside bytes too (another frontend's view of the deployment,
+	// or a record nobody's frontend wrote). A refused one is answered
+	// with the refusal, recorded like any answer, so a frontend waiting
+	// for it answers its client.
+	refused := f.checkLogged(svc, r.Request)
+	if refused != nil {
+		f.log.Warn("logged request refused", "req_id", r.ReqID, "logged_by", r.Frontend, "err", refused)
+	}
+	if backlog && refused == nil {
 		rec, err := f.cfg.Log.LookupReply(ctx, r.ReqID)
 		if err == nil {
 			f.onReplyRecord(rec)
@@ -300,11 +309,30 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 		return
 	}
 	c.req, c.deadline = r.Request, r.Deadline
+	if refused != nil {
+		c.injected = true // this frontend answers it, so it records the answer
+		f.finishLocked(c, nil, refused, true)
+		return
+	}
 	if !own {
 		f.m.adopted.Inc()
 	}
 	f.log.Debug("logged request injected", "req_id", r.ReqID, "logged_by", r.Frontend, "backlog", backlog)
 	f.injectLocked(c, svc)
+}
+
+// checkLogged checks a logged request as predict checks a client's.
+func (f *Frontend) checkLogged(svc *serviceInfo, req *hamsv1.PredictRequest) error {
+	if err := svc.validateInputs(req.GetInputs(), f.maxBytes); err != nil {
+		return err
+	}
+	if err := svc.checkRows(req.GetInputs(), f.maxRows); err != nil {
+		return err
+	}
+	if err := svc.checkFinite(req.GetInputs()); err != nil {
+		return err
+	}
+	return f.checkItemSize(svc, req)
 }
 
 // injectLocked sends a logged request into the graph: the table waits for

@@ -34,6 +34,9 @@ type serviceInfo struct {
 	// TF Serving signature key the service answers to besides
 	// serving_default.
 	signature string
+	// rejectNonFinite: NaN and ±Inf inputs are refused
+	// (config.Deployment.RejectNonFinite).
+	rejectNonFinite bool
 }
 
 func newServiceInfo(d *config.Deployment, s *config.Service) *serviceInfo {
@@ -47,6 +50,8 @@ func newServiceInfo(d *config.Deployment, s *config.Service) *serviceInfo {
 		inputs:  s.Inputs,
 		outputs: s.Outputs,
 		version: compatVersion,
+
+		rejectNonFinite: d.RejectNonFinite(s.Name),
 	}
 	if len(info.models) == 1 {
 		if m := d.Model(info.models[0]); m != nil {
@@ -171,6 +176,38 @@ func checkSpec(spec *config.TensorSpec, t *hamsv1.Tensor) error {
 	for d, want := range spec.Shape {
 		if want >= 0 && t.GetShape()[d] != want {
 			return fmt.Errorf("%w: shape %v, want %v (dimension %d)", errSpec, t.GetShape(), spec.Shape, d)
+		}
+	}
+	return nil
+}
+
+// checkRows refuses a request with a tensor of more than maxRows rows
+// (dimension 0; limits.max_rows_per_request): InvalidArgument naming the
+// tensor, as TF Serving and Triton refuse a batch over their maximum.
+func (s *serviceInfo) checkRows(inputs []*hamsv1.Tensor, maxRows int) error {
+	if maxRows <= 0 {
+		return nil
+	}
+	for _, t := range inputs {
+		if sh := t.GetShape(); len(sh) > 0 && sh[0] > int64(maxRows) {
+			return status.Errorf(codes.InvalidArgument, "service %q: input %q: %d rows, over the limit of %d rows per request (limits.max_rows_per_request)",
+				s.name, t.GetName(), sh[0], maxRows)
+		}
+	}
+	return nil
+}
+
+// checkFinite refuses NaN and ±Inf in floating-point inputs when the
+// service asks for it (limits.reject_non_finite): InvalidArgument naming
+// the tensor and the element.
+func (s *serviceInfo) checkFinite(inputs []*hamsv1.Tensor) error {
+	if !s.rejectNonFinite {
+		return nil
+	}
+	for _, t := range inputs {
+		if i, what, bad := tensor.FirstNonFinite(t); bad {
+			return status.Errorf(codes.InvalidArgument, "service %q: input %q: element %d is %s; non-finite values are refused (limits.reject_non_finite)",
+				s.name, t.GetName(), i, what)
 		}
 	}
 	return nil

@@ -305,3 +305,50 @@ func SplitBySpecs(specs []*hamsv1.TensorSpec, data []byte) ([]*hamsv1.Tensor, er
 	}
 	return out, nil
 }
+
+// FirstNonFinite finds the first NaN or ±Inf element of a floating-point
+// tensor (FP16, BF16, FP32, FP64; data as Validate checks it): its index
+// and "NaN", "+Inf" or "-Inf". found is false when every element is
+// finite or the datatype is not a floating-point one.
+func FirstNonFinite(t *hamsv1.Tensor) (index int, what string, found bool) {
+	d := t.GetData()
+	// Per datatype: element size, exponent mask (all ones: not finite),
+	// mantissa mask (non-zero: NaN) and sign bit.
+	var size int
+	var exp, man, sign uint64
+	switch t.GetDatatype() {
+	case FP16:
+		size, exp, man, sign = 2, 0x7c00, 0x03ff, 0x8000
+	case "BF16":
+		size, exp, man, sign = 2, 0x7f80, 0x007f, 0x8000
+	case FP32:
+		size, exp, man, sign = 4, 0x7f800000, 0x007fffff, 0x80000000
+	case FP64:
+		size, exp, man, sign = 8, 0x7ff0000000000000, 0x000fffffffffffff, 1<<63
+	default:
+		return 0, "", false
+	}
+	for i := 0; i+size <= len(d); i += size {
+		var v uint64
+		switch size {
+		case 2:
+			v = uint64(binary.LittleEndian.Uint16(d[i:]))
+		case 4:
+			v = uint64(binary.LittleEndian.Uint32(d[i:]))
+		default:
+			v = binary.LittleEndian.Uint64(d[i:])
+		}
+		if v&exp != exp {
+			continue
+		}
+		switch {
+		case v&man != 0:
+			return i / size, "NaN", true
+		case v&sign != 0:
+			return i / size, "-Inf", true
+		default:
+			return i / size, "+Inf", true
+		}
+	}
+	return 0, "", false
+}

@@ -3,6 +3,7 @@ package tensor
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -137,6 +138,51 @@ func TestSplitOverflow(t *testing.T) {
 		_, err := Split(x, []uint32{1, uint32(x.Shape[0] - 1)})
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "overflows") {
 			t.Errorf("%s: err %v, want ErrInvalid naming the overflow", name, err)
+		}
+	}
+}
+
+func TestFirstNonFinite(t *testing.T) {
+	f32 := func(v ...float32) *hamsv1.Tensor { return FromFloat32("x", []int64{int64(len(v))}, v) }
+	f64 := func(v ...float64) *hamsv1.Tensor {
+		b := make([]byte, 8*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(x))
+		}
+		return &hamsv1.Tensor{Name: "x", Datatype: FP64, Shape: []int64{int64(len(v))}, Data: b}
+	}
+	half := func(dt string, v ...uint16) *hamsv1.Tensor {
+		b := make([]byte, 2*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], x)
+		}
+		return &hamsv1.Tensor{Name: "x", Datatype: dt, Shape: []int64{int64(len(v))}, Data: b}
+	}
+	nan32 := float32(math.NaN())
+	for _, c := range []struct {
+		name  string
+		t     *hamsv1.Tensor
+		index int
+		what  string
+		found bool
+	}{
+		{"finite FP32", f32(0, -1, math.MaxFloat32, math.SmallestNonzeroFloat32), 0, "", false},
+		{"NaN FP32", f32(1, 2, nan32), 2, "NaN", true},
+		{"+Inf FP32", f32(float32(math.Inf(1)), nan32), 0, "+Inf", true},
+		{"-Inf FP32", f32(1, float32(math.Inf(-1))), 1, "-Inf", true},
+		{"finite FP64", f64(1, math.MaxFloat64), 0, "", false},
+		{"NaN FP64", f64(1, math.NaN()), 1, "NaN", true},
+		{"-Inf FP64", f64(math.Inf(-1)), 0, "-Inf", true},
+		{"FP16 finite", half(FP16, 0x3c00, 0x7bff), 0, "", false},
+		{"FP16 NaN", half(FP16, 0x3c00, 0x7e00), 1, "NaN", true},
+		{"FP16 -Inf", half(FP16, 0xfc00), 0, "-Inf", true},
+		{"BF16 +Inf", half("BF16", 0x3f80, 0x7f80), 1, "+Inf", true},
+		{"BF16 finite", half("BF16", 0x7f7f), 0, "", false},
+		{"INT32 bits of a NaN", &hamsv1.Tensor{Name: "x", Datatype: Int32, Shape: []int64{1}, Data: []byte{0, 0, 0xc0, 0x7f}}, 0, "", false},
+	} {
+		i, w, ok := FirstNonFinite(c.t)
+		if ok != c.found || (ok && (i != c.index || w != c.what)) {
+			t.Errorf("%s: got %d %q %v, want %d %q %v", c.name, i, w, ok, c.index, c.what, c.found)
 		}
 	}
 }
