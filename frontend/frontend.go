@@ -113,13 +113,13 @@ type Frontend struct {
 	cfg      Config
 	log      *slog.Logger
 	maxBytes int
+	timeout  time.Duration
+	now      func() time.Time
+	m        *metrics
 	// maxRows is limits.max_rows_per_request; admit bounds the work in
 	// flight (admission.go).
 	maxRows int
 	admit   *admission
-	timeout  time.Duration
-	now      func() time.Time
-	m        *metrics
 
 	services map[string]*serviceInfo
 	svcOrder []string
