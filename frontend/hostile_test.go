@@ -9,9 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/coord"
+	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -261,6 +265,61 @@ func TestHostileLogRecordRefused(t *testing.T) {
 	}
 	if n := e.models["a"].executed.Load(); n != 0 {
 		t.Fatalf("model a executed %d requests", n)
+	}
+	e.mustEcho(1)
+}
+
+// rawCodec puts a *[]byte on the wire as is: a client that can send
+// anything.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*[]byte) = data.Materialize()
+	return nil
+}
+
+// TestUndecodableRequestsAtTheFrontend: malformed protobuf and invalid
+// UTF-8 in names are answered InvalidArgument on every gRPC API of the
+// frontend (own, TF Serving, KServe v2, the raw pass-through's methods),
+// not Internal; an invalid UTF-8 service name on the HTTP API is NotFound.
+func TestUndecodableRequestsAtTheFrontend(t *testing.T) {
+	e := newEnv(t, "5s")
+	addr, _, _ := e.res.Resolve(config.Frontend)
+	cc, err := grpcx.Dial(addr, 0, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx := ctxT(t, 10*time.Second)
+	badName := []byte{0x0a, 0x02, 0xff, 0xfe}             // field 1 (a name) = "\xff\xfe"
+	badSpec := []byte{0x0a, 0x04, 0x0a, 0x02, 0xff, 0xfe} // model_spec{name: "\xff\xfe"}
+	truncated := []byte{0x0a, 0x7f, 0x01}
+	for _, c := range []struct {
+		method string
+		msg    []byte
+	}{
+		{"/hams.v1.Frontend/Predict", badName},
+		{"/hams.v1.Frontend/Predict", truncated},
+		{"/tensorflow.serving.PredictionService/Predict", badSpec},
+		{"/tensorflow.serving.PredictionService/GetModelMetadata", badSpec},
+		{"/tensorflow.serving.ModelService/GetModelStatus", truncated},
+		{"/inference.GRPCInferenceService/ModelInfer", badName},
+		{"/inference.GRPCInferenceService/ModelReady", truncated},
+		{"/tensorflow.serving.PredictionService/Classify", truncated},
+	} {
+		var out []byte
+		err := cc.Invoke(ctx, c.method, &c.msg, &out)
+		wantStatus(t, c.method, err, codes.InvalidArgument, c.method, "malformed request message")
+	}
+	code, body := e.do("POST", "/v1/services/%FF%FE:predict", `{"inputs":[]}`)
+	if code != http.StatusNotFound {
+		t.Fatalf("HTTP, invalid UTF-8 service name: %d %s", code, body)
 	}
 	e.mustEcho(1)
 }

@@ -83,7 +83,14 @@ func ServerOptions(log *slog.Logger, metrics *grpcprom.ServerMetrics, maxMsg int
 	}
 	unary = append(unary, logging.UnaryServerInterceptor(lg, logOpts...), recovery.UnaryServerInterceptor(recoveryOpt))
 	stream = append(stream, logging.StreamServerInterceptor(lg, logOpts...), recovery.StreamServerInterceptor(recoveryOpt))
+	// decode.go: undecodable requests answer InvalidArgument; its
+	// interceptors come last (next to the handler), so the metrics and
+	// logs around them see that code.
+	dc := newDecodeCodec()
+	unary = append(unary, dc.unary)
+	stream = append(stream, dc.stream)
 	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(dc),
 		grpc.MaxRecvMsgSize(maxMsg),
 		grpc.MaxSendMsgSize(maxMsg),
 		grpc.ChainUnaryInterceptor(unary...),
