@@ -21,8 +21,23 @@ import (
 	"github.com/hams-go/hams/sidecar/nspb"
 )
 
-// maxSnapshotBytes bounds the state a backup accepts in one snapshot.
+// maxSnapshotBytes bounds the state a backup accepts in one snapshot
+// when its model server does not describe its state's size.
 const maxSnapshotBytes = 1 << 34
+
+const (
+	// maxReceiving bounds the snapshots a backup receives at once (on
+	// both transports): a primary ships one at a time; the rest covers a
+	// deposed primary's last shipment and a retry overlapping the
+	// attempt it replaces.
+	maxReceiving = 4
+	// maxDeltaStates bounds a delta's announced bytes in states: ranges
+	// of one batch do not overlap, and merged ones dedupe their repeats.
+	maxDeltaStates = 4
+	// describeForLimit bounds the Describe that learns the state's size
+	// when a snapshot arrives before warmUp learnt it.
+	describeForLimit = time.Second
+)
 
 // errNeedBase is in the FailedPrecondition a backup answers to a delta
 // snapshot it has no base state for; the primary then ships a full one.
@@ -124,6 +139,14 @@ type backupState struct {
 	// landed all the same).
 	inFailed  bool
 	writeWake chan struct{}
+	// knownBytes is the state's size as the model server describes it (0
+	// until known, guarded by mu): the most a snapshot may announce.
+	knownBytes uint64
+	// knownAsked: when stateLimit last asked the model server (at most
+	// once per describeForLimit).
+	knownAsked time.Time
+	// receiving holds a token per snapshot being received.
+	receiving chan struct{}
 }
 
 func newBackupState(s *Sidecar) *backupState {
@@ -131,7 +154,56 @@ func newBackupState(s *Sidecar) *backupState {
 		s: s, alg: nspb.NewBackup(s.cfg.Model, s.pfm, s.nfm, 0, 0),
 		snaps: map[uint64]*received{}, applying: map[uint64]*received{}, wake: make(chan struct{}, 1),
 		epoch: s.epochV.Load(), pfmDurable: map[string]uint64{}, writeWake: make(chan struct{}, 1),
+		receiving: make(chan struct{}, maxReceiving),
 	}
+}
+
+// beginReceive takes a receiving token for snapshot h, or refuses it
+// (Unavailable: the shipper retries) when maxReceiving are under way;
+// done gives the token back.
+func (b *backupState) beginReceive(h *hamsv1.SnapshotHeader) (done func(), err error) {
+	select {
+	case b.receiving <- struct{}{}:
+		return func() { <-b.receiving }, nil
+	default:
+		return nil, status.Errorf(codes.Unavailable, "ship snapshot %d: this backup is receiving %d snapshots already", h.GetBatchId(), maxReceiving)
+	}
+}
+
+// setKnown records the state's size as the model server describes it.
+func (b *backupState) setKnown(n uint64) {
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.knownBytes = n
+	b.mu.Unlock()
+}
+
+// stateLimit is the most state bytes a snapshot may announce: the
+// model's state size as its model server describes it (learnt by warmUp,
+// or asked now), else maxSnapshotBytes (a model server that does not
+// say).
+func (b *backupState) stateLimit() (limit uint64, known bool) {
+	b.mu.Lock()
+	n := b.knownBytes
+	ask := n == 0 && b.s.cfg.Backend != nil && time.Since(b.knownAsked) >= describeForLimit
+	if ask {
+		b.knownAsked = time.Now()
+	}
+	b.mu.Unlock()
+	if n > 0 {
+		return n, true
+	}
+	if ask {
+		ctx, cancel := context.WithTimeout(context.Background(), describeForLimit)
+		defer cancel()
+		if d, err := b.s.cfg.Backend.Describe(ctx); err == nil && d.GetStateBytes() > 0 {
+			b.setKnown(d.GetStateBytes())
+			return d.GetStateBytes(), true
+		}
+	}
+	return maxSnapshotBytes, false
 }
 
 // rebase makes snapshot batch the next one applied (caller holds mu):
@@ -457,6 +529,7 @@ func (b *backupState) warmUp(ctx context.Context) {
 		d, err := b.s.cfg.Backend.Describe(ctx)
 		if err == nil {
 			n = d.GetStateBytes()
+			b.setKnown(n)
 			break
 		}
 		select {
@@ -679,6 +752,11 @@ func (b *backupState) receive(stream hamsv1.Replication_ShipSnapshotServer) (*re
 	if h == nil {
 		return nil, status.Error(codes.InvalidArgument, "ship snapshot: first chunk has no header")
 	}
+	done, err := b.beginReceive(h)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	sink, err := b.newSink(h)
 	if err != nil {
 		return nil, err
@@ -738,10 +816,18 @@ func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
 	case len(h.GetRequests()) == 0 && h.GetDelta():
 		// Only a full state (a base) may cover no request.
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: delta batch %d covers no request", h.GetBatchId())
-	case h.GetStateBytes() > maxSnapshotBytes:
-		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot: %d state bytes (limit %d)", h.GetStateBytes(), uint64(maxSnapshotBytes))
-	case h.GetDelta() && h.GetDeltaBytes() > maxSnapshotBytes:
-		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot %d: %d delta bytes (limit %d)", h.GetBatchId(), h.GetDeltaBytes(), uint64(maxSnapshotBytes))
+	}
+	// Checked before anything is allocated for the data.
+	limit, known := b.stateLimit()
+	what := "the model's state size"
+	if !known {
+		what = "limit"
+	}
+	switch {
+	case h.GetStateBytes() > limit:
+		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot %d: %d state bytes (%s %d)", h.GetBatchId(), h.GetStateBytes(), what, limit)
+	case h.GetDelta() && h.GetDeltaBytes() > maxDeltaStates*h.GetStateBytes():
+		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot %d: %d delta bytes for a %d-byte state (limit %d states)", h.GetBatchId(), h.GetDeltaBytes(), h.GetStateBytes(), maxDeltaStates)
 	}
 	k := &snapshotSink{h: h, check: xxhash.New()}
 	if h.GetDelta() {

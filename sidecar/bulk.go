@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -49,10 +50,25 @@ const bulkMagic = "HAMSBLK1"
 // shipped over the bulk stream; a var for tests.
 var bulkMinBytes uint64 = 1 << 20
 
+// Hostile input: anyone who reaches a sidecar's port can open a bulk
+// connection, so nothing is allocated on a peer's say-so. The role is
+// checked when a header's first byte arrives, before its length is read
+// (only a backup takes snapshots); a header frame may be at most the
+// deployment's message limit (ShipSnapshot's header travels in one
+// message of that limit too) and its buffer grows as its bytes arrive, so
+// a length alone allocates nothing; a digest frame is a few dozen bytes;
+// a full state is at most the model's state size as its model server
+// describes it (newSink); a delta's ranges are each at most that size and
+// allocated as they arrive, never delta_bytes up front; and a backup
+// receives at most maxReceiving snapshots at once on both transports.
+
 const (
-	// bulkMaxFrame bounds a header or digest frame (a header carries the
-	// batch's request records and outputs).
+	// bulkMaxFrame bounds a header frame when the message limit is not
+	// known (Sidecar.maxMsg), and any answer frame a shipper reads.
 	bulkMaxFrame = 256 << 20
+	// bulkMaxDigest bounds a digest frame (an "xxh64:" digest is 22
+	// bytes).
+	bulkMaxDigest = 256
 	// bulkReadBytes is the piece size of reads into a state buffer, each
 	// hashed after it arrives.
 	bulkReadBytes   = 1 << 20
@@ -137,7 +153,21 @@ func (s *Sidecar) bulkConn(c net.Conn) {
 		// Between snapshots the connection may idle; a snapshot once
 		// begun must arrive within shipTimeout.
 		_ = c.SetReadDeadline(time.Time{})
-		hb, err := readFrame(br)
+		if _, err := br.Peek(1); err != nil {
+			if !errors.Is(err, io.EOF) {
+				s.log.Debug("bulk connection ended", "peer", c.RemoteAddr(), "err", err)
+			}
+			return
+		}
+		// A snapshot begins: only a backup takes one, and it says so
+		// before it reads (or allocates for) anything of it.
+		if (&replicationServer{s: s}).backup() == nil {
+			_ = c.SetDeadline(time.Now().Add(shipTimeout))
+			_ = writeBulkAnswer(bw, nil, (&replicationServer{s: s}).notBackup("bulk snapshot"))
+			return
+		}
+		_ = c.SetDeadline(time.Now().Add(shipTimeout))
+		hb, err := readFrame(br, s.headerLimit(), "header")
 		if err != nil {
 			if _, ok := status.FromError(err); ok {
 				_ = writeBulkAnswer(bw, nil, err) // then out of step: close
@@ -146,7 +176,6 @@ func (s *Sidecar) bulkConn(c net.Conn) {
 			}
 			return
 		}
-		_ = c.SetDeadline(time.Now().Add(shipTimeout))
 		resp, err, fatal := s.bulkSnapshot(br, hb)
 		if err := writeBulkAnswer(bw, resp, err); err != nil || fatal {
 			return
@@ -166,6 +195,11 @@ func (s *Sidecar) bulkSnapshot(br *bufio.Reader, hb []byte) (resp *hamsv1.ShipSn
 	if bk == nil {
 		return nil, (&replicationServer{s: s}).notBackup("bulk snapshot"), true
 	}
+	done, err := bk.beginReceive(h)
+	if err != nil {
+		return nil, err, true
+	}
+	defer done()
 	sink, err := bk.newSink(h)
 	if err != nil {
 		return nil, err, true
@@ -173,7 +207,7 @@ func (s *Sidecar) bulkSnapshot(br *bufio.Reader, hb []byte) (resp *hamsv1.ShipSn
 	if err := sink.readFrom(br); err != nil {
 		return nil, err, true
 	}
-	db, err := readFrame(br)
+	db, err := readFrame(br, bulkMaxDigest, "digest")
 	if err != nil {
 		return nil, fmt.Errorf("bulk snapshot %d: digest: %w", h.GetBatchId(), err), true
 	}
@@ -204,8 +238,11 @@ func (k *snapshotSink) readFrom(br *bufio.Reader) error {
 		}
 		return nil
 	}
-	buf := make([]byte, h.GetDeltaBytes())
-	for len(buf) > 0 {
+	// Each range is checked against the announced total and the state
+	// (checkRanges: inside state_bytes, itself bounded by newSink) before
+	// its buffer is allocated, and read in pieces.
+	left := h.GetDeltaBytes()
+	for left > 0 {
 		off, err := binary.ReadUvarint(br)
 		if err != nil {
 			return fmt.Errorf("bulk snapshot %d: range offset: %w", h.GetBatchId(), err)
@@ -214,14 +251,17 @@ func (k *snapshotSink) readFrom(br *bufio.Reader) error {
 		if err != nil {
 			return fmt.Errorf("bulk snapshot %d: range length: %w", h.GetBatchId(), err)
 		}
-		if n == 0 || n > uint64(len(buf)) {
-			return status.Errorf(codes.InvalidArgument, "bulk snapshot %d: a range of %d bytes with %d of the announced %d delta bytes left", h.GetBatchId(), n, len(buf), h.GetDeltaBytes())
+		if n == 0 || n > left {
+			return status.Errorf(codes.InvalidArgument, "bulk snapshot %d: a range of %d bytes with %d of the announced %d delta bytes left", h.GetBatchId(), n, left, h.GetDeltaBytes())
 		}
-		d := buf[:n:n]
-		buf = buf[n:]
-		if _, err := io.ReadFull(br, d); err != nil {
+		if off > h.GetStateBytes() || n > h.GetStateBytes()-off {
+			return status.Errorf(codes.InvalidArgument, "bulk snapshot %d: state range of %d bytes at %d outside the %d-byte state", h.GetBatchId(), n, off, h.GetStateBytes())
+		}
+		d, err := readBytes(br, n)
+		if err != nil {
 			return fmt.Errorf("bulk snapshot %d: range data: %w", h.GetBatchId(), err)
 		}
+		left -= n
 		if err := k.add(off, d); err != nil {
 			return err
 		}
@@ -229,20 +269,42 @@ func (k *snapshotSink) readFrom(br *bufio.Reader) error {
 	return nil
 }
 
-// readFrame reads a uvarint length and that many bytes.
-func readFrame(br *bufio.Reader) ([]byte, error) {
+// readFrame reads a uvarint length of at most limit and that many bytes
+// (what names the frame in errors).
+func readFrame(br *bufio.Reader, limit uint64, what string) ([]byte, error) {
 	n, err := binary.ReadUvarint(br)
 	if err != nil {
 		return nil, err
 	}
-	if n > bulkMaxFrame {
-		return nil, status.Errorf(codes.ResourceExhausted, "bulk frame of %d bytes (limit %d)", n, bulkMaxFrame)
+	if n > limit {
+		return nil, status.Errorf(codes.ResourceExhausted, "bulk %s frame of %d bytes (limit %d)", what, n, limit)
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(br, b); err != nil {
-		return nil, err
+	return readBytes(br, n)
+}
+
+// readBytes reads n bytes into a buffer that grows as they arrive
+// (bulkReadBytes at a time): a peer that announces n and sends less makes
+// it allocate what it sent, not n.
+func readBytes(br *bufio.Reader, n uint64) ([]byte, error) {
+	b := make([]byte, 0, min(n, bulkReadBytes))
+	for uint64(len(b)) < n {
+		m := int(min(n-uint64(len(b)), bulkReadBytes))
+		b = slices.Grow(b, m)
+		if _, err := io.ReadFull(br, b[len(b):len(b)+m]); err != nil {
+			return nil, err
+		}
+		b = b[:len(b)+m]
 	}
 	return b, nil
+}
+
+// headerLimit is the largest snapshot header frame a backup reads: the
+// message limit.
+func (s *Sidecar) headerLimit() uint64 {
+	if s.maxMsg > 0 {
+		return uint64(s.maxMsg)
+	}
+	return bulkMaxFrame
 }
 
 func writeFrame(bw *bufio.Writer, b []byte) error {
@@ -393,7 +455,7 @@ func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (app
 	if err != nil {
 		return false, ioErr("answer", err)
 	}
-	payload, err := readFrame(bc.br)
+	payload, err := readFrame(bc.br, bulkMaxFrame, "answer")
 	if err != nil {
 		return false, ioErr("answer", err)
 	}

@@ -158,7 +158,7 @@ func (b *bulkClientConn) answer() (codes.Code, []byte) {
 	if err != nil {
 		b.t.Fatalf("no answer: %v", err)
 	}
-	p, err := readFrame(b.br)
+	p, err := readFrame(b.br, bulkMaxFrame, "answer")
 	if err != nil {
 		b.t.Fatalf("answer: %v", err)
 	}
