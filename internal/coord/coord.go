@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,8 @@ type Coord struct {
 	incarnation int64
 	// frontends is the bucket of frontend incarnations (requestlog.go).
 	frontends jetstream.KeyValue
+	// badRecords counts records and notices skipped as unreadable.
+	badRecords atomic.Uint64
 }
 
 func streamName(dep, what string) string {
@@ -155,7 +158,11 @@ func (c *Coord) WatchDurable(ctx context.Context, models []string, fn func(*hams
 	deliver := func(b []byte) error {
 		n := &hamsv1.DurabilityNotice{}
 		if err := proto.Unmarshal(b, n); err != nil {
-			return fmt.Errorf("coord: decode durability notice: %w", err)
+			// Skipped: a notice nobody can read says nothing, and
+			// ending the watch on it would stop the reply gate (the
+			// catch-up read meets it again).
+			c.badRecords.Add(1)
+			return nil
 		}
 		l, ok := last[n.GetModel()]
 		if ok && (n.GetEpoch() < l.epoch || n.GetEpoch() == l.epoch && n.GetDurableSeq() <= l.seq) {
@@ -213,7 +220,8 @@ func (c *Coord) WatchCompleted(ctx context.Context, fn func(*hamsv1.CompletionNo
 	}, func(b []byte) error {
 		n := &hamsv1.CompletionNotice{}
 		if err := proto.Unmarshal(b, n); err != nil {
-			return fmt.Errorf("coord: decode completion notice: %w", err)
+			c.badRecords.Add(1) // skipped, as a durability notice is
+			return nil
 		}
 		fn(n)
 		return nil

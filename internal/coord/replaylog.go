@@ -347,10 +347,25 @@ func (r *Replay) loadObject(ctx context.Context, name string) (*hamsv1.ReplayChe
 		return nil, nil, fmt.Errorf("coord: get checkpoint %s: %w", name, err)
 	}
 	defer res.Close()
-	br := bufio.NewReaderSize(res, 1<<20)
+	info, err := res.Info()
+	if err != nil {
+		return nil, nil, fmt.Errorf("coord: checkpoint %s: %w", name, err)
+	}
+	return decodeCheckpoint(name, res, info.Size)
+}
+
+// decodeCheckpoint reads a checkpoint object of size bytes from r: a
+// uvarint header length, the header, the state. Every length is checked
+// against what is left of the object before its buffer is allocated.
+func decodeCheckpoint(name string, r io.Reader, size uint64) (*hamsv1.ReplayCheckpoint, []*hamsv1.Tensor, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
 	n, err := binary.ReadUvarint(br)
-	if err != nil || n > 1<<30 {
-		return nil, nil, fmt.Errorf("coord: checkpoint %s: bad header length (%d): %v", name, n, err)
+	if err != nil {
+		return nil, nil, fmt.Errorf("coord: checkpoint %s: header length: %w", name, err)
+	}
+	prefix := uint64(len(binary.AppendUvarint(nil, n)))
+	if prefix > size || n > size-prefix {
+		return nil, nil, fmt.Errorf("coord: checkpoint %s: a header of %d bytes in an object of %d", name, n, size)
 	}
 	head := make([]byte, n)
 	if _, err := io.ReadFull(br, head); err != nil {
@@ -359,6 +374,9 @@ func (r *Replay) loadObject(ctx context.Context, name string) (*hamsv1.ReplayChe
 	ck := &hamsv1.ReplayCheckpoint{}
 	if err := proto.Unmarshal(head, ck); err != nil {
 		return nil, nil, fmt.Errorf("coord: checkpoint %s: decode header: %w", name, err)
+	}
+	if want := size - prefix - n; ck.GetStateBytes() != want {
+		return nil, nil, fmt.Errorf("coord: checkpoint %s: header says %d state bytes, the object holds %d", name, ck.GetStateBytes(), want)
 	}
 	data := make([]byte, ck.GetStateBytes())
 	if _, err := io.ReadFull(br, data); err != nil {

@@ -44,6 +44,18 @@ const (
 // ErrNoRecord is returned by LookupReply when no reply is recorded.
 var ErrNoRecord = errors.New("coord: no record")
 
+// ErrBadRecord is wrapped by the errors of a record that cannot be read:
+// undecodable, or chunked beyond the bounds (assemble). Anyone who can
+// write the streams can write one, so a watch skips such a record (and
+// counts it: BadRecords) instead of ending on it.
+var ErrBadRecord = errors.New("coord: bad record")
+
+// MaxRecordBytes bounds one assembled record (a request, reply or input
+// log record and its chunks): putRecord refuses to write a larger one,
+// and assemble stops reading one as soon as it exceeds it, so a record's
+// chunk list cannot make a reader allocate more than this.
+var MaxRecordBytes = 1 << 30
+
 // RequestsSubject prefixes the request log of deployment dep:
 // <prefix>.k.<key hash> holds the record of a request with a client
 // request_id (at most one live record per key: the key is claimed with a
@@ -225,21 +237,34 @@ func (c *Coord) lastRequest(ctx context.Context, subj string) (*LoggedRequest, e
 		return nil, err
 	}
 	data, err := c.assemble(ctx, st, m.Header, m.Data)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		var r *LoggedRequest
+		if r, err = decodeRequest(m.Header, data, m.Sequence); err == nil {
+			return r, nil
+		}
 	}
-	return decodeRequest(m.Header, data, m.Sequence)
+	if errors.Is(err, ErrBadRecord) {
+		// Nobody can read it, so nobody waits on it: it is replaced
+		// as an expired record is.
+		c.badRecords.Add(1)
+		return &LoggedRequest{Seq: m.Sequence}, nil
+	}
+	return nil, err
 }
+
+// BadRecords counts the records this Coord skipped or replaced because
+// they could not be read (ErrBadRecord).
+func (c *Coord) BadRecords() uint64 { return c.badRecords.Load() }
 
 // putRecord publishes data on subj, chunked over chunkSubj when it does
 // not fit the server's max payload: the chunks first, then the record on
 // subj naming their stream sequences (header Hams-Chunks). opts apply to
 // the record. It returns the record's stream sequence.
 func (c *Coord) putRecord(ctx context.Context, prefix, subj string, h nats.Header, data []byte, opts []jetstream.PublishOpt) (uint64, error) {
-	limit := int(c.js.Conn().MaxPayload()) - chunkHeadroom
-	if limit < 1024 {
-		limit = 1024
+	if len(data) > MaxRecordBytes {
+		return 0, fmt.Errorf("coord: record %s of %d bytes is over the %d-byte record limit", subj, len(data), MaxRecordBytes)
 	}
+	limit := c.chunkBytes()
 	if len(data) > limit {
 		var seqs []string
 		for off := 0; off < len(data); off += limit {
@@ -260,39 +285,74 @@ func (c *Coord) putRecord(ctx context.Context, prefix, subj string, h nats.Heade
 	return ack.Sequence, nil
 }
 
+// chunkBytes is the size of the chunks putRecord writes.
+func (c *Coord) chunkBytes() int {
+	return max(int(c.js.Conn().MaxPayload())-chunkHeadroom, 1024)
+}
+
 // assemble returns a record's data, fetching its chunks if it has any.
+// The chunk list is checked before any chunk is fetched: at most as many
+// chunks as a record of MaxRecordBytes has, in increasing stream order
+// (as putRecord writes them: one chunk cannot be named twice to make a
+// small stream assemble into a large record), and the data stops growing
+// at MaxRecordBytes. Errors wrap ErrBadRecord, except failures to fetch a
+// chunk.
 func (c *Coord) assemble(ctx context.Context, st jetstream.Stream, h nats.Header, data []byte) ([]byte, error) {
 	list := h.Get(hdrChunks)
 	if list == "" {
 		return data, nil
 	}
+	seqs, err := parseChunks(list, MaxRecordBytes/c.chunkBytes()+1)
+	if err != nil {
+		return nil, err
+	}
 	var out []byte
-	for _, s := range strings.Split(list, ",") {
-		seq, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("coord: bad chunk list %q: %w", list, err)
-		}
+	for _, seq := range seqs {
 		m, err := st.GetMsg(ctx, seq)
 		if err != nil {
 			return nil, fmt.Errorf("coord: chunk %d: %w", seq, err)
+		}
+		if len(out)+len(m.Data) > MaxRecordBytes {
+			return nil, fmt.Errorf("%w: chunks of more than %d bytes", ErrBadRecord, MaxRecordBytes)
 		}
 		out = append(out, m.Data...)
 	}
 	return out, nil
 }
 
+// parseChunks reads a Hams-Chunks list: at most most stream sequences,
+// strictly increasing.
+func parseChunks(list string, most int) ([]uint64, error) {
+	if n := strings.Count(list, ",") + 1; n > most {
+		return nil, fmt.Errorf("%w: %d chunks, a record has at most %d", ErrBadRecord, n, most)
+	}
+	var seqs []uint64
+	for _, s := range strings.Split(list, ",") {
+		seq, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: chunk list: %q is not a stream sequence", ErrBadRecord, s)
+		}
+		if len(seqs) > 0 && seq <= seqs[len(seqs)-1] {
+			return nil, fmt.Errorf("%w: chunk list: sequence %d after %d (chunks are in increasing order)", ErrBadRecord, seq, seqs[len(seqs)-1])
+		}
+		seqs = append(seqs, seq)
+	}
+	return seqs, nil
+}
+
+// decodeRequest reads a request record (errors wrap ErrBadRecord).
 func decodeRequest(h nats.Header, data []byte, seq uint64) (*LoggedRequest, error) {
 	id, err := strconv.ParseUint(h.Get(hdrReqID), 10, 64)
 	if err != nil {
-		return nil, fmt.Errorf("coord: request record %d: req_id %q: %w", seq, h.Get(hdrReqID), err)
+		return nil, fmt.Errorf("%w: request record %d: req_id %q: %v", ErrBadRecord, seq, h.Get(hdrReqID), err)
 	}
 	dl, err := strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
 	if err != nil {
-		return nil, fmt.Errorf("coord: request record %d: deadline %q: %w", seq, h.Get(hdrDeadline), err)
+		return nil, fmt.Errorf("%w: request record %d: deadline %q: %v", ErrBadRecord, seq, h.Get(hdrDeadline), err)
 	}
 	req := &hamsv1.PredictRequest{}
 	if err := proto.Unmarshal(data, req); err != nil {
-		return nil, fmt.Errorf("coord: request record %d: %w", seq, err)
+		return nil, fmt.Errorf("%w: request record %d: %v", ErrBadRecord, seq, err)
 	}
 	return &LoggedRequest{ReqID: id, Frontend: h.Get(hdrFrontend), Deadline: time.Unix(0, dl), Request: req, Seq: seq}, nil
 }
@@ -349,23 +409,24 @@ func (c *Coord) LookupReply(ctx context.Context, reqID uint64) (*LoggedReply, er
 	return decodeReply(m.Header, data)
 }
 
+// decodeReply reads a reply record (errors wrap ErrBadRecord).
 func decodeReply(h nats.Header, data []byte) (*LoggedReply, error) {
 	id, err := strconv.ParseUint(h.Get(hdrReqID), 10, 64)
 	if err != nil {
-		return nil, fmt.Errorf("coord: reply record: req_id %q: %w", h.Get(hdrReqID), err)
+		return nil, fmt.Errorf("%w: reply record: req_id %q: %v", ErrBadRecord, h.Get(hdrReqID), err)
 	}
 	r := &LoggedReply{ReqID: id, Frontend: h.Get(hdrFrontend)}
 	if s := h.Get(hdrCode); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("coord: reply record %d: code %q", id, s)
+		if err != nil || n <= 0 || n > int(codes.Unauthenticated) {
+			return nil, fmt.Errorf("%w: reply record %d: code %q is not a gRPC error code", ErrBadRecord, id, s)
 		}
 		r.Code, r.Error = codes.Code(n), h.Get(hdrError)
 		return r, nil
 	}
 	r.Response = &hamsv1.PredictResponse{}
 	if err := proto.Unmarshal(data, r.Response); err != nil {
-		return nil, fmt.Errorf("coord: reply record %d: %w", id, err)
+		return nil, fmt.Errorf("%w: reply record %d: %v", ErrBadRecord, id, err)
 	}
 	return r, nil
 }
@@ -395,12 +456,17 @@ func (c *Coord) WatchReplies(ctx context.Context, fn func(*LoggedReply)) error {
 					}
 				}
 				if data, err = c.assemble(ctx, st, m.Header, nil); err != nil {
+					if errors.Is(err, ErrBadRecord) {
+						c.badRecords.Add(1)
+						continue
+					}
 					return err
 				}
 			}
 			r, err := decodeReply(m.Header, data)
 			if err != nil {
-				return err
+				c.badRecords.Add(1) // skipped: LookupReply reports it to whoever asks
+				continue
 			}
 			fn(r)
 		}
@@ -448,12 +514,20 @@ func (c *Coord) WatchRequests(ctx context.Context, since time.Time, fn func(r *L
 					return fmt.Errorf("coord: request record metadata: %w", err)
 				}
 				data, err := c.assemble(ctx, st, m.Headers(), m.Data())
+				if errors.Is(err, ErrBadRecord) {
+					c.badRecords.Add(1)
+					continue
+				}
 				if err != nil {
 					return err
 				}
 				r, err := decodeRequest(m.Headers(), data, md.Sequence.Stream)
 				if err != nil {
-					return err
+					// A record nobody can read is skipped: ending the
+					// watch on it would stop every later request (a
+					// restarted watch meets it again).
+					c.badRecords.Add(1)
+					continue
 				}
 				fn(r, md.Sequence.Stream <= last)
 			}

@@ -327,12 +327,20 @@ func TestMalformedRecordsAreErrors(t *testing.T) {
 			t.Errorf("malformed reply record %d: %v", id, err)
 		}
 	}
-	// A request record with a bad deadline under a claimed key.
+	// A request record with a bad deadline under a claimed key: nobody
+	// can read it, so nobody waits on it, and the key is taken over as
+	// an expired record's is (it cannot block the key for good).
 	subj := c.requestKeySubject("svc", "bad")
 	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subj, Header: nats.Header{hdrReqID: []string{"5"}, hdrDeadline: []string{"soon"}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.LogRequest(ctx, &LoggedRequest{ReqID: 6, Deadline: time.Now().Add(time.Minute), Request: req("svc", "bad", nil)}); err == nil {
-		t.Fatal("claiming a key whose record is malformed succeeded")
+	if ex, err := c.LogRequest(ctx, &LoggedRequest{ReqID: 6, Deadline: time.Now().Add(time.Minute), Request: req("svc", "bad", nil)}); err != nil || ex != nil {
+		t.Fatalf("claiming a key whose record is malformed: %v %v", ex, err)
+	}
+	if ex, err := c.LogRequest(ctx, &LoggedRequest{ReqID: 7, Deadline: time.Now().Add(time.Minute), Request: req("svc", "bad", nil)}); err != nil || ex == nil || ex.ReqID != 6 {
+		t.Fatalf("the key after it was taken over: %v %v", ex, err)
+	}
+	if c.BadRecords() == 0 {
+		t.Fatal("the malformed record was not counted")
 	}
 }
