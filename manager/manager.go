@@ -708,8 +708,11 @@ func (m *Manager) followWatcher(ctx context.Context, w jetstream.KeyWatcher) {
 			}
 			t, err := DecodeTopology(e)
 			if err != nil {
-				m.log.Error("bad deployment state in KV", "err", err)
+				m.log.Error("bad deployment state in KV (the next write replaces it with the last readable one)", "err", err)
 				continue
+			}
+			if m.st != nil {
+				m.st.remember(t)
 			}
 			if m.hub.offer(t) {
 				m.log.Debug("topology changed", "revision", t.GetRevision())

@@ -13,6 +13,7 @@ type metrics struct {
 	stalls        prometheus.Counter
 	kvConflicts   prometheus.Counter
 	kvUpdates     prometheus.Counter
+	kvUnreadable  prometheus.Counter
 	recoveryTime  prometheus.Histogram
 	recoveries    prometheus.Counter
 	unrecoverable prometheus.Counter
@@ -57,6 +58,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "hams_manager_kv_updates_total",
 			Help: "Writes of the deployment state.",
 		}),
+		kvUnreadable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hams_manager_kv_unreadable_total",
+			Help: "Reads of the deployment state that found a value that does not decode (it is rewritten from the last readable one).",
+		}),
 		recoveryTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "hams_manager_recovery_seconds",
 			Help:    "Time from the suspicion that started a recovery round to the rewired topology.",
@@ -76,7 +81,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates,
+		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
 			m.recoveryTime, m.recoveries, m.unrecoverable, m.active)
 	}
 	return m

@@ -39,13 +39,29 @@ func BucketName(name string) string {
 	return b.String()
 }
 
+// MaxTopologyBytes bounds a stored topology: a larger value is not
+// decoded (a deployment's topology is a few KiB).
+const MaxTopologyBytes = 16 << 20
+
+// ErrBadTopology is wrapped by the errors of a stored topology that
+// cannot be read.
+var ErrBadTopology = errors.New("manager: unreadable topology")
+
 // DecodeTopology decodes a KV entry of TopologyKey and sets its revision.
+// A value over MaxTopologyBytes is refused before it is decoded.
 func DecodeTopology(e jetstream.KeyValueEntry) (*hamsv1.Topology, error) {
-	t := &hamsv1.Topology{}
-	if err := proto.Unmarshal(e.Value(), t); err != nil {
-		return nil, fmt.Errorf("manager: decode topology at revision %d: %w", e.Revision(), err)
+	return decodeTopology(e.Value(), e.Revision())
+}
+
+func decodeTopology(b []byte, rev uint64) (*hamsv1.Topology, error) {
+	if len(b) > MaxTopologyBytes {
+		return nil, fmt.Errorf("%w at revision %d: %d bytes (limit %d)", ErrBadTopology, rev, len(b), MaxTopologyBytes)
 	}
-	t.Revision = e.Revision()
+	t := &hamsv1.Topology{}
+	if err := proto.Unmarshal(b, t); err != nil {
+		return nil, fmt.Errorf("%w at revision %d: %v", ErrBadTopology, rev, err)
+	}
+	t.Revision = rev
 	return t, nil
 }
 
@@ -53,18 +69,65 @@ func DecodeTopology(e jetstream.KeyValueEntry) (*hamsv1.Topology, error) {
 // revision-checked Update (compare-and-swap) retried on conflict, so
 // concurrent writers (handlers of this manager, or another manager) never
 // lose each other's changes.
+//
+// A stored value that cannot be read (anyone who can write the bucket
+// can put garbage there) does not stop the manager from writing its
+// state: mutate applies its change to the last topology this store read
+// or wrote (the initial one if none) and writes the result over the
+// unreadable value, with the same compare-and-swap.
 type store struct {
 	kv      jetstream.KeyValue
 	metrics *metrics
+
+	mu sync.Mutex
+	// good is the last topology read or written (nil before any);
+	// initial the one ensure was given.
+	good, initial *hamsv1.Topology
+}
+
+// remember records t as the last readable topology.
+func (s *store) remember(t *hamsv1.Topology) {
+	s.mu.Lock()
+	if s.good == nil || t.GetRevision() >= s.good.GetRevision() {
+		s.good = t
+	}
+	s.mu.Unlock()
+}
+
+// fallback is the topology mutate starts from when the stored one is
+// unreadable (at revision rev); nil when this store never had one.
+func (s *store) fallback(rev uint64) *hamsv1.Topology {
+	s.mu.Lock()
+	base := s.good
+	if base == nil {
+		base = s.initial
+	}
+	s.mu.Unlock()
+	if base == nil {
+		return nil
+	}
+	t := proto.Clone(base).(*hamsv1.Topology)
+	t.Revision = rev
+	return t
 }
 
 // ensure creates the topology key if it does not exist yet and returns the
 // stored topology.
 func (s *store) ensure(ctx context.Context, initial *hamsv1.Topology) (*hamsv1.Topology, error) {
+	s.mu.Lock()
+	s.initial = proto.Clone(initial).(*hamsv1.Topology)
+	s.mu.Unlock()
 	for range maxCASAttempts {
 		e, err := s.kv.Get(ctx, TopologyKey)
 		if err == nil {
-			return DecodeTopology(e)
+			t, derr := DecodeTopology(e)
+			if derr != nil {
+				// Rewritten by the first mutate; readers skip it.
+				s.metrics.kvUnreadable.Inc()
+				return s.fallback(e.Revision()), nil
+			}
+			s.remember(t)
+			return t, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil, fmt.Errorf("manager: get %s: %w", TopologyKey, err)
@@ -102,13 +165,19 @@ func (s *store) mutate(ctx context.Context, fn func(*hamsv1.Topology)) (*hamsv1.
 			return nil, fmt.Errorf("manager: get %s: %w", TopologyKey, err)
 		}
 		cur, err := DecodeTopology(e)
-		if err != nil {
-			return nil, err
+		bad := err != nil
+		if bad {
+			s.metrics.kvUnreadable.Inc()
+			if cur = s.fallback(e.Revision()); cur == nil {
+				return nil, fmt.Errorf("%w, and no readable one to rewrite it from", err)
+			}
+		} else {
+			s.remember(cur)
 		}
 		next := proto.Clone(cur).(*hamsv1.Topology)
 		fn(next)
 		next.Revision = cur.Revision
-		if proto.Equal(cur, next) {
+		if !bad && proto.Equal(cur, next) {
 			return cur, nil
 		}
 		b, err := encodeTopology(next)
@@ -125,6 +194,7 @@ func (s *store) mutate(ctx context.Context, fn func(*hamsv1.Topology)) (*hamsv1.
 		}
 		s.metrics.kvUpdates.Inc()
 		next.Revision = rev
+		s.remember(next)
 		return next, nil
 	}
 	return nil, fmt.Errorf("manager: update %s: %w", TopologyKey, errTooManyConflicts)
