@@ -95,10 +95,11 @@ func probeStateDigests(t *testing.T, ks inference.GRPCInferenceServiceClient, re
 	}
 	var batchIn *inference.ModelMetadataResponse_TensorMetadata
 	shapes := map[string][]int64{}
+	dtypes := map[string]string{}
 	for _, in := range md.GetInputs() {
 		switch base, isState := strings.CutSuffix(in.GetName(), wire.StateInSuffix); {
 		case isState:
-			shapes[base] = in.GetShape()
+			shapes[base], dtypes[base] = in.GetShape(), in.GetDatatype()
 		case in.GetName() != wire.StreamIDsInput:
 			batchIn = in
 		}
@@ -127,7 +128,7 @@ func probeStateDigests(t *testing.T, ks inference.GRPCInferenceServiceClient, re
 			if name == "" {
 				return nil // not set up yet
 			}
-			req.Inputs = append(req.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: s + wire.StateInSuffix, Datatype: "FP32",
+			req.Inputs = append(req.Inputs, &inference.ModelInferRequest_InferInputTensor{Name: s + wire.StateInSuffix, Datatype: dtypes[s],
 				Shape: shapes[s], Parameters: wire.ShmParams(name, 0, int64(size))})
 			req.RawInputContents = append(req.RawInputContents, []byte{})
 			req.Outputs = append(req.Outputs, &inference.ModelInferRequest_InferRequestedOutputTensor{Name: s + wire.StateOutSuffix})
@@ -137,11 +138,23 @@ func probeStateDigests(t *testing.T, ks inference.GRPCInferenceServiceClient, re
 			t.Fatalf("probe of state buffer %s: %v", buf, err)
 		}
 		h := sha256.New()
+		// The probe's slot: the one the stream table gave it (a free
+		// one), else its preferred one.
+		slot := -1
+		for i, s := range states {
+			if s == "streams" {
+				if sl, ok := models.StreamSlotOf(resp.GetRawOutputContents()[i], probe); ok {
+					slot = sl
+				}
+			}
+		}
 		for i, s := range states {
 			data := resp.GetRawOutputContents()[i]
 			streams, width := shapes[s][0], shapes[s][1]
 			row := int(width) * 4
-			slot := models.Slot(probe, int(streams))
+			if slot < 0 {
+				slot = models.Slot(probe, int(streams))
+			}
 			if len(data) != int(streams)*row {
 				t.Fatalf("probe output %s: %d bytes, want %d", s, len(data), int(streams)*row)
 			}
@@ -184,7 +197,7 @@ func TestTritonLSTMCudaState(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(tritonCudaYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	states := []string{"h", "c"}
+	states := []string{"h", "c", "streams"} // the lstm's state tensors (models/lstm.go)
 	probe := probeStream(t, 4, 16)
 	tritonStateReplication(t, cfgPath, stateMemory{
 		name:         "CUDA",

@@ -185,7 +185,7 @@ func tritonLoad(t *testing.T, dep *config.Deployment, fe hamsv1.FrontendClient, 
 // batch (a different digest once a batch touched the state).
 func TestTritonLSTMSharedMemoryState(t *testing.T) {
 	cfgPath, _ := filepath.Abs("../examples/triton-lstm.yaml")
-	states := []string{"h", "c"}
+	states := []string{"h", "c", "streams"} // the lstm's state tensors (models/lstm.go)
 	sigkilled := tritonStateReplication(t, cfgPath, stateMemory{
 		name:    "shm",
 		digests: func(t *testing.T, addr string) map[string]string { return shmStateDigests(t, addr, states) },

@@ -206,10 +206,12 @@ func TestCudaSharedMemoryLSTM(t *testing.T) {
 				{Name: "x", Datatype: "FP32", Shape: []int64{3, 4}},
 				{Name: wire.StreamIDsInput, Datatype: "BYTES", Shape: []int64{3}},
 				{Name: "h_in", Datatype: "FP32", Shape: []int64{16, 8}, Parameters: hIn},
-				{Name: "c_in", Datatype: "FP32", Shape: []int64{16, 8}, Parameters: cIn}},
-			RawInputContents: [][]byte{x.Data, ids, {}, {}},
+				{Name: "c_in", Datatype: "FP32", Shape: []int64{16, 8}, Parameters: cIn},
+				// The stream table (models/lstm.go): empty, inline.
+				{Name: "streams_in", Datatype: "INT32", Shape: []int64{16, 6}}},
+			RawInputContents: [][]byte{x.Data, ids, make([]byte, 16*6*4)},
 			Outputs: []*inference.ModelInferRequest_InferRequestedOutputTensor{
-				{Name: "y"}, {Name: "h_out", Parameters: hO}, {Name: "c_out", Parameters: cO}}})
+				{Name: "y"}, {Name: "h_out", Parameters: hO}, {Name: "c_out", Parameters: cO}, {Name: "streams_out"}}})
 	}
 	cudaResp, err := infer(wire.ShmParams("st_in", 0, int64(sb)), wire.ShmParams("st_in", int64(sb), int64(sb)),
 		wire.ShmParams("h_out", 0, int64(sb)), wire.ShmParams("c_out", 100, int64(sb)))

@@ -69,5 +69,39 @@ func newMetrics(reg prometheus.Registerer, hosted map[string]models.Model) *metr
 	for name, h := range hosted {
 		state.WithLabelValues(name).Set(float64(h.StateInfo().TotalBytes))
 	}
+	register(reg, &streamCollector{hosted: hosted})
 	return m
+}
+
+// streamCollector reports the stream tables of per-stream models
+// (models.StreamTable): live streams, slots, and evictions.
+type streamCollector struct {
+	hosted map[string]models.Model
+}
+
+var (
+	streamLiveDesc = prometheus.NewDesc("hams_refserver_stream_slots_live",
+		"Stream slots held by live streams, per per-stream model (the rest are free).", []string{"model"}, nil)
+	streamSlotsDesc = prometheus.NewDesc("hams_refserver_stream_slots",
+		"Stream slots of a per-stream model (param streams): at most this many streams keep their state at once.", []string{"model"}, nil)
+	streamEvictDesc = prometheus.NewDesc("hams_refserver_stream_evictions_total",
+		"Streams evicted (least recently used first) to give a new stream a slot; an evicted stream that returns starts from zero state.", []string{"model"}, nil)
+)
+
+func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- streamLiveDesc
+	ch <- streamSlotsDesc
+	ch <- streamEvictDesc
+}
+
+func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, m := range c.hosted {
+		live, slots, ev, ok := models.StreamTable(m)
+		if !ok {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(streamLiveDesc, prometheus.GaugeValue, float64(live), name)
+		ch <- prometheus.MustNewConstMetric(streamSlotsDesc, prometheus.GaugeValue, float64(slots), name)
+		ch <- prometheus.MustNewConstMetric(streamEvictDesc, prometheus.CounterValue, float64(ev), name)
+	}
 }

@@ -169,7 +169,7 @@ func TestRuntime(t *testing.T) {
 	_, err = e.rt.Describe(ctx, &hamsv1.DescribeRequest{Model: "notserved"})
 	wantCode(t, "describe notserved", err, codes.NotFound, "notserved")
 	d, err := e.rt.Describe(ctx, &hamsv1.DescribeRequest{Model: "seq"})
-	if err != nil || !d.Stateful || d.StateBytes != 2*64*8*4 || d.Kind != "lstm" {
+	if err != nil || !d.Stateful || d.StateBytes != 2*64*8*4+64*6*4 || d.Kind != "lstm" { // h, c, the stream table
 		t.Fatal(d, err)
 	}
 	// stateless infer, two items
@@ -206,7 +206,7 @@ func TestRuntime(t *testing.T) {
 	wantCode(t, "update ghost", err, codes.NotFound, "ghost")
 	// read state in chunks
 	hdr, data, sum := readState(t, e, "seq", 4096)
-	if hdr.StateVersion != 1 || hdr.TotalBytes != 4096 || len(hdr.Tensors) != 2 || len(data) != 4096 || sum != shaHex(data) {
+	if hdr.StateVersion != 1 || hdr.TotalBytes != 5632 || len(hdr.Tensors) != 3 || len(data) != 5632 || sum != shaHex(data) { // h, c, the stream table
 		t.Fatalf("read state: %v, %d bytes", hdr, len(data))
 	}
 	// stateless read: one header chunk, last, empty digest
@@ -259,13 +259,14 @@ func TestRuntime(t *testing.T) {
 	wt.Tensors[0].Shape = []int64{8, 64}
 	_, err = writeState(ctx, e, wt, data, sum, 1000)
 	wantCode(t, "wrong tensor spec", err, codes.InvalidArgument, "seq")
-	// chunk_bytes below the minimum is raised to 4 KiB: one data chunk
+	// chunk_bytes below the minimum is raised to 4 KiB: the first data
+	// chunk of the 5632-byte state holds 4096 bytes, the rest follows
 	st1, err := e.rt.ReadState(ctx, &hamsv1.ReadStateRequest{Model: "seq", ChunkBytes: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st1.Recv()
-	if c, err := st1.Recv(); err != nil || len(c.Data) != 4096 || !c.Last {
+	if c, err := st1.Recv(); err != nil || len(c.Data) != 4096 || c.Last {
 		t.Fatalf("clamped chunk: %d bytes, last %v, %v", len(c.GetData()), c.GetLast(), err)
 	}
 	st, _ := e.rt.WriteState(ctx)
@@ -286,7 +287,8 @@ func TestRuntime(t *testing.T) {
 	for _, mf := range mfs {
 		found[mf.GetName()] = true
 	}
-	for _, n := range []string{"hams_refserver_requests_total", "hams_refserver_batch_seconds", "hams_refserver_state_bytes"} {
+	for _, n := range []string{"hams_refserver_requests_total", "hams_refserver_batch_seconds", "hams_refserver_state_bytes",
+		"hams_refserver_stream_slots_live", "hams_refserver_stream_slots", "hams_refserver_stream_evictions_total"} {
 		if !found[n] {
 			t.Errorf("metric %s missing", n)
 		}

@@ -137,28 +137,29 @@ func TestExplicitStateModel(t *testing.T) {
 		}
 		return out
 	}
-	if d.Stateful || fmt.Sprint(names(d.Inputs)) != "[x h_in c_in]" || fmt.Sprint(names(d.Outputs)) != "[y h_out c_out]" || !models.PerStream(m) {
+	if d.Stateful || fmt.Sprint(names(d.Inputs)) != "[x h_in c_in streams_in]" || fmt.Sprint(names(d.Outputs)) != "[y h_out c_out streams_out]" || !models.PerStream(m) {
 		t.Fatalf("describe %v", d)
 	}
-	if specs, ok := models.Explicit(m); !ok || len(specs) != 2 {
+	if specs, ok := models.Explicit(m); !ok || len(specs) != 3 {
 		t.Fatal("not explicit")
 	}
 	x := tensor.FromFloat32("x", []int64{1, 2}, []float32{1, 2})
 	zeros := tensor.FromFloat32("h_in", []int64{4, 3}, make([]float32, 12))
 	c := tensor.FromFloat32("c_in", []int64{4, 3}, make([]float32, 12))
-	_, err = m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros}})
+	tab := &hamsv1.Tensor{Name: "streams_in", Datatype: "INT32", Shape: []int64{4, 6}, Data: make([]byte, 96)}
+	_, err = m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros, tab}})
 	if err == nil || !contains(err.Error(), "c_in") {
 		t.Fatalf("missing state input: %v", err)
 	}
 	short := tensor.FromFloat32("c_in", []int64{3, 3}, make([]float32, 9))
-	if _, err = m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros, short}}); err == nil || !contains(err.Error(), "c_in") {
+	if _, err = m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros, short, tab}}); err == nil || !contains(err.Error(), "c_in") {
 		t.Fatalf("wrong state shape: %v", err)
 	}
-	if _, err = m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros, zeros}}); err == nil || !contains(err.Error(), "twice") {
+	if _, err = m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros, zeros, tab}}); err == nil || !contains(err.Error(), "twice") {
 		t.Fatalf("duplicate state input: %v", err)
 	}
-	r, err := m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros, c}, Rows: []uint32{1}, StreamIDs: []string{"s"}})
-	if err != nil || len(r.Outputs) != 3 || r.Outputs[1].Name != "h_out" || len(r.Outputs[2].Data) != 48 {
+	r, err := m.Infer(&models.Batch{Inputs: []*hamsv1.Tensor{x, zeros, c, tab}, Rows: []uint32{1}, StreamIDs: []string{"s"}})
+	if err != nil || len(r.Outputs) != 4 || r.Outputs[1].Name != "h_out" || len(r.Outputs[2].Data) != 48 || r.Outputs[3].Name != "streams_out" {
 		t.Fatalf("infer %v %v", r, err)
 	}
 	if _, err := m.WriteState(1, []byte{1}); err == nil {

@@ -105,7 +105,7 @@ func TestExplicitStateAgainstRefserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !desc.GetStateful() || desc.GetStateBytes() != 2*4*8*4 || len(desc.GetInputs()) != 1 || desc.GetInputs()[0].GetName() != "x" ||
+	if !desc.GetStateful() || desc.GetStateBytes() != 2*4*8*4+4*6*4 || len(desc.GetInputs()) != 1 || desc.GetInputs()[0].GetName() != "x" ||
 		len(desc.GetOutputs()) != 1 || desc.GetOutputs()[0].GetName() != "y" {
 		t.Fatalf("Describe: %v", desc)
 	}

@@ -472,7 +472,7 @@ func TestUpdateRules(t *testing.T) {
 		t.Fatal("failed compute changed the state")
 	}
 	// WriteState checks the tensors
-	wrong := []*hamsv1.Tensor{after[1], after[0]}
+	wrong := []*hamsv1.Tensor{after[1], after[0], after[2]}
 	wantCode(t, "swapped", a.WriteState(ctx, wrong, 3), codes.InvalidArgument, "state tensor 0")
 	wantCode(t, "short", a.WriteState(ctx, after[:1], 3), codes.InvalidArgument, "1 state tensors")
 }

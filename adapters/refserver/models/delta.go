@@ -72,31 +72,60 @@ func floatSpans(sizes []int, r Range, fn func(part, elem int, data []byte)) {
 	}
 }
 
-// lstm: the rows of h and c of every slot the batch touched.
+// lstm: the rows of h, c and the stream table of every slot the batch
+// touched.
 func (k *lstm) delta(staged any) []Range {
-	st := staged.(lstmStaged)
-	slots := make([]int, 0, len(st))
-	for sl := range st {
+	st := staged.(*lstmStaged)
+	slots := make([]int, 0, len(st.rows))
+	for sl := range st.rows {
 		slots = append(slots, sl)
 	}
 	sort.Ints(slots)
-	out := make([]Range, 0, 2*len(slots))
+	out := make([]Range, 0, 3*len(slots))
 	row := uint64(4 * k.h)
 	for part := 0; part < 2; part++ {
 		base := uint64(part) * uint64(k.s) * row
 		for _, sl := range slots {
-			out = append(out, Range{Off: base + uint64(sl)*row, Data: f32Bytes(st[sl][part])})
+			out = append(out, Range{Off: base + uint64(sl)*row, Data: f32Bytes(st.hc[sl][part])})
 		}
+	}
+	base := 2 * uint64(k.s) * row
+	for _, sl := range slots {
+		r := st.rows[sl]
+		out = append(out, Range{Off: base + uint64(sl)*4*slotWords, Data: u32Bytes(r[:])})
 	}
 	return out
 }
 
-// patch writes in place: capture copies h and c.
+// patch writes in place (capture copies h, c and the table) and keeps
+// the table's derived fields.
 func (k *lstm) patch(ranges []Range) error {
 	parts := [][]float32{k.hs, k.cs}
-	sizes := []int{len(k.hs), len(k.cs)}
+	sizes := []int{len(k.hs), len(k.cs), len(k.tab)}
+	old := map[int]streamKey{}
 	for _, r := range ranges {
-		floatSpans(sizes, r, func(p, i int, data []byte) { readF32(parts[p][i:i+len(data)/4], data) })
+		floatSpans(sizes, r, func(p, i int, data []byte) {
+			if p < 2 {
+				readF32(parts[p][i:i+len(data)/4], data)
+				return
+			}
+			for sl := i / slotWords; sl <= (i+len(data)/4-1)/slotWords; sl++ {
+				if _, ok := old[sl]; !ok {
+					old[sl] = k.keyAt(sl)
+				}
+			}
+			for j := 0; j < len(data)/4; j++ {
+				k.tab[i+j] = binary.LittleEndian.Uint32(data[4*j:])
+			}
+		})
+	}
+	slots := make([]int, 0, len(old))
+	for sl := range old {
+		slots = append(slots, sl)
+	}
+	sort.Ints(slots) // deterministic resolution of duplicate keys
+	for _, sl := range slots {
+		k.rekey(sl, old[sl])
 	}
 	return nil
 }

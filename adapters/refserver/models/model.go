@@ -65,8 +65,9 @@ type Result struct {
 	HasDelta bool
 }
 
-// StateInfo is the header of a state: its version and its tensors (all
-// FP32, little-endian, concatenated in this order, TotalBytes in all).
+// StateInfo is the header of a state: its version and its tensors (4-byte
+// elements, FP32 or INT32 as specified, little-endian, concatenated in
+// this order, TotalBytes in all).
 type StateInfo struct {
 	Version    uint64
 	Tensors    []*hamsv1.TensorSpec

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/nn"
@@ -36,9 +37,29 @@ type olearn struct {
 	// that a failover's state transfer would otherwise compete with.
 	initOnce sync.Once
 	initFn   func()
+	// dropped counts SGD steps dropped for non-finite weights.
+	dropped atomic.Uint64
 }
 
 type expert struct{ w1, b1, w2, b2 []float32 } // w1 [d,he], b1 [he], w2 [he,c], b2 [c]
+
+// maxWeight bounds an online-learned weight: a step past it comes from
+// extreme inputs (training on normalised inputs keeps weights near 1),
+// and weights that large turn every client's scores into NaN soon after.
+const maxWeight = 1e4
+
+// finite reports whether every weight of x is finite and within
+// ±maxWeight (NaN fails every comparison).
+func (x *expert) finite() bool {
+	for _, part := range [][]float32{x.w1, x.b1, x.w2, x.b2} {
+		for _, v := range part {
+			if !(v <= maxWeight && v >= -maxWeight) {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // ready draws the initial weights unless they were drawn or loaded.
 func (k *olearn) ready() { k.initOnce.Do(k.initFn) }
@@ -157,6 +178,14 @@ func (k *olearn) compute(in *inputs) ([]*hamsv1.Tensor, any, error) {
 			for u := 0; u < k.c; u++ {
 				nx.b2[u] -= step * ds[j*k.c+u]
 			}
+		}
+		if !nx.finite() {
+			// A step that leaves a weight NaN, infinite or past
+			// maxWeight (non-finite or extreme inputs) is dropped: the
+			// block keeps its weights, and the clients routed to it keep
+			// getting finite scores.
+			k.dropped.Add(1)
+			continue
 		}
 		staged[e] = nx
 	}
