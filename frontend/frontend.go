@@ -321,6 +321,7 @@ func New(cfg Config) (*Frontend, error) {
 				f.closePass()
 				return nil, err
 			}
+			p.rejectNonFinite = d.RejectNonFinite(d.Services[i].Name)
 			f.pass[p.model], f.pass[p.service] = p, p
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
 
+	"github.com/hams-go/hams/internal/backendtest"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/grpcx"
@@ -322,4 +323,37 @@ func TestUndecodableRequestsAtTheFrontend(t *testing.T) {
 		t.Fatalf("HTTP, invalid UTF-8 service name: %d %s", code, body)
 	}
 	e.mustEcho(1)
+}
+
+// TestPassThroughNonFinite: a pass-through model (ha: off, never
+// replicated) with reject_non_finite set gets its Predict and ModelInfer
+// inputs checked as the HAMS path's are; the backend sees none of the
+// refused calls.
+func TestPassThroughNonFinite(t *testing.T) {
+	bt, err := backendtest.Start("tf_model", "ks_model")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bt.Stop)
+	y := strings.NewReplacer("signature: sig_x}}", "signature: sig_x}, reject_non_finite: true}",
+		`version: "3"}}`, `version: "3"}, reject_non_finite: true}`).Replace(passYAML)
+	e := newEnvWith(t, envOpts{yaml: fmt.Sprintf(y, bt.Addr(), "127.0.0.1:1")})
+	tf, _, ks := e.compatClients()
+	ctx := ctxT(t, 10*time.Second)
+	x := &tfpb.TensorProto{Dtype: tfpb.DataType_DT_FLOAT, TensorShape: &tfpb.TensorShapeProto{Dim: []*tfpb.TensorShapeProto_Dim{{Size: 1}, {Size: 2}}}, FloatVal: []float32{1, float32(math.NaN())}}
+	_, err = tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: tfSpec("tfm"), Inputs: map[string]*tfpb.TensorProto{"x": x}})
+	wantStatus(t, "TF Serving pass-through", err, codes.InvalidArgument, `model "tfm"`, `input "x"`, "element 1 is NaN")
+	_, err = ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "ksm",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{1, 1}}},
+		RawInputContents: [][]byte{{0, 0, 0x80, 0xff}}}) // -Inf
+	wantStatus(t, "KServe pass-through", err, codes.InvalidArgument, `model "ksm"`, "element 0 is -Inf")
+	for _, m := range []string{"Predict", "ModelInfer"} {
+		if c, ok := bt.Last(m); ok {
+			t.Fatalf("the backend got a refused %s: %v", m, c.Req)
+		}
+	}
+	x.FloatVal[1] = 2
+	if _, err := tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: tfSpec("tfm"), Inputs: map[string]*tfpb.TensorProto{"x": x}}); err != nil {
+		t.Fatalf("finite pass-through Predict: %v", err)
+	}
 }

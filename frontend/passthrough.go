@@ -12,11 +12,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
+	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
@@ -61,6 +64,9 @@ type passThrough struct {
 	stat    tfapis.ModelServiceClient
 	infer   inference.GRPCInferenceServiceClient
 	calls   atomic.Uint64
+	// rejectNonFinite: limits.reject_non_finite (or the model's own) is
+	// on for this service; its Predict and ModelInfer inputs are checked.
+	rejectNonFinite bool
 }
 
 // newPassThrough builds the pass-through of model m of service svc (the
@@ -90,6 +96,16 @@ func (f *Frontend) passFor(name string) *passThrough {
 		return nil
 	}
 	return f.pass[name]
+}
+
+// checkFinite refuses NaN and ±Inf in an input of a pass-through call
+// (limits.reject_non_finite), as validate.go does on the HAMS path.
+func (p *passThrough) checkFinite(t *hamsv1.Tensor) error {
+	if i, what, bad := tensor.FirstNonFinite(t); bad {
+		return status.Errorf(codes.InvalidArgument, "model %q: input %q: element %d is %s; non-finite values are refused (limits.reject_non_finite)",
+			p.model, t.GetName(), i, what)
+	}
+	return nil
 }
 
 func (p *passThrough) needTF() error {
@@ -183,9 +199,26 @@ func (f *Frontend) passPredict(ctx context.Context, p *passThrough, req *tfapis.
 	if err := p.needTF(); err != nil {
 		return nil, err
 	}
+	release, err := f.admit.acquire(p.service, int64(proto.Size(req)))
+	if err != nil {
+		f.m.refused.Inc()
+		return nil, err
+	}
+	defer release()
+	if p.rejectNonFinite {
+		for name, tp := range req.GetInputs() {
+			// What the backend would decode; a tensor it cannot is its
+			// own to refuse.
+			if t, err := wire.FromTensorProtoLimit(name, tp, int64(f.maxBytes)); err == nil {
+				if err := p.checkFinite(t); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
 	name := p.tfSpec(req.GetModelSpec(), true)
 	var resp *tfapis.PredictResponse
-	err := f.forward(ctx, p, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+	err = f.forward(ctx, p, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
 		resp, err = p.pred.Predict(ctx, req, opts...)
 		return err
 	})
@@ -241,9 +274,29 @@ func (f *Frontend) passInfer(ctx context.Context, p *passThrough, req *inference
 	if err := p.needKS(); err != nil {
 		return nil, err
 	}
+	release, err := f.admit.acquire(p.service, int64(proto.Size(req)))
+	if err != nil {
+		f.m.refused.Inc()
+		return nil, err
+	}
+	defer release()
+	if p.rejectNonFinite {
+		if raws, takes, err := wire.RawInputs(req.GetInputs(), req.GetRawInputContents()); err == nil {
+			for i, in := range req.GetInputs() {
+				if _, shm := in.GetParameters()[wire.ParamShmRegion]; shm {
+					continue // in the backend's shared memory: not seen here
+				}
+				if t, err := wire.FromInferInput(in, raws[i], takes[i]); err == nil {
+					if err := p.checkFinite(t); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
+	}
 	name := p.ksName(&req.ModelName, &req.ModelVersion)
 	var resp *inference.ModelInferResponse
-	err := f.forward(ctx, p, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+	err = f.forward(ctx, p, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
 		resp, err = p.infer.ModelInfer(ctx, req, opts...)
 		return err
 	})
