@@ -212,7 +212,10 @@ func WriteFileAtomic(path string, b []byte) error {
 		return fmt.Errorf("paritytrain: write %s: %w", path, err)
 	}
 	tmp := f.Name()
-	_, werr := f.Write(b)
+	werr := f.Chmod(0o644) // CreateTemp makes 0600; weights and reports are for everyone to read
+	if werr == nil {
+		_, werr = f.Write(b)
+	}
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
 	}

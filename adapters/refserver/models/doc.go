@@ -4,14 +4,23 @@
 // classifier whose weights are its state, and the kNN / ARIMA / A* /
 // concat / prep stages of the example services.
 //
-// ParM (parity models) support: kind classifier with param weights:
-// fashion-parity-sum-k{2,3,4} serves the classifier's parity model for the
-// sum encoder (same 784-128-10 MLP, no output softmax, trained by
-// cmd/train-parity; FashionParityMLP(k) returns it, EvalParity scores
-// one), and kind linear (scores = images·W, a seeded matrix, no bias) is
-// its own exact parity model, for exactness tests of the serving path.
-// The weights files mark a parity model by its magic (EncodeMLP), and
-// EmbeddedMLP refuses a file of the wrong kind or shape.
+// ParM (parity models) support: the embedded weights (weights/) hold
+// networks in the versioned format of nn.EncodeNet (DecodeWeights also
+// reads the original HAMSMLP1/HAMSMLPL MLP files): the deployed
+// classifier fashion-mlp (784-128-10, softmax), the paper's deployed MLP
+// fashion-paper-mlp (784-200-100-10, logits) and fashion-lenet (LeNet-5,
+// logits), and parity models of each, named by ParityWeightsName
+// (fashion-parity-sum-k{2,3,4}, fashion-parity-concat-k{2,3,4},
+// fashion-parity-sum-k2-p1, fashion-paper-mlp-parity-sum-k2, ...). Kind
+// classifier serves any embedded 784 -> 10 network (default fashion-mlp),
+// kind mlp any embedded network (default fashion-paper-mlp); a parity
+// model's weights must have linear outputs (EmbeddedNet refuses a softmax
+// one). Every file but fashion-mlp records how it was trained and its
+// test accuracy (internal/paritytrain.Provenance), which
+// TestCommittedWeights checks; `hams parity train` and `hams parity eval`
+// (docs/parity.md) produce and score them. Kind linear (scores = images·W,
+// a seeded matrix, no bias) is its own exact parity model, for exactness
+// tests of the serving path.
 //
 // Every model implements Model, whose step is split in two, as the NSPB
 // protocol needs: Compute reads the installed state, returns outputs and

@@ -88,6 +88,7 @@ func TestIDXErrors(t *testing.T) {
 func TestAllKindsRun(t *testing.T) {
 	cases := map[string]map[string]any{
 		"classifier":  nil,
+		"mlp":         nil,
 		"linear":      {"in": 20, "out": 5},
 		"cnn":         {"in_dim": 64, "out_dim": 8},
 		"transcriber": {"in_dim": 100, "width": 32, "out_dim": 16},

@@ -114,22 +114,32 @@ func ScoreParity(f, p []float32, classes int, labels []int, groups [][]int) Pari
 	return s
 }
 
-// EvalParity scores parity model pm of deployed model dm (MLPs of the
-// same widths) on images x [n, In] with labels, over the coding groups of
-// k drawn with seed: the Aa, Ad and agreement of ParM's sum encoder and
-// subtraction decoder.
-func EvalParity(dm, pm *MLP, x []float32, labels []int, k int, seed uint64) (ParityScore, error) {
+// Forwarder is a model that maps rows of inputs to rows of outputs (an
+// *MLP or an *nn.Net).
+type Forwarder interface {
+	Forward(r *nn.Reducer, x []float32, n int) []float32
+}
+
+// EvalParity scores parity model pm of deployed model dm on images x
+// [n, width] with labels, over the coding groups of k drawn with seed:
+// the Aa, Ad and agreement of ParM's sum encoder and subtraction decoder.
+// (internal/paritytrain scores every encoder and code with the serving
+// path's encoder and decoder; this is the sum/subtract special case.)
+func EvalParity(dm, pm Forwarder, x []float32, labels []int, k int, seed uint64) (ParityScore, error) {
 	n := len(labels)
 	switch {
-	case dm.In != pm.In || dm.Out != pm.Out:
-		return ParityScore{}, fmt.Errorf("models: eval parity: deployed %d-%d-%d and parity %d-%d-%d MLPs differ in width", dm.In, dm.Hidden, dm.Out, pm.In, pm.Hidden, pm.Out)
-	case len(x) != n*dm.In:
-		return ParityScore{}, fmt.Errorf("models: eval parity: %d values for %d images of %d", len(x), n, dm.In)
 	case k < 1 || n < k:
 		return ParityScore{}, fmt.Errorf("models: eval parity: k=%d with %d images", k, n)
+	case len(x)%n != 0:
+		return ParityScore{}, fmt.Errorf("models: eval parity: %d values for %d images", len(x), n)
 	}
+	width := len(x) / n
 	f := dm.Forward(nn.Deterministic, x, n)
+	classes := len(f) / n
 	groups := ParityGroups(n, k, seed)
-	p := pm.Forward(nn.Deterministic, SumEncode(x, dm.In, groups), len(groups))
-	return ScoreParity(f, p, dm.Out, labels, groups), nil
+	p := pm.Forward(nn.Deterministic, SumEncode(x, width, groups), len(groups))
+	if len(p) != len(groups)*classes {
+		return ParityScore{}, fmt.Errorf("models: eval parity: the parity model answers %d values per row, the deployed model %d", len(p)/len(groups), classes)
+	}
+	return ScoreParity(f, p, classes, labels, groups), nil
 }
