@@ -464,11 +464,15 @@ func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInfer
 	if err != nil {
 		return nil, wireErr(svc.name, err)
 	}
+	// Within the request's byte budget, checked before each decode (typed
+	// contents expand up to 8 times), as for TF Serving.
 	ins := make([]*hamsv1.Tensor, len(req.GetInputs()))
+	left := int64(s.f.maxBytes)
 	for i, in := range req.GetInputs() {
-		if ins[i], err = wire.FromInferInput(in, raws[i], takes[i]); err != nil {
+		if ins[i], err = wire.FromInferInputLimit(in, raws[i], takes[i], left); err != nil {
 			return nil, wireErr(svc.name, err)
 		}
+		left -= int64(len(ins[i].GetData()))
 	}
 	for _, o := range req.GetOutputs() {
 		if _, shm := o.GetParameters()[wire.ParamShmRegion]; shm {

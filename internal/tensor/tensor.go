@@ -95,6 +95,15 @@ func Validate(t *hamsv1.Tensor) error {
 	if want := n * int64(es); int64(len(t.Data)) != want {
 		return fmt.Errorf("%w: tensor %q: shape %v of %s wants %d bytes, data holds %d", ErrInvalid, t.Name, t.Shape, t.Datatype, want, len(t.Data))
 	}
+	if t.Datatype == Bool {
+		// One byte per element, 0 or 1 (what every typed encoding can
+		// carry back).
+		for i, b := range t.Data {
+			if b > 1 {
+				return fmt.Errorf("%w: tensor %q: BOOL element %d is byte %d, want 0 or 1", ErrInvalid, t.Name, i, b)
+			}
+		}
+	}
 	return nil
 }
 

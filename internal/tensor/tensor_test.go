@@ -186,3 +186,14 @@ func TestFirstNonFinite(t *testing.T) {
 		}
 	}
 }
+
+func TestBoolBytes(t *testing.T) {
+	ok := &hamsv1.Tensor{Name: "b", Datatype: Bool, Shape: []int64{2}, Data: []byte{0, 1}}
+	if err := Validate(ok); err != nil {
+		t.Fatal(err)
+	}
+	bad := &hamsv1.Tensor{Name: "b", Datatype: Bool, Shape: []int64{2}, Data: []byte{1, '0'}}
+	if err := Validate(bad); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "BOOL element 1 is byte 48") {
+		t.Fatalf("BOOL byte 48: %v", err)
+	}
+}

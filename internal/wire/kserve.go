@@ -25,15 +25,49 @@ func ContentsCount(c *inference.InferTensorContents) int {
 // datatype's field only and hold exactly one value per element (KServe has
 // no broadcast rule); both typed and raw is an error.
 func FromKServe(name, datatype string, shape []int64, c *inference.InferTensorContents, raw []byte, hasRaw bool) (*hamsv1.Tensor, error) {
+	return fromKServe(name, datatype, shape, c, raw, hasRaw, -1)
+}
+
+// FromInferInputLimit is FromInferInput for a decode that may produce at
+// most limit bytes of data (what is left of a request's budget): typed
+// contents decode to up to 8 bytes per byte on the wire (an INT64 value
+// of 0 is one byte of varint), so a tensor whose data would be larger is
+// refused with ErrTooLarge before anything is allocated.
+func FromInferInputLimit(in *inference.ModelInferRequest_InferInputTensor, raw []byte, hasRaw bool, limit int64) (*hamsv1.Tensor, error) {
+	if in == nil {
+		return nil, fmt.Errorf("%w: nil input tensor", ErrInvalid)
+	}
+	return fromKServe(in.Name, in.Datatype, in.Shape, in.Contents, raw, hasRaw, max(limit, 0))
+}
+
+func fromKServe(name, datatype string, shape []int64, c *inference.InferTensorContents, raw []byte, hasRaw bool, limit int64) (*hamsv1.Tensor, error) {
 	if name == "" {
 		return nil, fmt.Errorf("%w: tensor without a name", ErrInvalid)
 	}
 	if tensor.ElemSize(datatype) < 0 {
 		return nil, fmt.Errorf("%w: tensor %q: unsupported datatype %q", ErrInvalid, name, datatype)
 	}
-	n, _, err := shapeSize(name, datatype, shape)
+	n, size, err := shapeSize(name, datatype, shape)
 	if err != nil {
 		return nil, err
+	}
+	if limit >= 0 {
+		dec := int64(len(raw))
+		switch {
+		case hasRaw:
+		case datatype != tensor.Bytes:
+			// What the values present decode to (ContentsToRaw refuses a
+			// count other than the shape's before it allocates).
+			dec = min(size, int64(ContentsCount(c))*int64(tensor.ElemSize(datatype)))
+		default:
+			dec = 0
+			for _, b := range c.GetBytesContents() {
+				dec += int64(4 + len(b))
+			}
+		}
+		if dec > limit {
+			return nil, fmt.Errorf("%w: tensor %q: %s %v decodes to %d bytes, over the %d bytes left of the request's limit", ErrTooLarge, name, datatype, shape, dec, limit)
+		}
 	}
 	t := &hamsv1.Tensor{Name: name, Datatype: datatype, Shape: shape}
 	if hasRaw {
