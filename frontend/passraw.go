@@ -114,6 +114,12 @@ func rawFields(m []byte) ([]rawField, error) {
 // empty path) and re-encodes b; fields elsewhere are copied unchanged.
 func mapAt(b []byte, path []protowire.Number, f func([]byte) ([]byte, error)) ([]byte, error) {
 	if len(path) == 0 {
+		// The message f edits must be well-formed itself: gRPC's decoder
+		// checked only the outer message's fields, not the bytes of one
+		// nested in them.
+		if _, err := rawFields(b); err != nil {
+			return nil, err
+		}
 		return f(b)
 	}
 	fields, err := rawFields(b)
