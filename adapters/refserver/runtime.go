@@ -314,12 +314,6 @@ func (a *runtimeAPI) StateHandles(ctx context.Context, req *hamsv1.StateHandlesR
 	return nil, status.Error(codes.Unimplemented, "reference model server: StateHandles (POSIX shm / CUDA IPC state regions) is not implemented yet; use ReadState")
 }
 
-// weightLoader is a model kind whose weights can be replaced while it
-// serves (LoadWeights).
-type weightLoader interface {
-	LoadWeights(b []byte) error
-}
-
 // LoadWeights replaces a hosted model's weights (a parity model trained
 // online). A kind without replaceable weights is Unimplemented; weights it
 // refuses are InvalidArgument and the old ones stay.
@@ -328,15 +322,14 @@ func (a *runtimeAPI) LoadWeights(ctx context.Context, req *hamsv1.LoadWeightsReq
 	if err != nil {
 		return nil, err
 	}
-	wl, ok := h.m.(weightLoader)
-	if !ok {
-		return nil, status.Errorf(codes.Unimplemented, "model %q (kind %s) has no replaceable weights", req.GetModel(), h.m.Describe().GetKind())
-	}
 	if len(req.GetWeights()) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "model %q: empty weights", req.GetModel())
 	}
-	if err := wl.LoadWeights(req.GetWeights()); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "model %q: load weights: %v", req.GetModel(), err)
+	switch err := models.LoadWeights(h.m, req.GetWeights()); {
+	case errors.Is(err, models.ErrNoWeights):
+		return nil, status.Errorf(codes.Unimplemented, "model %q: %v", req.GetModel(), err)
+	case err != nil:
+		return nil, status.Errorf(codes.InvalidArgument, "model %q: %v", req.GetModel(), err)
 	}
 	a.s.log.Info("weights replaced", "model", req.GetModel(), "version", req.GetVersion(), "bytes", len(req.GetWeights()))
 	return &hamsv1.LoadWeightsResponse{Version: req.GetVersion()}, nil

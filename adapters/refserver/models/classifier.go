@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/nn"
@@ -280,14 +281,20 @@ func FashionParityMLP(k int) (*nn.Net, error) {
 
 // network serves an embedded network: images [N, in] -> scores [N, out].
 type network struct {
+	// netMu guards net: LoadWeights replaces it while batches compute (a
+	// batch runs wholly on the weights it started with).
+	netMu           sync.RWMutex
 	net             *nn.Net
 	r               *nn.Reducer
 	inName, outName string
 }
 
 func (k *network) compute(in *inputs) ([]*hamsv1.Tensor, any, error) {
-	y := k.net.Forward(k.r, in.float(k.inName), in.n)
-	return []*hamsv1.Tensor{out32(k.outName, in.n, k.net.OutSize(), y)}, nil, nil
+	k.netMu.RLock()
+	net := k.net
+	k.netMu.RUnlock()
+	y := net.Forward(k.r, in.float(k.inName), in.n)
+	return []*hamsv1.Tensor{out32(k.outName, in.n, net.OutSize(), y)}, nil, nil
 }
 
 func init() {
