@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"image/color"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,9 +14,9 @@ import (
 	"time"
 
 	"gonum.org/v1/plot"
-	"gopkg.in/yaml.v3"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gopkg.in/yaml.v3"
 
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/internal/config"
@@ -37,6 +39,13 @@ type parmBenchRow struct {
 	// fill_after (0: groups fill with new batches only).
 	DecodeAfterMs float64 `json:"decode_after_ms"`
 	FillAfterMs   float64 `json:"fill_after_ms"`
+	// Online: parity models trained from the arm's own traffic; then
+	// OnlineRowsBeforeSwap is the queries served before the first swap
+	// (0: none happened) and OnlineAgreement the agreement serving at the
+	// end of the run.
+	Online               bool    `json:"online,omitempty"`
+	OnlineRowsBeforeSwap float64 `json:"online_rows_before_first_swap,omitempty"`
+	OnlineAgreement      float64 `json:"online_agreement,omitempty"`
 	// Instances are the data and parity instances of the arm.
 	DataInstances   int `json:"data_instances"`
 	ParityInstances int `json:"parity_instances"`
@@ -49,6 +58,8 @@ type parmArm struct {
 	redundancy  config.Redundancy
 	k           int
 	decodeAfter time.Duration
+	// online: parm whose parity models train from the arm's own traffic.
+	online bool
 }
 
 // runParmBench is hams bench --service parm: one deployment holding a
@@ -68,6 +79,7 @@ func runParmBench(args []string) error {
 	replicas := fs.Int("replicas", 4, "data replicas of the deployed model (m)")
 	straggle := fs.String("straggle", "seed=7,period=100ms,fraction=0.25,delay=40ms,jitter=10ms", "straggler schedule of replica 0 in every arm (the model server's --straggle; empty: none)")
 	decodeAfter := fs.String("decode-after", "0", "comma-separated decode_after values of parm, one arm each (0: first-k, the paper's rule; e.g. 0,5ms)")
+	online := fs.Bool("online", false, "also run, per k, a parm arm whose parity models are trained online from its own traffic (parity.train online), reporting queries served before the first swap and the agreement reached")
 	fillAfter := fs.Duration("fill-after", -1, "parm's fill_after: close a coding group short of k batches with recently answered ones after this long (-1: examples/parm.yaml's; 0: off, the paper's rule)")
 	jsonPath := fs.String("json", "", "write the JSON array to this file")
 	plotPath := fs.String("plot", "", "draw p50, p99 and p99.9 per arm into this PNG")
@@ -113,6 +125,11 @@ func runParmBench(args []string) error {
 		das = []time.Duration{0}
 	}
 	arms := parmArms(reds, ks, das)
+	if *online {
+		for _, k := range ks {
+			arms = append(arms, parmArm{model: fmt.Sprintf("parm-online-k%d", k), redundancy: config.RedundancyParM, k: k, online: true})
+		}
+	}
 	dep, err := parmBenchDeployment(arms, *replicas, *straggle, *fillAfter)
 	if err != nil {
 		return &exitError{code: 2, err: err}
@@ -172,10 +189,18 @@ func runParmBench(args []string) error {
 		}
 	}
 	fmt.Fprintln(os.Stderr)
+	onlineStats := scrapePoolMetrics(d.sidecarMetrics())
 	var rows []parmBenchRow
 	for _, b := range bs {
 		for i, a := range arms {
 			m := dep.Model(a.model)
+			if a.online {
+				st := onlineStats[a.model]
+				rows = append(rows, parmBenchRow{Service: parmService, Mode: dep.Mode, Redundancy: "parm-online", K: a.k, Batch: b,
+					Online: true, OnlineRowsBeforeSwap: st["hams_pool_online_rows_before_first_swap"], OnlineAgreement: st["hams_pool_online_agreement"],
+					FillAfterMs: fillAfterMs(m), DataInstances: m.Replicas.N(), ParityInstances: m.ParitySlots(), Summary: results[key{i, b}].Summary()})
+				continue
+			}
 			rows = append(rows, parmBenchRow{Service: parmService, Mode: dep.Mode, Redundancy: string(a.redundancy), K: a.k, Batch: b,
 				DecodeAfterMs: float64(a.decodeAfter) / float64(time.Millisecond), FillAfterMs: fillAfterMs(m),
 				DataInstances: m.Replicas.N() + erExtra(m), ParityInstances: m.ParitySlots() - erExtra(m),
@@ -294,6 +319,10 @@ func parmBenchDeployment(arms []parmArm, replicas int, straggle string, fillAfte
 			for key, v := range tmpl.Parity.Params {
 				p.Params[key] = v
 			}
+			if a.online {
+				p.Train = "online"
+				p.Online = &config.OnlineTrain{MinSamples: 2000, Holdout: 1000, Every: config.Duration(5 * time.Second), Epochs: 3, Workers: 1}
+			}
 			if w, ok := p.Params["weights"].(string); ok {
 				// The parity model trained for this k.
 				p.Params["weights"] = strings.TrimSuffix(w, "-k2") + "-k" + strconv.Itoa(a.k)
@@ -391,4 +420,37 @@ func fillAfterMs(m *config.Model) float64 {
 		return 0
 	}
 	return float64(m.Parity.FillAfter.D()) / float64(time.Millisecond)
+}
+
+// scrapePoolMetrics reads the hams_pool_* samples of every sidecar in
+// addrs (model -> metrics address), summed over label sets.
+func scrapePoolMetrics(addrs map[string]string) map[string]map[string]float64 {
+	out := map[string]map[string]float64{}
+	hc := &http.Client{Timeout: 3 * time.Second}
+	for model, a := range addrs {
+		resp, err := hc.Get("http://" + a + "/metrics")
+		if err != nil {
+			continue
+		}
+		vals := map[string]float64{}
+		s := bufio.NewScanner(resp.Body)
+		s.Buffer(make([]byte, 1<<20), 1<<20)
+		for s.Scan() {
+			line := s.Text()
+			if !strings.HasPrefix(line, "hams_pool_") {
+				continue
+			}
+			name := line
+			if k := strings.IndexAny(line, "{ "); k >= 0 {
+				name = line[:k]
+			}
+			f := strings.Fields(line)
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				vals[name] += v
+			}
+		}
+		resp.Body.Close()
+		out[model] = vals
+	}
+	return out
 }

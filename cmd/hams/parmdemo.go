@@ -92,11 +92,11 @@ func runParmDemo(ctx context.Context, o parmDemoOptions) error {
 }
 
 type parmDemoOptions struct {
-	opt                   deployOptions
-	mode, json            string
-	duration, timeout     time.Duration
-	conc, rows            int
-	seed                  uint64
+	opt               deployOptions
+	mode, json        string
+	duration, timeout time.Duration
+	conc, rows        int
+	seed              uint64
 }
 
 // parmProgress draws one status line (replies, approximate, p99.9 so far)

@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"maps"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 

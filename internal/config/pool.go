@@ -51,7 +51,9 @@ func joinRedundancies() string {
 // UsesParitySlots reports whether the pool runs instances on the parity
 // slots (as parity models for parm, as copies of the model for er and
 // hedge).
-func (r Redundancy) UsesParitySlots() bool { return r == RedundancyER || r == RedundancyHedge || r == RedundancyParM }
+func (r Redundancy) UsesParitySlots() bool {
+	return r == RedundancyER || r == RedundancyHedge || r == RedundancyParM
+}
 
 // Instances is a list of backend instances in YAML: either a count (the
 // deployment starts that many servers, as it starts any managed backend)

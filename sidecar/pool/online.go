@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -103,9 +103,9 @@ type online struct {
 	nets        []*nn.Net // weights serving now (nil before the first swap)
 	// work are the weights under training, carried from round to round
 	// (a round that does not beat the serving weights is not lost).
-	work        []*nn.Net
-	version     uint64
-	disabled    error
+	work     []*nn.Net
+	version  uint64
+	disabled error
 
 	ready atomic.Bool
 	// agreement of the weights serving now (math.Float64bits).
@@ -121,6 +121,9 @@ type onlineMetrics struct {
 	dropped          prometheus.Counter
 	trainSeconds     prometheus.Counter
 	candidateAgreees prometheus.Gauge
+	// rowsAtFirstSwap: rows served (sampled or not) when the first
+	// weights were swapped in.
+	rowsAtFirstSwap prometheus.Gauge
 }
 
 func newOnlineMetrics(reg prometheus.Registerer, model string) *onlineMetrics {
@@ -142,8 +145,10 @@ func newOnlineMetrics(reg prometheus.Registerer, model string) *onlineMetrics {
 			Help: "Served batches not sampled because training lagged.", ConstLabels: cl}),
 		trainSeconds: prometheus.NewCounter(prometheus.CounterOpts{Name: "hams_pool_online_train_seconds_total",
 			Help: "Wall time spent training.", ConstLabels: cl}),
+		rowsAtFirstSwap: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hams_pool_online_rows_before_first_swap",
+			Help: "Queries (rows) the pool had served when the first trained weights were swapped in (0: none yet).", ConstLabels: cl}),
 	}
-	reg.MustRegister(m.agreement, m.candidateAgreees, m.samples, m.held, m.rounds, m.swaps, m.dropped, m.trainSeconds)
+	reg.MustRegister(m.agreement, m.candidateAgreees, m.samples, m.held, m.rounds, m.swaps, m.dropped, m.trainSeconds, m.rowsAtFirstSwap)
 	return m
 }
 
@@ -284,6 +289,9 @@ func (o *online) round(ctx context.Context) error {
 	}
 	if err := o.swap(ctx, cands); err != nil {
 		return err
+	}
+	if o.nets == nil {
+		o.m.rowsAtFirstSwap.Set(float64(o.rows))
 	}
 	o.nets = cands
 	o.agreement.Store(math.Float64bits(candAgree))

@@ -53,8 +53,8 @@ type Config struct {
 	// parity instance hosts all of them), else every j uses ParityModel.
 	ParityModel  string
 	ParityModels []string
-	Redundancy  parity.Redundancy
-	Code        parity.Code
+	Redundancy   parity.Redundancy
+	Code         parity.Code
 	// Encoder: sum or concat (Image is then height, width, channels).
 	Encoder parity.EncoderKind
 	Image   [3]int
@@ -93,8 +93,8 @@ type Pool struct {
 	nSamples int
 	// recent are the last originals answered (parm), stand-ins for groups
 	// closed short of k members (parity.Config.FillAfter).
-	recent []standIn
-	stopped  bool
+	recent  []standIn
+	stopped bool
 
 	dataWork []chan dataJob
 	parWork  []chan parityJob
@@ -135,9 +135,9 @@ const maxRecent = 8
 type group struct {
 	members  []parity.BatchID
 	standIns []standIn
-	parity  []*hamsv1.BatchRequest  // encoded parity batches
-	outputs [][]*hamsv1.Tensor      // parity outputs
-	maxRows uint32
+	parity   []*hamsv1.BatchRequest // encoded parity batches
+	outputs  [][]*hamsv1.Tensor     // parity outputs
+	maxRows  uint32
 }
 
 type dataJob struct {
