@@ -183,14 +183,10 @@ func isWrongLast(err error) bool {
 // instead. A record whose deadline passed without a reply is replaced
 // (the retry executes again).
 func (c *Coord) LogRequest(ctx context.Context, r *LoggedRequest) (existing *LoggedRequest, err error) {
-	body, err := proto.Marshal(r.Request)
+	h, body, err := encodeRequest(r)
 	if err != nil {
-		return nil, fmt.Errorf("coord: encode request %d: %w", r.ReqID, err)
+		return nil, err
 	}
-	h := nats.Header{}
-	h.Set(hdrReqID, strconv.FormatUint(r.ReqID, 10))
-	h.Set(hdrFrontend, r.Frontend)
-	h.Set(hdrDeadline, strconv.FormatInt(r.Deadline.UnixNano(), 10))
 	if r.Request.GetRequestId() == "" {
 		seq, err := c.putRecord(ctx, RequestsSubject(c.deployment), RequestsSubject(c.deployment)+".n."+strconv.FormatUint(r.ReqID, 10), h, body, nil)
 		r.Seq = seq
@@ -225,6 +221,20 @@ func (c *Coord) LogRequest(ctx context.Context, r *LoggedRequest) (existing *Log
 		}
 		expect = prev.Seq
 	}
+}
+
+// encodeRequest is a request record's headers and data (decodeRequest
+// reads them).
+func encodeRequest(r *LoggedRequest) (nats.Header, []byte, error) {
+	body, err := proto.Marshal(r.Request)
+	if err != nil {
+		return nil, nil, fmt.Errorf("coord: encode request %d: %w", r.ReqID, err)
+	}
+	h := nats.Header{}
+	h.Set(hdrReqID, strconv.FormatUint(r.ReqID, 10))
+	h.Set(hdrFrontend, r.Frontend)
+	h.Set(hdrDeadline, strconv.FormatInt(r.Deadline.UnixNano(), 10))
+	return h, body, nil
 }
 
 func (c *Coord) lastRequest(ctx context.Context, subj string) (*LoggedRequest, error) {
@@ -361,18 +371,9 @@ func decodeRequest(h nats.Header, data []byte, seq uint64) (*LoggedRequest, erro
 // wins. When an answer is recorded already (another frontend completed the
 // same request), nothing is written and that answer is returned.
 func (c *Coord) RecordReply(ctx context.Context, r *LoggedReply) (existing *LoggedReply, err error) {
-	var body []byte
-	if r.Response != nil {
-		if body, err = proto.Marshal(r.Response); err != nil {
-			return nil, fmt.Errorf("coord: encode reply %d: %w", r.ReqID, err)
-		}
-	}
-	h := nats.Header{}
-	h.Set(hdrReqID, strconv.FormatUint(r.ReqID, 10))
-	h.Set(hdrFrontend, r.Frontend)
-	if r.Code != codes.OK {
-		h.Set(hdrCode, strconv.Itoa(int(r.Code)))
-		h.Set(hdrError, r.Error)
+	h, body, err := encodeReply(r)
+	if err != nil {
+		return nil, err
 	}
 	_, err = c.putRecord(ctx, RepliesSubject(c.deployment), c.replySubject(r.ReqID), h, body,
 		[]jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(0)})
@@ -387,6 +388,26 @@ func (c *Coord) RecordReply(ctx context.Context, r *LoggedReply) (existing *Logg
 		return nil, fmt.Errorf("coord: reply %d recorded by another frontend, but reading it: %w", r.ReqID, lerr)
 	}
 	return prev, nil
+}
+
+// encodeReply is a reply record's headers and data (decodeReply reads
+// them).
+func encodeReply(r *LoggedReply) (nats.Header, []byte, error) {
+	var body []byte
+	if r.Response != nil {
+		var err error
+		if body, err = proto.Marshal(r.Response); err != nil {
+			return nil, nil, fmt.Errorf("coord: encode reply %d: %w", r.ReqID, err)
+		}
+	}
+	h := nats.Header{}
+	h.Set(hdrReqID, strconv.FormatUint(r.ReqID, 10))
+	h.Set(hdrFrontend, r.Frontend)
+	if r.Code != codes.OK {
+		h.Set(hdrCode, strconv.Itoa(int(r.Code)))
+		h.Set(hdrError, r.Error)
+	}
+	return h, body, nil
 }
 
 // LookupReply returns the answer recorded for reqID, or ErrNoRecord.
