@@ -293,8 +293,8 @@ func (p *epochProgress) epoch(r paritytrain.EpochReport, best paritytrain.Score,
 		p.label, r.Epoch, r.Epochs, r.Loss, r.Val.Ad, r.Val.Agreement, best.Ad, bestEpoch, r.ItemsPerSec)
 	switch {
 	case p.bar != nil:
-		p.bar.Describe(fmt.Sprintf("%s loss %.5f val Ad %.4f (best %.4f@%d)", p.label, r.Loss, r.Val.Ad, best.Ad, bestEpoch))
 		p.bar.Add(1)
+		p.bar.Describe(fmt.Sprintf("%s loss %.5f val Ad %.4f (best %.4f@%d)", p.label, r.Loss, r.Val.Ad, best.Ad, bestEpoch))
 	case p.lines:
 		fmt.Fprintln(os.Stderr, msg)
 	}
