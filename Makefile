@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # concurrent request path).
 RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/... ./protocol/...
 
-.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler docker clean
+.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler fuzz docker clean
 
 all: build
 
@@ -95,6 +95,32 @@ bench-parm: build
 # replica up for a deployment of your own).
 netem-straggler: build
 	scripts/netem-straggler.sh --hams $(BIN)/hams $(NETEM_ARGS)
+
+# Native Go fuzzing of every decoder that reads outside bytes (package:
+# target), FUZZTIME each (a long run: FUZZTIME=5m). The seed corpora
+# (testdata/fuzz/<target>) also run in `make test`; a crash stops the run
+# with its input written to the package's testdata/fuzz/<target>, where it
+# stays as a regression seed once fixed. scripts/fuzz-corpus.sh adds
+# inputs the fuzzer found interesting to a seed corpus. Minimizing a new
+# input is bounded (FUZZMINIMIZE): the YAML target's inputs are slow to
+# minimize and would stall the run otherwise.
+FUZZTIME     ?= 30s
+FUZZMINIMIZE ?= 10s
+FUZZ_TARGETS := \
+	./frontend:FuzzHTTPPredictJSON ./frontend:FuzzPassRaw \
+	./internal/wire:FuzzTensorProto ./internal/wire:FuzzKServeInfer \
+	./sidecar:FuzzBulkStream ./sidecar:FuzzSnapshotHeader \
+	./internal/coord:FuzzRequestRecord ./internal/coord:FuzzCheckpoint \
+	./manager:FuzzTopologyRecord ./internal/hamsmd:FuzzLineageMetadata \
+	./internal/config:FuzzConfigYAML \
+	./adapters/clipper:FuzzFastNumbers ./adapters/clipper:FuzzDecodeAnswer
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		$(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE); \
+	done
 
 clean:
 	rm -rf $(BIN)
