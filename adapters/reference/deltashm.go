@@ -149,12 +149,9 @@ func (b *Backend) takeDelta(resp *hamsv1.BatchResponse) error {
 			b.model, resp.GetStateDeltaRegion(), len(sizes), len(resp.GetStateDelta()), d.name)
 	}
 	win := d.m.Bytes()
-	var total uint64
-	for _, n := range sizes {
-		total += n
-	}
-	if total > uint64(len(win)) {
-		return status.Errorf(codes.Internal, "reference %s compute: delta of %d bytes in a region of %d", b.model, total, len(win))
+	total, err := deltaTotal(sizes, uint64(len(win)))
+	if err != nil {
+		return status.Errorf(codes.Internal, "reference %s compute: %v", b.model, err)
 	}
 	buf := make([]byte, total)
 	copy(buf, win[:total])
@@ -169,6 +166,20 @@ func (b *Backend) takeDelta(resp *hamsv1.BatchResponse) error {
 	resp.StateDeltaRegion, resp.StateDeltaSizes = "", nil
 	d.inUse = true
 	return nil
+}
+
+// deltaTotal is the bytes of a delta the server says it wrote into a
+// region of win bytes, range by range (sizes are the server's: each is
+// checked before it is added, so no sum wraps around).
+func deltaTotal(sizes []uint64, win uint64) (uint64, error) {
+	var total uint64
+	for i, n := range sizes {
+		if n > win-total {
+			return 0, fmt.Errorf("delta range %d of %d bytes after %d in a region of %d", i, n, total, win)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // closeDelta unregisters and unmaps the region (Close).
