@@ -61,7 +61,14 @@ func TestChunkListsAreBounded(t *testing.T) {
 		if !errors.Is(err, ErrBadRecord) || !strings.Contains(err.Error(), c2.want) {
 			t.Errorf("record %d: got %v, want ErrBadRecord saying %q", id, err, c2.want)
 		}
-		if n := ms1.TotalAlloc - ms0.TotalAlloc; n > 16<<20 {
+		// Records 1-3 are refused before any chunk is fetched; 4 reads
+		// real chunks up to the limit (the client's copies of each
+		// fetched chunk included, more under the race detector).
+		most := uint64(16 << 20)
+		if id == 4 {
+			most = 64 << 20
+		}
+		if n := ms1.TotalAlloc - ms0.TotalAlloc; n > most {
 			t.Errorf("record %d: %d bytes allocated", id, n)
 		}
 	}
