@@ -425,6 +425,13 @@ func TestReplayDeposedPrimaryPromoted(t *testing.T) {
 		bs, err := store.Batches(ctx, "b", 0)
 		return err == nil && len(bs) == int(b.sc.rp.batch)
 	})
+	// The initial checkpoint is stored off the request path: without it
+	// the promotion re-executes the log from the instance's own state
+	// (a run under load once promoted before it was stored).
+	waitFor(t, "the initial checkpoint stored", func() bool {
+		_, _, err := store.LoadCheckpoint(ctx, "b")
+		return err == nil
+	})
 	before := be.Digest()
 	md := metadata.Pairs(ReplayAfterMetadata, config.Frontend+"=12")
 	pr, err := r.client(b.addr).Promote(metadata.NewOutgoingContext(ctx, md), &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
