@@ -108,6 +108,8 @@ func randTensor(r *rand.Rand, dt string, special bool) *hamsv1.Tensor {
 			binary.LittleEndian.PutUint32(data[off:], randFloat32Bits(r, special && r.IntN(20) == 0))
 		case tensor.FP64:
 			binary.LittleEndian.PutUint64(data[off:], randFloat64Bits(r, special && r.IntN(20) == 0))
+		case tensor.Bool:
+			data[off] = byte(r.IntN(2)) // a BOOL byte is 0 or 1 (tensor.Validate)
 		default:
 			for k := range es {
 				data[off+k] = byte(r.Uint32())
