@@ -262,7 +262,7 @@ func (s *tfPredictServer) Predict(ctx context.Context, req *tfapis.PredictReques
 		}
 	}
 	ins := make([]*hamsv1.Tensor, len(keys))
-	left := int64(s.f.maxBytes)
+	left := int64(s.f.maxDecoded)
 	for i, k := range keys {
 		if ins[i], err = wire.FromTensorProtoLimit(k, req.GetInputs()[k], left); err != nil {
 			return nil, wireErr(svc.name, err)
@@ -467,7 +467,7 @@ func (s *kserveServer) ModelInfer(ctx context.Context, req *inference.ModelInfer
 	// Within the request's byte budget, checked before each decode (typed
 	// contents expand up to 8 times), as for TF Serving.
 	ins := make([]*hamsv1.Tensor, len(req.GetInputs()))
-	left := int64(s.f.maxBytes)
+	left := int64(s.f.maxDecoded)
 	for i, in := range req.GetInputs() {
 		if ins[i], err = wire.FromInferInputLimit(in, raws[i], takes[i], left); err != nil {
 			return nil, wireErr(svc.name, err)

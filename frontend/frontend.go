@@ -116,10 +116,13 @@ type Frontend struct {
 	timeout  time.Duration
 	now      func() time.Time
 	m        *metrics
-	// maxRows is limits.max_rows_per_request; admit bounds the work in
-	// flight (admission.go).
-	maxRows int
-	admit   *admission
+	// maxDecoded bounds the tensor bytes decoded from one request on any
+	// API (config.Limits.MaxDecodedBytes); maxRows is
+	// limits.max_rows_per_request; admit bounds the work in flight
+	// (admission.go).
+	maxDecoded int
+	maxRows    int
+	admit      *admission
 
 	services map[string]*serviceInfo
 	svcOrder []string
@@ -295,6 +298,9 @@ func New(cfg Config) (*Frontend, error) {
 	}
 	if f.maxBytes <= 0 {
 		f.maxBytes = grpcx.DefaultMaxMessageBytes
+	}
+	if f.maxDecoded = d.Limits.MaxDecodedBytes(); f.maxDecoded <= 0 {
+		f.maxDecoded = f.maxBytes
 	}
 	f.maxRows = d.Limits.MaxRowsPerRequest
 	if f.maxRows == 0 {
@@ -804,7 +810,7 @@ func (f *Frontend) predictAdmitted(ctx context.Context, req *hamsv1.PredictReque
 		return nil, status.Errorf(codes.NotFound, "unknown service %q", req.GetService())
 	}
 	svcLabel = svc.name
-	if err := svc.validateInputs(req.GetInputs(), f.maxBytes); err != nil {
+	if err := svc.validateInputs(req.GetInputs(), f.maxDecoded); err != nil {
 		return nil, err
 	}
 	if err := svc.checkRows(req.GetInputs(), f.maxRows); err != nil {

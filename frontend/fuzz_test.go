@@ -40,7 +40,7 @@ func FuzzHTTPPredictJSON(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	fe := &Frontend{maxBytes: fuzzMaxBytes}
+	fe := &Frontend{maxBytes: fuzzMaxBytes, maxDecoded: fuzzMaxBytes}
 	decode := func(t *testing.T, body []byte) (*httptest.ResponseRecorder, error) {
 		r := httptest.NewRequest(http.MethodPost, "/v1/services/s:predict", bytes.NewReader(body))
 		w := httptest.NewRecorder()

@@ -159,9 +159,9 @@ func (f *Frontend) decodePredict(w http.ResponseWriter, r *http.Request, svc str
 		if name == "" {
 			name = fmt.Sprintf("#%d", i)
 		}
-		t, err := decodeTensor(jt, f.maxBytes-total)
+		t, err := decodeTensor(jt, f.maxDecoded-total)
 		if errors.Is(err, errTooLarge) {
-			return nil, status.Errorf(codes.ResourceExhausted, "service %q: input %q: request tensors exceed %d bytes", svc, name, f.maxBytes)
+			return nil, status.Errorf(codes.ResourceExhausted, "service %q: input %q: request tensors exceed %d bytes", svc, name, f.maxDecoded)
 		}
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "service %q: input %q: %v", svc, name, err)

@@ -209,7 +209,7 @@ func (f *Frontend) passPredict(ctx context.Context, p *passThrough, req *tfapis.
 		for name, tp := range req.GetInputs() {
 			// What the backend would decode; a tensor it cannot is its
 			// own to refuse.
-			if t, err := wire.FromTensorProtoLimit(name, tp, int64(f.maxBytes)); err == nil {
+			if t, err := wire.FromTensorProtoLimit(name, tp, int64(f.maxDecoded)); err == nil {
 				if err := p.checkFinite(t); err != nil {
 					return nil, err
 				}

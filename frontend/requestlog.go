@@ -323,7 +323,7 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 
 // checkLogged checks a logged request as predict checks a client's.
 func (f *Frontend) checkLogged(svc *serviceInfo, req *hamsv1.PredictRequest) error {
-	if err := svc.validateInputs(req.GetInputs(), f.maxBytes); err != nil {
+	if err := svc.validateInputs(req.GetInputs(), f.maxDecoded); err != nil {
 		return err
 	}
 	if err := svc.checkRows(req.GetInputs(), f.maxRows); err != nil {
