@@ -501,9 +501,14 @@ func (m metricSnap) total(name string) float64 {
 	return t
 }
 
-// scrapeMetrics reads the hams_sidecar_* samples of every sidecar in addrs
-// (model -> metrics address); unreachable sidecars are left out.
-func scrapeMetrics(addrs map[string]string) metricSnap {
+// scrapeMetrics reads the samples whose names start with one of prefixes
+// (default hams_sidecar_ and hams_frontend_) of every sidecar in addrs
+// (model -> metrics address), summed over label sets, histogram buckets
+// left out; unreachable sidecars are left out.
+func scrapeMetrics(addrs map[string]string, prefixes ...string) metricSnap {
+	if len(prefixes) == 0 {
+		prefixes = []string{"hams_sidecar_", "hams_frontend_"}
+	}
 	out := metricSnap{}
 	hc := &http.Client{Timeout: 3 * time.Second}
 	for model, a := range addrs {
@@ -516,7 +521,7 @@ func scrapeMetrics(addrs map[string]string) metricSnap {
 		s.Buffer(make([]byte, 1<<20), 1<<20)
 		for s.Scan() {
 			line := s.Text()
-			if !strings.HasPrefix(line, "hams_sidecar_") && !strings.HasPrefix(line, "hams_frontend_") {
+			if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(line, p) }) {
 				continue
 			}
 			name := line

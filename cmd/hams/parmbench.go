@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"image/color"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -189,7 +187,7 @@ func runParmBench(args []string) error {
 		}
 	}
 	fmt.Fprintln(os.Stderr)
-	onlineStats := scrapePoolMetrics(d.sidecarMetrics())
+	onlineStats := scrapeMetrics(d.sidecarMetrics(), "hams_pool_")
 	var rows []parmBenchRow
 	for _, b := range bs {
 		for i, a := range arms {
@@ -420,37 +418,4 @@ func fillAfterMs(m *config.Model) float64 {
 		return 0
 	}
 	return float64(m.Parity.FillAfter.D()) / float64(time.Millisecond)
-}
-
-// scrapePoolMetrics reads the hams_pool_* samples of every sidecar in
-// addrs (model -> metrics address), summed over label sets.
-func scrapePoolMetrics(addrs map[string]string) map[string]map[string]float64 {
-	out := map[string]map[string]float64{}
-	hc := &http.Client{Timeout: 3 * time.Second}
-	for model, a := range addrs {
-		resp, err := hc.Get("http://" + a + "/metrics")
-		if err != nil {
-			continue
-		}
-		vals := map[string]float64{}
-		s := bufio.NewScanner(resp.Body)
-		s.Buffer(make([]byte, 1<<20), 1<<20)
-		for s.Scan() {
-			line := s.Text()
-			if !strings.HasPrefix(line, "hams_pool_") {
-				continue
-			}
-			name := line
-			if k := strings.IndexAny(line, "{ "); k >= 0 {
-				name = line[:k]
-			}
-			f := strings.Fields(line)
-			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-				vals[name] += v
-			}
-		}
-		resp.Body.Close()
-		out[model] = vals
-	}
-	return out
 }
