@@ -26,7 +26,7 @@ func id(r pki.Role, model, inst string) pki.Identity {
 var (
 	manager     = id(pki.RoleManager, "", "0")
 	frontend    = id(pki.RoleFrontend, "", "0")
-	sidecarM    = id(pki.RoleSidecar, "m", "a")   // the server's model
+	sidecarM    = id(pki.RoleSidecar, "m", "a")    // the server's model
 	sidecarPred = id(pki.RoleSidecar, "pred", "a") // a predecessor of m
 	sidecarX    = id(pki.RoleSidecar, "x", "a")    // unrelated model
 	serverM     = id(pki.RoleModelServer, "m", "a")
