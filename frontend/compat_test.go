@@ -32,7 +32,7 @@ import (
 // Serving and KServe stubs, as an existing client would.
 func (e *env) compatClients() (tfapis.PredictionServiceClient, tfapis.ModelServiceClient, inference.GRPCInferenceServiceClient) {
 	e.t.Helper()
-	addr, _, _ := e.res.Resolve(config.Frontend)
+	addr := e.grpcAddr
 	cc, err := grpcx.Dial(addr, 0)
 	if err != nil {
 		e.t.Fatal(err)

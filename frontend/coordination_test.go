@@ -595,7 +595,7 @@ func TestCoordinationConfigErrors(t *testing.T) {
 		}
 		l := listen(t)
 		defer l.Close()
-		cfg := Config{Deployment: dep, Resolver: newStaticResolver(), GRPCListener: l}
+		cfg := Config{Deployment: dep, Resolver: newStaticResolver(), GRPCListener: l, InternalListener: listen(t)}
 		if more != nil {
 			more(&cfg)
 		}
@@ -629,7 +629,7 @@ func TestCoordinationConfigErrors(t *testing.T) {
 	}
 	l := listen(t)
 	defer l.Close()
-	if _, err := New(Config{Deployment: dep, Resolver: newStaticResolver(), GRPCListener: l}); err != nil {
+	if _, err := New(Config{Deployment: dep, Resolver: newStaticResolver(), GRPCListener: l, InternalListener: listen(t)}); err != nil {
 		t.Fatalf("stateless nspb deployment without Coord: %v", err)
 	}
 }
@@ -645,7 +645,7 @@ func TestAuditDirThatCannotBeCreatedFailsRun(t *testing.T) {
 	}
 	l := listen(t)
 	defer l.Close()
-	fe, err := New(Config{Deployment: dep, Resolver: newStaticResolver(), GRPCListener: l, AuditDir: file})
+	fe, err := New(Config{Deployment: dep, Resolver: newStaticResolver(), GRPCListener: l, InternalListener: listen(t), AuditDir: file})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -309,9 +309,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	l := listen(t)
 	defer l.Close()
 	cases := map[string]Config{
-		"deployment": {Resolver: newStaticResolver(), GRPCListener: l},
-		"resolver":   {Deployment: dep, GRPCListener: l},
-		"listener":   {Deployment: dep, Resolver: newStaticResolver()},
+		"deployment":        {Resolver: newStaticResolver(), GRPCListener: l, InternalListener: l},
+		"resolver":          {Deployment: dep, GRPCListener: l, InternalListener: l},
+		"listener":          {Deployment: dep, Resolver: newStaticResolver(), InternalListener: l},
+		"internal listener": {Deployment: dep, Resolver: newStaticResolver(), GRPCListener: l},
 	}
 	for name, cfg := range cases {
 		if _, err := New(cfg); err == nil {

@@ -55,15 +55,37 @@ var (
 	ErrShutdown = errors.New("frontend: shutting down")
 )
 
-// Config configures a Frontend. Deployment, Resolver and GRPCListener are
-// required; HTTPListener is optional (no HTTP API without it).
+// Config configures a Frontend. Deployment, Resolver, GRPCListener and
+// InternalListener are required; HTTPListener is optional (no HTTP API
+// without it).
 type Config struct {
-	Deployment   *config.Deployment
-	Resolver     Resolver
-	GRPCListener net.Listener // hamsv1.Frontend (client API), hamsv1.Dataplane (sink edges), TF Serving and KServe v2 compatibility APIs (compat.go)
-	HTTPListener net.Listener // HTTP/JSON client API, /metrics, /healthz
-	Logger       *slog.Logger
-	Registry     *prometheus.Registry
+	Deployment *config.Deployment
+	Resolver   Resolver
+	// GRPCListener serves the client APIs only: hamsv1.Frontend, the TF
+	// Serving and KServe v2 compatibility APIs (compat.go) and the raw
+	// pass-through (passraw.go). No internal service is served on it.
+	GRPCListener net.Listener
+	// InternalListener serves the internal services only: hamsv1.Dataplane
+	// (the sink edges: the last models' sidecars Forward to the frontend)
+	// and hamsv1.Replication (the manager's Resend, lineage summaries).
+	// Its address is the one registered in the topology (Address).
+	InternalListener net.Listener
+	HTTPListener     net.Listener // HTTP/JSON client API, /metrics, /healthz
+	Logger           *slog.Logger
+	Registry         *prometheus.Registry
+
+	// InternalServerOptions are appended to the internal server's options
+	// (transport credentials, an authorization interceptor).
+	InternalServerOptions []grpc.ServerOption
+	// DialOptions are appended to every internal dial of the frontend:
+	// the entry edges to the sidecars, the pass-through models' backends
+	// and the sink models' Resend (request log).
+	DialOptions []grpc.DialOption
+	// ClientAuth authenticates and authorizes the clients of the client
+	// APIs (clientauth.go; NewClientAuth builds it from the deployment's
+	// client_auth block). Nil: the client ports are open (New refuses nil
+	// when the deployment configures client_auth).
+	ClientAuth *ClientAuth
 
 	// ReplyCacheSize bounds the answers kept for idempotent retries
 	// (default DefaultReplyCacheSize; negative disables the cache of
@@ -93,7 +115,7 @@ type Config struct {
 	// deployment (requestlog.go). Nil: a lone frontend without a log.
 	Log RequestLog
 	// Address is the gRPC address this frontend is registered under in the
-	// topology (default GRPCListener's address): the frontend whose address
+	// topology (default InternalListener's address): the frontend whose address
 	// the Resolver returns for config.Frontend receives the sink edges and
 	// is the one that injects requests into the graph.
 	Address string
@@ -135,8 +157,13 @@ type Frontend struct {
 	// service, so entry models are distinct across services).
 	senders  map[string]sender
 	receiver *edge.Receiver
+	// grpc serves the client APIs on GRPCListener, internal the internal
+	// services on InternalListener.
 	grpc     *grpc.Server
+	internal *grpc.Server
 	http     http.Handler
+	// auth is the client authentication (nil: open client ports).
+	auth clientGate
 
 	// kick wakes the expiry loop when an earlier deadline was added.
 	kick chan struct{}
@@ -238,6 +265,12 @@ func New(cfg Config) (*Frontend, error) {
 	if cfg.GRPCListener == nil {
 		return nil, fmt.Errorf("%w: no gRPC listener", ErrConfig)
 	}
+	if cfg.InternalListener == nil {
+		return nil, fmt.Errorf("%w: no internal listener (Dataplane, Replication)", ErrConfig)
+	}
+	if cfg.Deployment.ClientAuth != nil && cfg.ClientAuth == nil {
+		return nil, fmt.Errorf("%w: deployment %q configures client_auth but Config.ClientAuth is nil (NewClientAuth)", ErrConfig, cfg.Deployment.Name)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -282,7 +315,7 @@ func New(cfg Config) (*Frontend, error) {
 		leader:    cfg.Log == nil,
 	}
 	if f.cfg.Address == "" {
-		f.cfg.Address = cfg.GRPCListener.Addr().String()
+		f.cfg.Address = cfg.InternalListener.Addr().String()
 	}
 	for _, m := range d.StatefulModels() {
 		f.stateful[m] = true
@@ -322,7 +355,7 @@ func New(cfg Config) (*Frontend, error) {
 	}
 	for i := range d.Services {
 		if ms := d.Services[i].Graph().Models(); len(ms) == 1 && d.PassThrough(ms[0]) {
-			p, err := newPassThrough(d.Model(ms[0]), d.Services[i].Name, f.maxBytes)
+			p, err := newPassThrough(d.Model(ms[0]), d.Services[i].Name, f.maxBytes, cfg.DialOptions)
 			if err != nil {
 				f.closePass()
 				return nil, err
@@ -346,7 +379,8 @@ func New(cfg Config) (*Frontend, error) {
 			snd, err := edge.NewSender(edge.SenderConfig{
 				From: config.Frontend, To: e, Resolver: cfg.Resolver,
 				MaxMessageBytes: f.maxBytes, Logger: cfg.Logger,
-				Epoch: f.epoch,
+				DialOptions: cfg.DialOptions,
+				Epoch:       f.epoch,
 				// The frontend's position on an entry edge is the req_id
 				// (sidecar.PredSeq): unlike edge_seq, which a Resend
 				// renumbers from 1, it stays the same for a request and
@@ -377,18 +411,30 @@ func New(cfg Config) (*Frontend, error) {
 		f.closePass()
 		return nil, fmt.Errorf("frontend: register gRPC metrics: %w", err)
 	}
-	// passraw.go: the unknown-method handler, behind a gate that runs
-	// before grpcx's interceptors (options chain in order).
-	f.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.ChainStreamInterceptor(unknownGate)},
-		append(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes), grpc.UnknownServiceHandler(f.proxyUnknown))...)...)
+	// The client server: the client APIs only. passraw.go: the
+	// unknown-method handler, behind a gate that runs before grpcx's
+	// interceptors (options chain in order); client authentication
+	// (clientauth.go) comes after them, so its refusals are counted and
+	// logged like any other answer.
+	clientOpts := append([]grpc.ServerOption{grpc.ChainStreamInterceptor(unknownGate)}, grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes)...)
+	clientOpts = append(clientOpts, grpc.UnknownServiceHandler(f.proxyUnknown))
+	if cfg.ClientAuth != nil {
+		f.auth = cfg.ClientAuth
+		clientOpts = append(clientOpts, f.clientAuthOptions()...)
+	}
+	f.grpc = grpc.NewServer(clientOpts...)
 	hamsv1.RegisterFrontendServer(f.grpc, &frontendServer{f: f})
-	hamsv1.RegisterDataplaneServer(f.grpc, f.receiver)
-	hamsv1.RegisterReplicationServer(f.grpc, &replicationServer{f: f})
 	// Compatibility APIs (compat.go) on the same port.
 	tfapis.RegisterPredictionServiceServer(f.grpc, &tfPredictServer{f: f})
 	tfapis.RegisterModelServiceServer(f.grpc, &tfModelServer{f: f})
 	inference.RegisterGRPCInferenceServiceServer(f.grpc, &kserveServer{f: f})
 	srvMetrics.InitializeMetrics(f.grpc)
+	// The internal server: the sink edges and the manager's RPCs, on a
+	// port clients never reach.
+	f.internal = grpc.NewServer(append(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes), cfg.InternalServerOptions...)...)
+	hamsv1.RegisterDataplaneServer(f.internal, f.receiver)
+	hamsv1.RegisterReplicationServer(f.internal, &replicationServer{f: f})
+	srvMetrics.InitializeMetrics(f.internal)
 	f.http = f.httpHandler()
 	return f, nil
 }
@@ -446,8 +492,8 @@ func (f *Frontend) Run(ctx context.Context) error {
 		}
 		start("request log", func() error { return f.runLog(ctx) })
 	}
-	f.log.Info("frontend serving", "grpc", f.cfg.GRPCListener.Addr().String(), "http", addrOf(f.cfg.HTTPListener),
-		"services", f.svcOrder)
+	f.log.Info("frontend serving", "grpc", f.cfg.GRPCListener.Addr().String(), "internal", f.cfg.InternalListener.Addr().String(),
+		"http", addrOf(f.cfg.HTTPListener), "address", f.cfg.Address, "client_auth", f.auth != nil, "services", f.svcOrder)
 	for name, s := range f.senders {
 		start("edge to "+name, func() error { return s.Run(ctx) })
 	}
@@ -463,7 +509,7 @@ func (f *Frontend) Run(ctx context.Context) error {
 	}
 	start("gRPC server", func() error { return f.serveGRPC(ctx) })
 	if f.cfg.HTTPListener != nil {
-		start("HTTP server", func() error { return grpcx.ServeHTTP(ctx, f.http, f.cfg.HTTPListener) })
+		start("HTTP server", func() error { return grpcx.ServeHTTP(ctx, f.http, f.httpListener()) })
 	}
 	<-ctx.Done()
 	f.shutdown()
@@ -489,37 +535,56 @@ func addrOf(l net.Listener) string {
 	return l.Addr().String()
 }
 
-// serveGRPC serves until ctx ends. Client calls end promptly once shutdown
-// answered what was pending, but the inbound Forward streams of the sink
-// edges never end on their own, so the server is stopped hard once the
-// client calls drained (after a short flush) or shutdownGrace ran out.
+// serveGRPC serves the client and the internal server until ctx ends.
+// Client calls end promptly once shutdown answered what was pending, but
+// the inbound Forward streams of the sink edges never end on their own,
+// so the servers are stopped hard once the client calls drained (after a
+// short flush) or shutdownGrace ran out.
 func (f *Frontend) serveGRPC(ctx context.Context) error {
-	errc := make(chan error, 1)
-	go func() { errc <- f.grpc.Serve(f.cfg.GRPCListener) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
+	servers := []struct {
+		srv *grpc.Server
+		lis net.Listener
+	}{{f.grpc, f.cfg.GRPCListener}, {f.internal, f.cfg.InternalListener}}
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { errc <- s.srv.Serve(s.lis) }()
 	}
-	f.shutdown()
-	grace := time.NewTimer(shutdownGrace)
-	defer grace.Stop()
+	var err error
+	pending := len(servers)
 	select {
-	case <-f.drained:
-	case <-grace.C:
+	case err = <-errc:
+		pending--
+		// One server failed: stop the other too.
+	case <-ctx.Done():
+		f.shutdown()
+		grace := time.NewTimer(shutdownGrace)
+		defer grace.Stop()
+		select {
+		case <-f.drained:
+		case <-grace.C:
+		}
 	}
 	stopped := make(chan struct{})
-	go func() { f.grpc.GracefulStop(); close(stopped) }()
+	go func() {
+		defer close(stopped)
+		for _, s := range servers {
+			s.srv.GracefulStop()
+		}
+	}()
 	flush := time.NewTimer(100 * time.Millisecond)
 	defer flush.Stop()
 	select {
 	case <-stopped:
 	case <-flush.C:
-		f.grpc.Stop()
+		for _, s := range servers {
+			s.srv.Stop()
+		}
 		<-stopped
 	}
-	<-errc
-	return nil
+	for range pending {
+		<-errc
+	}
+	return err
 }
 
 // shutdown answers every pending call with Unavailable and refuses new ones.

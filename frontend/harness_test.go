@@ -180,6 +180,7 @@ type env struct {
 	res      *staticResolver
 	models   map[string]*fakeModel
 	client   hamsv1.FrontendClient
+	grpcAddr string // the client gRPC address (the resolver has the internal one)
 	httpURL  string
 	reg      *prometheus.Registry
 	cancel   context.CancelFunc
@@ -227,9 +228,10 @@ func newEnvWith(t *testing.T, o envOpts) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &env{t: t, res: newStaticResolver(), models: map[string]*fakeModel{}, cancel: cancel, reg: prometheus.NewRegistry()}
 
-	gl, hl := listen(t), listen(t)
-	e.res.set(config.Frontend, gl.Addr().String())
-	cfg := Config{Deployment: dep, Resolver: e.res, GRPCListener: gl, HTTPListener: hl, Registry: e.reg}
+	gl, hl, il := listen(t), listen(t), listen(t)
+	e.grpcAddr = gl.Addr().String()
+	e.res.set(config.Frontend, il.Addr().String())
+	cfg := Config{Deployment: dep, Resolver: e.res, GRPCListener: gl, InternalListener: il, HTTPListener: hl, Registry: e.reg}
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -274,7 +276,7 @@ func newEnvWith(t *testing.T, o envOpts) *env {
 	e.runErr = make(chan error, 1)
 	go func() { e.runErr <- fe.Run(feCtx) }()
 
-	cc, err := grpcx.Dial(gl.Addr().String(), 0)
+	cc, err := grpcx.Dial(e.grpcAddr, 0)
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/mem"
 
 	"github.com/hams-go/hams/internal/backendtest"
-	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
@@ -291,7 +290,7 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 // not Internal; an invalid UTF-8 service name on the HTTP API is NotFound.
 func TestUndecodableRequestsAtTheFrontend(t *testing.T) {
 	e := newEnv(t, "5s")
-	addr, _, _ := e.res.Resolve(config.Frontend)
+	addr := e.grpcAddr
 	cc, err := grpcx.Dial(addr, 0, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
 	if err != nil {
 		t.Fatal(err)

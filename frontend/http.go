@@ -79,8 +79,13 @@ func (f *Frontend) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	// The {service}:predict suffix is not a whole path segment, so the
 	// segment is matched whole and split here.
-	mux.HandleFunc("POST /v1/services/{target}", f.handlePredict)
-	mux.HandleFunc("GET /v1/services", f.handleList)
+	// Client endpoints pass client authentication first (clientauth.go);
+	// health and metrics stay open.
+	mux.HandleFunc("POST /v1/services/{target}", f.httpAuth(f.handlePredict, func(r *http.Request) (string, bool) {
+		svc, ok := strings.CutSuffix(r.PathValue("target"), ":predict")
+		return svc, ok && svc != ""
+	}))
+	mux.HandleFunc("GET /v1/services", f.httpAuth(f.handleList, func(*http.Request) (string, bool) { return "", false }))
 	mux.HandleFunc("GET /healthz", f.handleHealth)
 	mux.Handle("GET /metrics", grpcx.MetricsHandler(f.cfg.Registry))
 	return mux

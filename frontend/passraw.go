@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/hams-go/hams/internal/hamsmd"
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
 // Pass-through of the model-scoped methods outside the frontend's proto
@@ -250,7 +252,7 @@ func rawMessage(b []byte) *emptypb.Empty {
 func (f *Frontend) proxyUnknown(_ any, ss grpc.ServerStream) error {
 	method, _ := grpc.MethodFromServerStream(ss)
 	r, ok := rawRoutes[method]
-	if !ok {
+	if !ok || internalMethod(method) {
 		return status.Errorf(codes.Unimplemented, "method %s is not served by the HAMS frontend", method)
 	}
 	first := &emptypb.Empty{}
@@ -266,6 +268,9 @@ func (f *Frontend) proxyUnknown(_ any, ss grpc.ServerStream) error {
 	}
 	client, err := oneName(method, names)
 	if err != nil {
+		return err
+	}
+	if err := f.authorizeCtx(ss.Context(), client); err != nil {
 		return err
 	}
 	p := f.passFor(client)
@@ -416,9 +421,26 @@ func (f *Frontend) pumpRaw(ctx context.Context, ss grpc.ServerStream, p *passThr
 // metric series and no log lines.
 func unknownGate(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if srv == nil {
-		if _, ok := rawRoutes[info.FullMethod]; !ok {
+		if _, ok := rawRoutes[info.FullMethod]; !ok || internalMethod(info.FullMethod) {
 			return status.Errorf(codes.Unimplemented, "method %s is not served by the HAMS frontend", info.FullMethod)
 		}
 	}
 	return handler(srv, ss)
+}
+
+// internalServices are HAMS's internal gRPC services: never served, nor
+// passed through, on the client port (the frontend serves Dataplane and
+// Replication on its internal listener only).
+var internalServices = []string{
+	hamsv1.Dataplane_ServiceDesc.ServiceName,
+	hamsv1.Replication_ServiceDesc.ServiceName,
+	hamsv1.Manager_ServiceDesc.ServiceName,
+	hamsv1.ModelRuntime_ServiceDesc.ServiceName,
+}
+
+// internalMethod says whether a full method name ("/pkg.Service/Method")
+// is one of an internal service.
+func internalMethod(method string) bool {
+	svc, _, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	return slices.Contains(internalServices, svc)
 }

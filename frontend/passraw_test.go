@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/hams-go/hams/internal/backendtest"
-	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 )
 
@@ -36,7 +35,7 @@ func rawBytes(m *emptypb.Empty) []byte { return m.ProtoReflect().GetUnknown() }
 // proto subset does (raw messages, the default proto codec).
 func passRawClient(t *testing.T, e *env) *grpc.ClientConn {
 	t.Helper()
-	addr, _, _ := e.res.Resolve(config.Frontend)
+	addr := e.grpcAddr
 	cc, err := grpcx.Dial(addr, 0)
 	if err != nil {
 		t.Fatal(err)

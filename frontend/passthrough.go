@@ -70,12 +70,13 @@ type passThrough struct {
 }
 
 // newPassThrough builds the pass-through of model m of service svc (the
-// connection does no I/O until the first call).
-func newPassThrough(m *config.Model, svc string, maxBytes int) (*passThrough, error) {
+// connection does no I/O until the first call); dialOpts are appended to
+// grpcx's (Config.DialOptions).
+func newPassThrough(m *config.Model, svc string, maxBytes int, dialOpts []grpc.DialOption) (*passThrough, error) {
 	if m.Backend.Address == "" {
 		return nil, fmt.Errorf("%w: model %q is served pass-through (ha: off) but its backend has no address", ErrConfig, m.Name)
 	}
-	cc, err := grpcx.Dial(m.Backend.Address, maxBytes)
+	cc, err := grpcx.Dial(m.Backend.Address, maxBytes, dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: pass-through model %q: %w", m.Name, err)
 	}
@@ -142,6 +143,11 @@ func (f *Frontend) forwardWith(ctx context.Context, p *passThrough, defaultDeadl
 	out := metadata.MD{}
 	if in, ok := metadata.FromIncomingContext(ctx); ok {
 		out = hamsmd.Forwardable(in)
+		if f.auth != nil && f.auth.bearer() {
+			// The client's credential is the frontend's (clientauth.go):
+			// it does not travel on to the backend.
+			delete(out, authHeader)
+		}
 	}
 	if _, ok := ctx.Deadline(); !ok && defaultDeadline {
 		var cancel context.CancelFunc

@@ -597,7 +597,7 @@ func (f *Frontend) resendSinks(ctx context.Context) {
 				continue
 			}
 			_, ep, _ := f.cfg.Resolver.Resolve(config.Frontend)
-			cc, err := grpcx.Dial(addr, f.maxBytes)
+			cc, err := grpcx.Dial(addr, f.maxBytes, f.cfg.DialOptions...)
 			if err != nil {
 				f.log.Warn("sink resend: dial", "model", sink, "addr", addr, "err", err)
 				continue

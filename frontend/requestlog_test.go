@@ -119,6 +119,7 @@ type feHandle struct {
 	fe     *Frontend
 	client hamsv1.FrontendClient
 	repl   hamsv1.ReplicationClient
+	// addr is the internal address (the one registered in the topology).
 	addr   string
 	cancel context.CancelFunc
 	done   chan error
@@ -131,8 +132,8 @@ func (e *env) addFrontend(t *testing.T, yaml string, more func(*Config)) *feHand
 	if err != nil {
 		t.Fatal(err)
 	}
-	gl := listen(t)
-	cfg := Config{Deployment: dep, Resolver: e.res, GRPCListener: gl, Registry: prometheus.NewRegistry()}
+	gl, il := listen(t), listen(t)
+	cfg := Config{Deployment: dep, Resolver: e.res, GRPCListener: gl, InternalListener: il, Registry: prometheus.NewRegistry()}
 	if more != nil {
 		more(&cfg)
 	}
@@ -141,14 +142,18 @@ func (e *env) addFrontend(t *testing.T, yaml string, more func(*Config)) *feHand
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &feHandle{fe: fe, addr: gl.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	h := &feHandle{fe: fe, addr: il.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- fe.Run(ctx) }()
-	cc, err := grpcx.Dial(h.addr, 0)
+	cc, err := grpcx.Dial(gl.Addr().String(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.client, h.repl = hamsv1.NewFrontendClient(cc), hamsv1.NewReplicationClient(cc)
-	t.Cleanup(func() { _ = cc.Close(); h.stop(t) })
+	icc, err := grpcx.Dial(h.addr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.client, h.repl = hamsv1.NewFrontendClient(cc), hamsv1.NewReplicationClient(icc)
+	t.Cleanup(func() { _ = cc.Close(); _ = icc.Close(); h.stop(t) })
 	return h
 }
 

@@ -78,6 +78,9 @@ type Deployment struct {
 	Limits Limits `yaml:"limits"`
 	// Replay configures mode "replay" (replay.go).
 	Replay Replay `yaml:"replay"`
+	// ClientAuth authenticates the frontend's clients (clientauth.go);
+	// nil: open client ports.
+	ClientAuth *ClientAuth `yaml:"client_auth,omitempty"`
 }
 
 // Limits bounds what the frontend and sidecars accept.
@@ -424,6 +427,7 @@ func (d *Deployment) Validate() error {
 		errs = append(errs, invalid("limits.max_inflight_bytes %d is negative", d.Limits.MaxInflightBytes))
 	}
 	errs = append(errs, d.Replay.validate()...)
+	errs = append(errs, d.ClientAuth.validate(d)...)
 	hosts := map[string]bool{}
 	for _, h := range d.Hosts {
 		if hosts[h] {
