@@ -130,6 +130,10 @@ type deployment struct {
 	FrontendHTTP  string
 	Frontends     []string
 	FrontendHTTPs []string
+	// FrontendInternals are the frontends' internal addresses (Dataplane,
+	// Replication), in the same order: the topology names the frontends
+	// by these, never by their client addresses.
+	FrontendInternals []string
 	// ModelServers maps each model to its (primary) model server address.
 	ModelServers map[string]string
 	// BackupServers maps each replicated model to its backup's model server.
@@ -422,6 +426,7 @@ func (d *deployment) managerList() string { return strings.Join(d.Managers, ",")
 func (d *deployment) startFrontends(ctx context.Context, n int, withLog bool) error {
 	d.Frontends = make([]string, n)
 	d.FrontendHTTPs = make([]string, n)
+	d.FrontendInternals = make([]string, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -443,12 +448,19 @@ func (d *deployment) startFrontends(ctx context.Context, n int, withLog bool) er
 				args = append(args, "--http", d.opt.FrontendHTTP)
 			}
 			name := childName("frontend", strconv.Itoa(i))
-			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "http")})
+			restart := relisten(args, "http")
+			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: func(last launch.Ready) []string {
+				out := restart(last)
+				if a := last.String("internal"); a != "" {
+					out = append(out, "--internal-listen", a)
+				}
+				return out
+			}})
 			if err != nil {
 				errs[i] = fmt.Errorf("start %s: %w", name, err)
 				return
 			}
-			d.Frontends[i], d.FrontendHTTPs[i] = r.String("grpc"), r.String("http")
+			d.Frontends[i], d.FrontendHTTPs[i], d.FrontendInternals[i] = r.String("grpc"), r.String("http"), r.String("internal")
 		}()
 	}
 	wg.Wait()
@@ -482,7 +494,7 @@ func (d *deployment) waitTopology(ctx context.Context) error {
 		t, err := d.mgrs.topology(ctx)
 		if err == nil {
 			missing = d.missing(t)
-			for _, f := range d.Frontends {
+			for _, f := range d.FrontendInternals {
 				if !slices.Contains(t.GetFrontends(), f) {
 					missing = append(missing, "frontend "+f)
 				}

@@ -289,7 +289,7 @@ func (d *deployment) resolveControl(ctx context.Context, role, index string) (re
 		lead = d.mgrs.active(ctx)
 	case "frontend":
 		if t, err := d.topology(ctx); err == nil && len(t.GetFrontends()) > 0 {
-			lead = slices.Index(d.Frontends, t.GetFrontends()[0])
+			lead = slices.Index(d.FrontendInternals, t.GetFrontends()[0])
 		}
 	}
 	if i < 0 {

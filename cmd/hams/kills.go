@@ -241,7 +241,7 @@ func (d *deployment) controlRestored(ctx context.Context, t *hamsv1.Topology, ki
 		}
 		return active
 	case "frontend":
-		for _, f := range d.Frontends {
+		for _, f := range d.FrontendInternals {
 			if !slices.Contains(t.GetFrontends(), f) {
 				return false
 			}

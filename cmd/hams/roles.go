@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -361,6 +362,7 @@ func runFrontend(args []string) error {
 	rf := newRoleFlags("frontend")
 	mgr := rf.fs.String("manager", "", "manager gRPC address (required; comma-separated for an active manager and standbys: the frontend follows the active one)")
 	httpAddr := rf.fs.String("http", "127.0.0.1:0", "HTTP/JSON API listen address")
+	internalAddr := rf.fs.String("internal-listen", "", "internal gRPC listen address (Dataplane, Replication: the sidecars and the manager call it; it is the address registered in the topology); default: the host of --listen (loopback when that is a wildcard), a free port")
 	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine; required when the deployment replicates a stateful model, and with --request-log")
 	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (<dir>/<name>/replies.jsonl)")
 	name := rf.fs.String("name", "", "name of this frontend in completion notices and its audit subdirectory (default frontend)")
@@ -382,37 +384,57 @@ func runFrontend(args []string) error {
 	if err != nil {
 		return err
 	}
-	addr := r.grpc.Addr().String()
+	if *internalAddr == "" {
+		*internalAddr = internalListenDefault(r.grpc.Addr())
+	}
+	il, err := r.listen(*internalAddr, "internal gRPC")
+	if err != nil {
+		hl.Close()
+		return err
+	}
+	closeAll := func() {
+		r.close()
+		hl.Close()
+		il.Close()
+	}
+	// The topology names the frontend by its internal address: the sink
+	// models' sidecars Forward to it, the manager calls Resend there.
+	addr := il.Addr().String()
 	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: "frontend/" + addr, Address: addr, Pid: int32(os.Getpid()),
 	}})
 	if err != nil {
-		r.close()
-		hl.Close()
+		closeAll()
 		return &exitError{code: 2, err: err}
 	}
 	fcfg := frontend.Config{
-		Deployment:   r.dep,
-		Resolver:     mc,
-		GRPCListener: r.grpc,
-		HTTPListener: hl,
-		Logger:       r.log,
-		Registry:     r.reg,
-		Name:         *name,
-		AuditDir:     *audit,
+		Deployment:       r.dep,
+		Resolver:         mc,
+		GRPCListener:     r.grpc,
+		InternalListener: il,
+		HTTPListener:     hl,
+		Logger:           r.log,
+		Registry:         r.reg,
+		Name:             *name,
+		AuditDir:         *audit,
+		Address:          addr,
+	}
+	if r.dep.ClientAuth != nil {
+		if fcfg.ClientAuth, err = frontend.NewClientAuth(r.dep.ClientAuth, r.log); err != nil {
+			closeAll()
+			return &exitError{code: 2, err: err}
+		}
 	}
 	if coordinated(r.dep) || *requestLog {
 		if *natsURL == "" {
-			r.close()
-			hl.Close()
+			closeAll()
 			return usageErr("frontend: deployment %q replicates stateful models (mode %s): --nats is required", r.dep.Name, r.dep.Mode)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		co, nc, err := openCoord(ctx, *natsURL, r.dep.Name, "frontend", r.log)
 		cancel()
 		if err != nil {
-			r.close()
-			hl.Close()
+			closeAll()
 			return err
 		}
 		defer nc.Close()
@@ -423,15 +445,28 @@ func runFrontend(args []string) error {
 	}
 	fe, err := frontend.New(fcfg)
 	if err != nil {
-		r.close()
-		hl.Close()
+		closeAll()
 		return &exitError{code: 2, err: err}
 	}
 	r.fields["http"] = hl.Addr().String()
+	r.fields["internal"] = addr
 	return r.serve(func(ctx context.Context) error {
 		g := newGroup(ctx)
 		g.Go("frontend", fe.Run)
 		g.Go("manager client", mc.Run)
 		return g.Wait()
 	}, nil, nil)
+}
+
+// internalListenDefault is the frontend's default --internal-listen: the
+// host of its client gRPC address (loopback when that is a wildcard: the
+// address is registered in the topology, where a wildcard cannot be
+// dialed, and it is never offered beyond the host by default), a free
+// port.
+func internalListenDefault(client net.Addr) string {
+	host := "127.0.0.1"
+	if ta, ok := client.(*net.TCPAddr); ok && ta.IP != nil && !ta.IP.IsUnspecified() {
+		host = ta.IP.String()
+	}
+	return net.JoinHostPort(host, "0")
 }

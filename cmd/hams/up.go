@@ -23,6 +23,11 @@ type upReady struct {
 	Frontends     []string `json:"frontends"`
 	FrontendsHTTP []string `json:"frontends_http"`
 	Managers      []string `json:"managers"`
+	// FrontendInternal is the first frontend's internal address
+	// (Dataplane, Replication: for the deployment's components, never for
+	// clients), FrontendsInternal every frontend's.
+	FrontendInternal  string   `json:"frontend_internal,omitempty"`
+	FrontendsInternal []string `json:"frontends_internal,omitempty"`
 }
 
 // prepareAudit creates the audit directory and returns its absolute path
@@ -133,7 +138,8 @@ func runUp(args []string) error {
 	defer d.Close()
 	tfs, ks := compatEndpoints(ctx, d.FrontendGRPC)
 	b, _ := json.Marshal(upReady{FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
-		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers})
+		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers,
+		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals})
 	fmt.Println(string(b))
 	<-ctx.Done()
 	fmt.Fprintln(os.Stderr, "hams up: stopping")
