@@ -18,7 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/internal/grpcx"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -83,6 +85,11 @@ type Config struct {
 	ID       string
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
+	// TLS, when set, serves the manager API over mutual TLS (callers
+	// verified and authorized by identity, internal/authz) and secures
+	// the manager's recovery calls to sidecars. Its identity must be a
+	// manager of Deployment. Nil: plaintext (--insecure).
+	TLS *pki.Source
 }
 
 // Manager holds the deployment state of one deployment in a JetStream KV
@@ -109,6 +116,8 @@ type Manager struct {
 	lease     *lease
 	recCh     chan recEvent
 	keepLease bool // tests: do not release the lease on stop
+	// authz decides who may call the manager API (nil: plaintext).
+	authz *authz.Authorizer
 
 	mu       sync.Mutex // guards the fields below
 	members  *Membership
@@ -178,6 +187,11 @@ func New(cfg Config) (*Manager, error) {
 		host, _ := os.Hostname()
 		cfg.ID = fmt.Sprintf("%s/%d/%08x", host, os.Getpid(), rand.Uint32())
 	}
+	if cfg.TLS != nil && cfg.Deployment != nil {
+		if self := cfg.TLS.Identity(); self.Role != pki.RoleManager || self.Deployment != cfg.Deployment.Name {
+			errs = append(errs, fmt.Errorf("%w: certificate %v is not a manager of deployment %q", ErrConfig, self, cfg.Deployment.Name))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -199,7 +213,30 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Registry != nil {
 		m.grpcMetrics = grpcx.NewServerMetrics(cfg.Registry)
 	}
+	if cfg.TLS != nil {
+		az, err := authz.New(authz.Config{Self: cfg.TLS.Identity(), Facts: registrations{m}, Logger: m.log})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		m.authz = az
+	}
 	return m, nil
+}
+
+// registrations answer the authorizer's question of who registered a
+// component id: a registration made by the caller's identity (its kind
+// is the caller's role, its model one the caller serves). Only the
+// registration is kept, not the certificate that made it, so a manager
+// that took over answers as its predecessor did.
+type registrations struct{ m *Manager }
+
+func (r registrations) Feeds(pki.Identity) bool { return false }
+
+func (r registrations) RegisteredBy(id string, caller pki.Identity) bool {
+	r.m.mu.Lock()
+	reg := r.m.regs[id]
+	r.m.mu.Unlock()
+	return reg != nil && authz.RegistrationMatches(reg.GetKind(), reg.GetModel(), caller)
 }
 
 // Ready is closed once NATS is up, the deployment state is loaded and the
@@ -254,7 +291,11 @@ func (m *Manager) Run(ctx context.Context) error {
 		return err
 	}
 
-	srv := grpc.NewServer(grpcx.ServerOptions(m.log, m.grpcMetrics, m.cfg.Deployment.Limits.MaxMessageBytes)...)
+	opts := grpcx.ServerOptions(m.log, m.grpcMetrics, m.cfg.Deployment.Limits.MaxMessageBytes)
+	if m.authz != nil {
+		opts = append(append(opts, grpcx.ServerTLS(m.cfg.TLS)), m.authz.ServerOptions()...)
+	}
+	srv := grpc.NewServer(opts...)
 	hamsv1.RegisterManagerServer(srv, &service{m: m})
 
 	ctx, cancel := context.WithCancel(ctx)

@@ -135,7 +135,11 @@ func (d *driver) conn(addr string) (hamsv1.ReplicationClient, error) {
 	cc := d.conns[addr]
 	if cc == nil {
 		var err error
-		cc, err = grpcx.Dial(addr, d.m.cfg.Deployment.Limits.MaxMessageBytes)
+		var opts []grpc.DialOption
+		if d.m.cfg.TLS != nil {
+			opts = append(opts, grpcx.DialTLS(d.m.cfg.TLS))
+		}
+		cc, err = grpcx.Dial(addr, d.m.cfg.Deployment.Limits.MaxMessageBytes, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/authz"
+	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -143,12 +146,23 @@ func (s *Sidecar) bulkConn(c net.Conn) {
 			s.log.Error("panic in a bulk snapshot", "panic", p, "peer", c.RemoteAddr())
 		}
 	}()
-	br := bufio.NewReaderSize(c, 64<<10)
-	bw := bufio.NewWriterSize(c, 4<<10)
+	// The magic is read unbuffered: with TLS, the handshake's bytes
+	// follow it on the raw connection.
 	magic := make([]byte, len(bulkMagic))
-	if _, err := io.ReadFull(br, magic); err != nil || string(magic) != bulkMagic {
+	_ = c.SetReadDeadline(time.Now().Add(shipTimeout))
+	if _, err := io.ReadFull(c, magic); err != nil || string(magic) != bulkMagic {
 		return
 	}
+	if s.cfg.TLS != nil {
+		tc, err := s.bulkHandshake(c)
+		if err != nil {
+			s.log.Warn("bulk stream refused", "peer", c.RemoteAddr().String(), "err", err)
+			return
+		}
+		c = tc
+	}
+	br := bufio.NewReaderSize(c, 64<<10)
+	bw := bufio.NewWriterSize(c, 4<<10)
 	for {
 		// Between snapshots the connection may idle; a snapshot once
 		// begun must arrive within shipTimeout.
@@ -181,6 +195,25 @@ func (s *Sidecar) bulkConn(c net.Conn) {
 			return
 		}
 	}
+}
+
+// bulkHandshake secures a bulk connection after its magic (the magic is
+// plaintext so the port's mux can tell the stream from gRPC; everything
+// after it is mutual TLS) and authorizes the peer: only a sidecar of this
+// model ships snapshots to it (authz.BulkShip).
+func (s *Sidecar) bulkHandshake(c net.Conn) (net.Conn, error) {
+	tc := tls.Server(c, s.cfg.TLS.ServerConfig())
+	if err := tc.Handshake(); err != nil {
+		return nil, fmt.Errorf("bulk stream TLS handshake: %w", err)
+	}
+	peer, err := pki.IdentityOf(tc.ConnectionState())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.authz.Allow(authz.BulkShip, peer, nil); err != nil {
+		return nil, err
+	}
+	return tc, nil
 }
 
 // bulkSnapshot reads the rest of one snapshot (its header frame hb was
@@ -370,10 +403,27 @@ func (sh *shipper) bulkTo(ctx context.Context, addr string) (*bulkClient, error)
 	if err != nil {
 		return nil, fmt.Errorf("dial bulk stream to %s: %w", addr, err)
 	}
+	if tlsSrc := sh.s.cfg.TLS; tlsSrc != nil {
+		// The magic in plaintext, then mutual TLS (bulkHandshake).
+		_ = c.SetDeadline(time.Now().Add(bulkDialTimeout))
+		if _, err := c.Write([]byte(bulkMagic)); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
+		}
+		tc := tls.Client(c, tlsSrc.ClientConfig())
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("bulk stream TLS handshake with %s: %w", addr, err)
+		}
+		_ = c.SetDeadline(time.Time{})
+		c = tc
+	}
 	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 64<<10)}
-	if _, err := bc.bw.WriteString(bulkMagic); err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
+	if sh.s.cfg.TLS == nil {
+		if _, err := bc.bw.WriteString(bulkMagic); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
+		}
 	}
 	sh.bulk = bc
 	return bc, nil

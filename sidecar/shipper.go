@@ -436,7 +436,7 @@ func (sh *shipper) run(ctx context.Context) error {
 				if cc != nil {
 					_ = cc.Close()
 				}
-				cc, err = grpcx.Dial(addr, s.maxMsg, sh.dialOptions...)
+				cc, err = grpcx.Dial(addr, s.maxMsg, append(slices.Clip(s.dialOpts), sh.dialOptions...)...)
 				if err != nil {
 					return fmt.Errorf("dial backup %s: %w", addr, err)
 				}

@@ -16,10 +16,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
+	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/sidecar/nspb"
 )
@@ -108,6 +110,12 @@ type Config struct {
 	// protected mode a backend unhealthy for BackendLostAfter and
 	// healthFailures checks in a row stops the sidecar (fail-stop).
 	HealthInterval time.Duration
+	// TLS, when set, secures every internal hop of this sidecar with
+	// mutual TLS under its certificate: the gRPC port (callers verified
+	// and authorized by identity, internal/authz), out-edges, snapshot
+	// shipments and the bulk stream. Its identity must be a sidecar of
+	// Model. Nil: plaintext (--insecure).
+	TLS *pki.Source
 }
 
 // AnyInput is the declared input name that accepts every tensor of a request.
@@ -132,6 +140,11 @@ type Sidecar struct {
 	maxMsg     int
 	metrics    *metrics
 	serverOpts []grpc.ServerOption
+	// dialOpts are appended to every internal dial (TLS credentials).
+	dialOpts []grpc.DialOption
+	// authz decides who may call this sidecar (nil: plaintext, no
+	// identities).
+	authz *authz.Authorizer
 
 	receiver *edge.Receiver
 	senders  []*edge.Sender // one per successor, in Graph.Succ order
@@ -304,6 +317,19 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	grpcM := grpcx.NewServerMetrics(reg)
 	s.serverOpts = grpcx.ServerOptions(log, grpcM, s.maxMsg)
+	if cfg.TLS != nil {
+		self := cfg.TLS.Identity()
+		if self.Role != pki.RoleSidecar || !self.ServesModel(cfg.Model) || self.Deployment != cfg.Deployment.Name {
+			return nil, fmt.Errorf("%w: certificate %v is not a sidecar of model %q of deployment %q", ErrConfig, self, cfg.Model, cfg.Deployment.Name)
+		}
+		az, err := authz.New(authz.Config{Self: self, Facts: authz.NewGraphFacts(cfg.Deployment, cfg.Model), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		s.authz = az
+		s.serverOpts = append(append(s.serverOpts, grpcx.ServerTLS(cfg.TLS)), az.ServerOptions()...)
+		s.dialOpts = []grpc.DialOption{grpcx.DialTLS(cfg.TLS)}
+	}
 	s.graph = g
 	s.idx = newLineageIndex()
 	s.epochV.Store(cfg.Epoch)
@@ -350,7 +376,7 @@ func (s *Sidecar) newSenders() error {
 	for _, to := range s.succs {
 		snd, err := edge.NewSender(edge.SenderConfig{
 			From: s.cfg.Model, To: to, Resolver: s.cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: s.log,
-			Epoch: s.epoch, Position: s.position,
+			Epoch: s.epoch, Position: s.position, DialOptions: s.dialOpts,
 		})
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrConfig, err)

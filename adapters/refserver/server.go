@@ -19,7 +19,9 @@ import (
 
 	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
@@ -42,6 +44,11 @@ type Config struct {
 	// and Compute call, on every API and hosted model, is delayed or
 	// frozen before it computes (see StraggleConfig).
 	Straggle *StraggleConfig
+	// TLS, when set, serves over mutual TLS: only the sidecars of the
+	// hosted models (and operators, for reads) may call, by their
+	// certificates' identities (internal/authz). Its identity must be a
+	// model server of the deployment. Nil: plaintext.
+	TLS *pki.Source
 }
 
 // Server hosts models on one gRPC port.
@@ -130,7 +137,19 @@ func New(cfg Config) (*Server, error) {
 	if s.maxBytes <= 0 {
 		s.maxBytes = grpcx.DefaultMaxMessageBytes
 	}
-	s.srv = grpc.NewServer(grpcx.ServerOptions(s.log, gm, s.maxBytes)...)
+	opts := grpcx.ServerOptions(s.log, gm, s.maxBytes)
+	if cfg.TLS != nil {
+		self := cfg.TLS.Identity()
+		if self.Role != pki.RoleModelServer || self.Deployment != cfg.Deployment.Name {
+			return nil, fmt.Errorf("%w: certificate %v is not a model server of deployment %q", ErrConfig, self, cfg.Deployment.Name)
+		}
+		az, err := authz.New(authz.Config{Self: self, Logger: s.log})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		opts = append(append(opts, grpcx.ServerTLS(cfg.TLS)), az.ServerOptions()...)
+	}
+	s.srv = grpc.NewServer(opts...)
 	hamsv1.RegisterModelRuntimeServer(s.srv, &runtimeAPI{s: s})
 	inference.RegisterGRPCInferenceServiceServer(s.srv, &kserveAPI{s: s})
 	tfapis.RegisterPredictionServiceServer(s.srv, &predictAPI{s: s})

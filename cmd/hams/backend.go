@@ -15,6 +15,7 @@ import (
 	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
+	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/internal/shm"
 	"github.com/hams-go/hams/sidecar"
 )
@@ -54,12 +55,17 @@ func coordinated(dep *config.Deployment) bool {
 // newBackend builds the sidecar's backend for model m at addr. role names
 // the instance (primary or backup) so shared-memory keys of two instances
 // on one host do not collide. The returned close releases the connection.
-func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log *slog.Logger) (sidecar.Backend, func(), error) {
+func newBackend(dep *config.Deployment, m *config.Model, addr, role string, log *slog.Logger, tlsSrc *pki.Source) (sidecar.Backend, func(), error) {
 	maxMsg := dep.Limits.MaxMessageBytes
 	// Calls that run a batch carry its requests' identity (hamsmd: the
-	// sidecar is the Source on its context).
+	// sidecar is the Source on its context). tlsSrc: a HAMS model server
+	// with certificates (mutual TLS; nil: plaintext).
 	dial := func() (*grpc.ClientConn, error) {
-		return grpcx.Dial(addr, maxMsg, grpc.WithChainUnaryInterceptor(hamsmd.UnaryClientInterceptor()))
+		opts := []grpc.DialOption{grpc.WithChainUnaryInterceptor(hamsmd.UnaryClientInterceptor())}
+		if tlsSrc != nil {
+			opts = append(opts, grpcx.DialTLS(tlsSrc))
+		}
+		return grpcx.Dial(addr, maxMsg, opts...)
 	}
 	switch m.Backend.Type {
 	case "", "reference":

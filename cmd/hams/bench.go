@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
@@ -44,6 +46,9 @@ type benchRow struct {
 	ThroughputRPS float64 `json:"throughput_rps"`
 	Errors        int     `json:"errors"`
 	Hops          int     `json:"hops"`
+	// Transport of the internal hops: tls (mutual TLS, the default) or
+	// insecure (--transport insecure).
+	Transport string `json:"transport,omitempty"`
 	// Backends are the backend types of the service's models (sorted,
 	// distinct): reference, tfserving, triton, clipper.
 	Backends []string `json:"backends,omitempty"`
@@ -124,6 +129,7 @@ func runBench(args []string) error {
 	isolate := fs.Bool("isolate-replicas", false, "pin the serving path (frontend, serving sidecars and model servers) to half of the CPUs and backups, standbys, the manager and the load generator to the other half, in every mode (the paper's separate hosts; see pin.go)")
 	seed := fs.Uint64("seed", 1, "input seed")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-request deadline")
+	transportsFlag := fs.String("transport", "tls", "comma-separated internal transports, each a deployment of every mode, interleaved: tls (mutual TLS with per-process certificates, the default) and insecure (plaintext, --insecure): tls,insecure measures what mutual TLS costs")
 	suspicion := fs.Duration("suspicion-timeout", time.Second, "failure-suspicion timeout of each deployment's manager (bench measures the failure-free case; every mode's deployment shares the cores, so scheduling delays must not pass for failures)")
 	var tf taskFlags
 	tf.register(fs)
@@ -140,6 +146,15 @@ func runBench(args []string) error {
 		}
 		if !slices.Contains(benchImplemented, m) {
 			return usageErr("bench: mode %s is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
+		}
+	}
+	transports := splitList(*transportsFlag)
+	if len(transports) == 0 {
+		return usageErr("bench: --transport is empty")
+	}
+	for _, t := range transports {
+		if t != "tls" && t != "insecure" {
+			return usageErr("bench: --transport %q: tls or insecure", t)
 		}
 	}
 	if *batch < 1 || *batch > 4096 || *requests < 1 || *rounds < 1 || *timeout <= 0 {
@@ -194,7 +209,7 @@ func runBench(args []string) error {
 		r, err := benchService(ctx, benchOpts{
 			service: svc, raw: fileRaw, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
 			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: tf, waves: *load == "waves",
-			serving: serving, replicas: replicas, set: *set,
+			serving: serving, replicas: replicas, set: *set, transports: transports,
 		})
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", svc, err)
@@ -202,6 +217,7 @@ func runBench(args []string) error {
 		rows = append(rows, r...)
 	}
 	printBench(os.Stdout, rows)
+	printTLSCost(os.Stdout, rows)
 	printOverheads(os.Stdout, rows)
 	printShipping(os.Stdout, rows, memcpyMBs())
 	if *plotPath != "" {
@@ -234,6 +250,8 @@ type benchOpts struct {
 	// set: the example set (--examples).
 	set string
 	tf  taskFlags
+	// transports: tls, insecure (--transport).
+	transports []string
 }
 
 func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
@@ -277,11 +295,13 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 
 	// One deployment per mode, all started before the first round.
 	type runner struct {
-		mode string
-		d    *deployment
-		run  func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
-		acc  modeRun
-		m0   metricSnap
+		mode      string
+		transport string
+		label     string // mode, or mode/insecure
+		d         *deployment
+		run       func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
+		acc       modeRun
+		m0        metricSnap
 	}
 	var runners []*runner
 	defer func() {
@@ -290,85 +310,91 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		}
 	}()
 	for _, mode := range o.modes {
-		dep, err := svcCfg()
-		if err != nil {
-			return nil, err
-		}
-		dep.Mode = mode
-		if mode == "direct" {
-			dep.Mode = "bare"
-		}
-		for i := range dep.Models {
-			dep.Models[i].Batch.Size = o.batch
-		}
-		d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, mode), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion,
-			// One frontend without a request log, one manager and no
-			// spare backups: bench measures the data path, which neither
-			// a second frontend, a standby manager nor a spare is on.
-			Frontends: 1, Managers: 1, NoSpares: true})
-		if err != nil {
-			return nil, fmt.Errorf("start %s deployment: %w", mode, err)
-		}
-		r := &runner{mode: mode, d: d}
-		runners = append(runners, r)
-		if o.serving != nil {
-			if err := isolateReplicas(d, o.serving, o.replicas); err != nil {
-				return nil, fmt.Errorf("%s: isolate replicas: %w", mode, err)
+		for _, transport := range o.transports {
+			label := mode
+			if len(o.transports) > 1 {
+				label = mode + "/" + transport
 			}
-		}
-		switch mode {
-		case "direct":
-			ch, err := newDirectChain(ctx, d, svc.Name)
+			dep, err := svcCfg()
 			if err != nil {
 				return nil, err
 			}
-			defer func() {
-				for _, c := range ch.closers {
-					c()
+			dep.Mode = mode
+			if mode == "direct" {
+				dep.Mode = "bare"
+			}
+			for i := range dep.Models {
+				dep.Models[i].Batch.Size = o.batch
+			}
+			d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, strings.ReplaceAll(label, "/", "-")), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion,
+				// One frontend without a request log, one manager and no
+				// spare backups: bench measures the data path, which neither
+				// a second frontend, a standby manager nor a spare is on.
+				Frontends: 1, Managers: 1, NoSpares: true, Insecure: transport == "insecure"})
+			if err != nil {
+				return nil, fmt.Errorf("start %s deployment: %w", label, err)
+			}
+			r := &runner{mode: mode, transport: transport, label: label, d: d}
+			runners = append(runners, r)
+			if o.serving != nil {
+				if err := isolateReplicas(d, o.serving, o.replicas); err != nil {
+					return nil, fmt.Errorf("%s: isolate replicas: %w", mode, err)
 				}
-			}()
-			gen, err := loadgen.NewGenerator(dep.Service(svc.Name), o.seed, 1, loadgen.Fashion())
-			if err != nil {
-				return nil, err
 			}
-			r.run = func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error) {
-				return ch.drive(ctx, gen, o.batch, n, o.timeout)
-			}
-		default:
-			cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes)
-			if err != nil {
-				return nil, err
-			}
-			defer cc.Close()
-			client := hamsv1.NewFrontendClient(cc)
-			gens := make([]*loadgen.Generator, o.batch)
-			for i := range gens {
-				if gens[i], err = loadgen.NewGenerator(dep.Service(svc.Name), o.seed+uint64(i), 1, loadgen.Fashion()); err != nil {
+			switch mode {
+			case "direct":
+				ch, err := newDirectChain(ctx, d, svc.Name)
+				if err != nil {
 					return nil, err
 				}
-			}
-			var mu sync.Mutex
-			var firstErr error
-			r.run = func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error) {
-				rec := loadgen.NewRecorder()
-				start := time.Now()
-				_, err := loadgen.Run(ctx, loadgen.RunConfig{
-					Client: client, Concurrency: o.batch, Requests: n, Timeout: o.timeout, Recorder: rec, Waves: o.waves,
-					NewRequest: func(c int, i uint64) *hamsv1.PredictRequest {
-						return &hamsv1.PredictRequest{Service: svc.Name, StreamId: fmt.Sprintf("bench-%d", c), Inputs: gens[c].Inputs()}
-					},
-					OnResult: func(res loadgen.Result) {
-						if res.Err != nil {
-							mu.Lock()
-							if firstErr == nil {
-								firstErr = res.Err
-								fmt.Fprintf(os.Stderr, "hams bench: %s %s: request failed: %v\n", svc.Name, mode, res.Err)
+				defer func() {
+					for _, c := range ch.closers {
+						c()
+					}
+				}()
+				gen, err := loadgen.NewGenerator(dep.Service(svc.Name), o.seed, 1, loadgen.Fashion())
+				if err != nil {
+					return nil, err
+				}
+				r.run = func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error) {
+					return ch.drive(ctx, gen, o.batch, n, o.timeout)
+				}
+			default:
+				cc, err := grpcx.Dial(d.FrontendGRPC, dep.Limits.MaxMessageBytes)
+				if err != nil {
+					return nil, err
+				}
+				defer cc.Close()
+				client := hamsv1.NewFrontendClient(cc)
+				gens := make([]*loadgen.Generator, o.batch)
+				for i := range gens {
+					if gens[i], err = loadgen.NewGenerator(dep.Service(svc.Name), o.seed+uint64(i), 1, loadgen.Fashion()); err != nil {
+						return nil, err
+					}
+				}
+				var mu sync.Mutex
+				var firstErr error
+				r.run = func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error) {
+					rec := loadgen.NewRecorder()
+					start := time.Now()
+					_, err := loadgen.Run(ctx, loadgen.RunConfig{
+						Client: client, Concurrency: o.batch, Requests: n, Timeout: o.timeout, Recorder: rec, Waves: o.waves,
+						NewRequest: func(c int, i uint64) *hamsv1.PredictRequest {
+							return &hamsv1.PredictRequest{Service: svc.Name, StreamId: fmt.Sprintf("bench-%d", c), Inputs: gens[c].Inputs()}
+						},
+						OnResult: func(res loadgen.Result) {
+							if res.Err != nil {
+								mu.Lock()
+								if firstErr == nil {
+									firstErr = res.Err
+									fmt.Fprintf(os.Stderr, "hams bench: %s %s: request failed: %v\n", svc.Name, mode, res.Err)
+								}
+								mu.Unlock()
 							}
-							mu.Unlock()
-						}
-					},
-				})
-				return rec, time.Since(start), err
+						},
+					})
+					return rec, time.Since(start), err
+				}
 			}
 		}
 	}
@@ -381,7 +407,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	for _, r := range runners {
 		if o.warmup > 0 {
 			if _, _, err := r.run(ctx, o.warmup); err != nil {
-				return nil, fmt.Errorf("%s warm-up: %w", r.mode, err)
+				return nil, fmt.Errorf("%s warm-up: %w", r.label, err)
 			}
 		}
 		if r.mode != "direct" {
@@ -397,10 +423,10 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		for _, r := range runners {
 			rec, el, err := r.run(ctx, n)
 			if err != nil {
-				return nil, fmt.Errorf("%s round %d: %w", r.mode, round+1, err)
+				return nil, fmt.Errorf("%s round %d: %w", r.label, round+1, err)
 			}
 			r.acc.add(rec, el)
-			fmt.Fprintf(os.Stderr, "  round %d/%d %-6s %5d requests in %v\n", round+1, o.rounds, r.mode, n, el.Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "  round %d/%d %-6s %5d requests in %v\n", round+1, o.rounds, r.label, n, el.Round(time.Millisecond))
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -410,6 +436,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 	for _, r := range runners {
 		row := r.acc.row(o.service, r.mode, o.batch, hops)
 		row.Backends = backends
+		row.Transport = r.transport
 		if r.mode != "direct" {
 			m1 := scrapeMetrics(r.d.benchMetrics())
 			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && r.mode != "bare" {
@@ -565,9 +592,19 @@ func newDirectChain(ctx context.Context, d *deployment, service string) (*direct
 	var refs []string
 	for _, m := range c.order {
 		mc := d.dep.Model(m)
+		// The direct chain stands in for the model's sidecar: it calls
+		// the model server with a sidecar identity of that model.
+		src, err := d.directSource(m)
+		if err != nil {
+			return nil, err
+		}
 		if mc.Backend.Type == "reference" {
 			refs = append(refs, m)
-			cc, err := grpcx.Dial(d.ModelServers[m], d.dep.Limits.MaxMessageBytes)
+			var opts []grpc.DialOption
+			if src != nil {
+				opts = append(opts, grpcx.DialTLS(src))
+			}
+			cc, err := grpcx.Dial(d.ModelServers[m], d.dep.Limits.MaxMessageBytes, opts...)
 			if err != nil {
 				return nil, err
 			}
@@ -578,7 +615,7 @@ func newDirectChain(ctx context.Context, d *deployment, service string) (*direct
 			}
 			continue
 		}
-		be, closeBE, err := newBackend(d.dep, mc, d.ModelServers[m], "direct", d.log)
+		be, closeBE, err := newBackend(d.dep, mc, d.ModelServers[m], "direct", d.log, src)
 		if err != nil {
 			return nil, err
 		}
@@ -700,8 +737,46 @@ func (c *directChain) drive(ctx context.Context, gen *loadgen.Generator, batch, 
 	return rec, time.Since(start), ctx.Err()
 }
 
+// printTLSCost prints, per service and mode measured with both
+// transports, what mutual TLS added: the p50 difference, and per hop
+// (the frontend's and each model's internal hops: hops + 1).
+func printTLSCost(w io.Writer, rows []benchRow) {
+	type key struct{ service, mode string }
+	tls, plain := map[key]*benchRow{}, map[key]*benchRow{}
+	var order []key
+	for i := range rows {
+		r := &rows[i]
+		k := key{r.Service, r.Mode}
+		switch r.Transport {
+		case "tls":
+			if tls[k] == nil && plain[k] == nil {
+				order = append(order, k)
+			}
+			tls[k] = r
+		case "insecure":
+			if tls[k] == nil && plain[k] == nil {
+				order = append(order, k)
+			}
+			plain[k] = r
+		}
+	}
+	header := false
+	for _, k := range order {
+		t, p := tls[k], plain[k]
+		if t == nil || p == nil || k.mode == "direct" {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(w, "\nmutual TLS cost (tls - insecure, same run):\n%-12s %-7s %12s %12s %14s\n", "service", "mode", "p50_ms_diff", "p99_ms_diff", "p50_us_per_hop")
+			header = true
+		}
+		hops := float64(t.Hops + 1)
+		fmt.Fprintf(w, "%-12s %-7s %12.3f %12.3f %14.1f\n", k.service, k.mode, t.P50Ms-p.P50Ms, t.P99Ms-p.P99Ms, (t.P50Ms-p.P50Ms)*1000/hops)
+	}
+}
+
 func printBench(w io.Writer, rows []benchRow) {
-	fmt.Fprintf(w, "\n%-12s %-7s %6s %9s %9s %9s %9s %11s %7s %9s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b", "gate_ms")
+	fmt.Fprintf(w, "\n%-12s %-14s %6s %9s %9s %9s %9s %11s %7s %9s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b", "gate_ms")
 	for _, r := range rows {
 		lin, gate := "-", "-"
 		if r.LineageMsPerBatch != nil {
@@ -710,7 +785,11 @@ func printBench(w io.Writer, rows []benchRow) {
 		if r.GatingMsMean != nil {
 			gate = fmt.Sprintf("%.3f", *r.GatingMsMean)
 		}
-		fmt.Fprintf(w, "%-12s %-7s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s %9s\n", r.Service, r.Mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin, gate)
+		mode := r.Mode
+		if r.Transport == "insecure" {
+			mode += "/insecure"
+		}
+		fmt.Fprintf(w, "%-12s %-14s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s %9s\n", r.Service, mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin, gate)
 	}
 	// Sidecar overhead per hop: (bare p50 - direct p50) / (hops + 1).
 	type pair struct{ direct, bare *benchRow }

@@ -15,7 +15,7 @@ import (
 // that has no backend.address, and the bench's direct mode calls it over
 // the same REST API the adapter uses.
 func runClipperStub(args []string) error {
-	rf := newRoleFlags("clipper-stub")
+	rf := newPlainRoleFlags("clipper-stub")
 	list := rf.fs.String("models", "", "comma-separated models of the deployment to serve as Clipper applications (required)")
 	if err := rf.parse(args); err != nil {
 		return err

@@ -18,9 +18,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/pki"
 )
 
 // roleFlags are the flags every long-running role shares.
@@ -31,6 +33,45 @@ type roleFlags struct {
 	metrics   string
 	logLevel  string
 	logFormat string
+	tls       tlsFlags
+	// plain: a role without internal TLS flags (test stubs of outside
+	// servers: clipper-stub).
+	plain bool
+}
+
+// tlsFlags name a component's certificate files (internal mutual TLS),
+// or --insecure.
+type tlsFlags struct {
+	cert, key, ca string
+	insecure      bool
+}
+
+func (t *tlsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&t.cert, "tls-cert", "", "PEM certificate of this component's identity (spiffe://hams/<deployment>/<role>/...; `hams certs` issues them); reloaded when the file changes")
+	fs.StringVar(&t.key, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&t.ca, "tls-ca", "", "PEM CA certificate(s) that verify internal peers")
+	fs.BoolVar(&t.insecure, "insecure", false, "run internal RPCs in plaintext without identities or authorization (explicit opt-out; logged)")
+}
+
+// load returns the component's certificate source: nil with --insecure;
+// the three files are required otherwise.
+func (t *tlsFlags) load(name string, log *slog.Logger) (*pki.Source, error) {
+	if t.insecure {
+		if t.cert != "" || t.key != "" || t.ca != "" {
+			return nil, usageErr("%s: --insecure and --tls-cert/--tls-key/--tls-ca exclude each other", name)
+		}
+		log.Warn("INSECURE: internal RPCs are plaintext, unauthenticated and unauthorized (--insecure)")
+		return nil, nil
+	}
+	if t.cert == "" || t.key == "" || t.ca == "" {
+		return nil, usageErr("%s: internal mutual TLS needs --tls-cert, --tls-key and --tls-ca (create them with `hams certs`), or --insecure to run without", name)
+	}
+	src, err := pki.Load(pki.Files{CA: t.ca, Cert: t.cert, Key: t.key})
+	if err != nil {
+		return nil, &exitError{code: 2, err: fmt.Errorf("%s: %w", name, err)}
+	}
+	log.Info("internal mutual TLS", "identity", src.Identity().String())
+	return src, nil
 }
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -43,6 +84,19 @@ func newRoleFlags(name string) *roleFlags {
 	r := &roleFlags{fs: newFlagSet(name)}
 	r.fs.StringVar(&r.config, "config", "", "deployment YAML file (required)")
 	r.fs.StringVar(&r.listen, "listen", "127.0.0.1:0", "gRPC listen address")
+	r.fs.StringVar(&r.metrics, "metrics", "127.0.0.1:0", "Prometheus /metrics listen address (empty: none)")
+	r.fs.StringVar(&r.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	r.fs.StringVar(&r.logFormat, "log-format", "json", "log format on stderr: json or text")
+	r.tls.register(r.fs)
+	return r
+}
+
+// newPlainRoleFlags are the flags of a role that emulates an outside
+// server (no internal identity).
+func newPlainRoleFlags(name string) *roleFlags {
+	r := &roleFlags{fs: newFlagSet(name), plain: true}
+	r.fs.StringVar(&r.config, "config", "", "deployment YAML file (required)")
+	r.fs.StringVar(&r.listen, "listen", "127.0.0.1:0", "listen address")
 	r.fs.StringVar(&r.metrics, "metrics", "127.0.0.1:0", "Prometheus /metrics listen address (empty: none)")
 	r.fs.StringVar(&r.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	r.fs.StringVar(&r.logFormat, "log-format", "json", "log format on stderr: json or text")
@@ -108,6 +162,8 @@ type role struct {
 	grpc   net.Listener
 	mlis   net.Listener // nil when --metrics is empty
 	fields map[string]any
+	// tls is the component's certificate source (nil: --insecure).
+	tls *pki.Source
 }
 
 // setupRole loads the config, creates the logger, registry and listeners.
@@ -121,6 +177,14 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 		return nil, &exitError{code: 2, err: err}
 	}
 	r := &role{name: name, log: log.With("role", name), dep: dep, reg: newRegistry(), fields: map[string]any{"role": name}}
+	if !rf.plain {
+		if r.tls, err = rf.tls.load("hams "+name, r.log); err != nil {
+			return nil, err
+		}
+	}
+	if r.tls != nil && r.tls.Identity().Deployment != dep.Name {
+		return nil, usageErr("hams %s: certificate %v is not of deployment %q", name, r.tls.Identity(), dep.Name)
+	}
 	if r.grpc, err = net.Listen("tcp", rf.listen); err != nil {
 		return nil, fmt.Errorf("listen %s (gRPC): %w", rf.listen, err)
 	}
@@ -133,6 +197,15 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 		r.fields["metrics"] = r.mlis.Addr().String()
 	}
 	return r, nil
+}
+
+// dialOpts are the options of the role's internal dials (mutual TLS
+// with its certificate; none with --insecure).
+func (r *role) dialOpts() []grpc.DialOption {
+	if r.tls == nil {
+		return nil
+	}
+	return []grpc.DialOption{grpcx.DialTLS(r.tls)}
 }
 
 // listen opens an extra listener and closes the role's on failure.

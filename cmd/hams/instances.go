@@ -110,7 +110,10 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	in.Sidecar, in.ModelServer = instanceNames(model, role, n)
 	inPlace := !d.protected()
 	if in.BackendAddr == "" {
-		args, key := backendArgs(m, d.common)
+		args, key, err := d.backendArgsFor(m, in.ModelServer, false)
+		if err != nil {
+			return nil, err
+		}
 		if m.Backend.Type != "clipper" {
 			in.ModelServerID = "modelserver/" + model + "/" + role + suffix(n)
 			args = append(args, "--role", role, "--manager", d.managerList(), "--id", in.ModelServerID)
@@ -137,6 +140,11 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	args := append([]string{"sidecar", "--model", model, "--role", role, "--id", in.ID, "--epoch", strconv.FormatUint(epoch, 10),
 		"--backend", in.BackendAddr, "--manager", d.managerList()}, d.common...)
 	args = append(args, d.coordArgs(model, audit)...)
+	ta, err := d.tlsArgs(in.Sidecar, sidecarIdentity(model, in.Sidecar))
+	if err != nil {
+		return nil, err
+	}
+	args = append(append(args, ta...), d.backendTLSArgs(m)...)
 	r, err := d.sup.Start(ctx, launch.Spec{Name: in.Sidecar, Args: args, NoRestart: !inPlace})
 	if err != nil {
 		if in.ModelServer != "" {

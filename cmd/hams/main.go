@@ -39,6 +39,7 @@ func init() {
 		"bench":       {"measure latency and throughput of services per fault-tolerance mode", runBench},
 		"chaos":       {"random kills under load, then a global-consistency check of the audit logs", runChaos},
 		"report":      {"print tables from earlier runs' JSON reports (recovery: Table II from hams chaos reports; bench: Table I and the plot from hams bench reports)", runReport},
+		"certs":       {"create a deployment's CA and per-component certificates (internal mutual TLS identities)", runCerts},
 		"parity":      {"train and evaluate ParM parity models (hams parity train|eval)", runParity},
 		"help":        {"list commands", nil},
 		// Test support (not listed): a Clipper REST stub over reference models.

@@ -40,6 +40,44 @@ func backendArgs(m *config.Model, common []string) (args []string, key string) {
 	return append([]string{"modelserver", "--models", m.Name}, common...), "grpc"
 }
 
+// backendArgsFor are backendArgs with the model server's identity
+// (instance names the child), or --insecure for one that must stay
+// plaintext (a pass-through backend stands for the operator's own TF
+// Serving or Triton, which the frontend dials as it is); a Clipper stub
+// takes neither.
+func (d *deployment) backendArgsFor(m *config.Model, instance string, plain bool) (args []string, key string, err error) {
+	args, key = backendArgs(m, d.common)
+	if m.Backend.Type == "clipper" {
+		return args, key, nil
+	}
+	if plain {
+		return append(args, "--insecure"), key, nil
+	}
+	ta, err := d.tlsArgs(instance, modelServerIdentity(instance, m.Name))
+	if err != nil {
+		return nil, "", err
+	}
+	return append(args, ta...), key, nil
+}
+
+// backendTLSArgs tell a sidecar to dial its backend with mutual TLS when
+// this process started that backend with a certificate.
+func (d *deployment) backendTLSArgs(m *config.Model) []string {
+	if d.pki == nil || m.Backend.Type == "clipper" {
+		return nil
+	}
+	if m.Pooled() {
+		if d.startedPools[m.Name] {
+			return []string{"--backend-tls"}
+		}
+		return nil
+	}
+	if managed(m) {
+		return []string{"--backend-tls"}
+	}
+	return nil
+}
+
 // backendRestart restarts a started backend on the address it had (key:
 // the ready-line key of that address).
 func backendRestart(args []string, key string) func(launch.Ready) []string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/manager/client"
+	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -25,10 +26,16 @@ type managerSet struct {
 	apis  []hamsv1.ManagerClient
 }
 
-func dialManagers(addrs []string) (*managerSet, error) {
+// dialManagers dials the managers as src (this process's supervisor
+// identity; nil: plaintext).
+func dialManagers(addrs []string, src *pki.Source) (*managerSet, error) {
 	ms := &managerSet{addrs: addrs}
+	var opts []grpc.DialOption
+	if src != nil {
+		opts = append(opts, grpcx.DialTLS(src))
+	}
 	for _, a := range addrs {
-		cc, err := grpcx.Dial(a, 0)
+		cc, err := grpcx.Dial(a, 0, opts...)
 		if err != nil {
 			ms.close()
 			return nil, fmt.Errorf("dial manager %s: %w", a, err)
@@ -106,9 +113,13 @@ func (ms *managerSet) active(ctx context.Context) int {
 }
 
 // controlFlags are the control-plane sizes of demo, chaos and up.
-type controlFlags struct{ frontends, managers int }
+type controlFlags struct {
+	frontends, managers int
+	insecure            bool
+}
 
 func (c *controlFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&c.insecure, "insecure", false, "run internal RPCs in plaintext without identities or authorization (default: a CA and a certificate per process under the run directory, mutual TLS on every internal hop)")
 	fs.IntVar(&c.frontends, "frontends", 0, "number of frontends (0: 2 in the protected modes, 1 in bare); they share the JetStream request log, and a surviving one completes what a dead one accepted")
 	fs.IntVar(&c.managers, "managers", 0, "number of managers, one active and the others standing by (0: 2 in the protected modes, 1 in bare)")
 }
@@ -117,7 +128,7 @@ func (c *controlFlags) register(fs *flag.FlagSet) {
 // protected modes even a lone frontend gets the request log (restarted
 // in place, it completes what it accepted).
 func (c controlFlags) options(mode string) deployOptions {
-	return deployOptions{Frontends: c.frontends, Managers: c.managers, RequestLog: mode != "bare"}
+	return deployOptions{Frontends: c.frontends, Managers: c.managers, RequestLog: mode != "bare", Insecure: c.insecure}
 }
 
 // frontendClients dials every frontend (the load generators spread their

@@ -81,7 +81,7 @@ func (d *deployedFlags) open() (paritytrain.Deployed, string, func(), error) {
 	}
 	dep := &config.Deployment{Name: "parity"}
 	m := &config.Model{Name: d.model, Backend: config.Backend{Type: d.backend, Address: d.addr, Model: d.model, Timeout: config.Duration(d.timeout)}}
-	be, closeBE, err := newBackend(dep, m, d.addr, "primary", slog.New(slog.DiscardHandler))
+	be, closeBE, err := newBackend(dep, m, d.addr, "primary", slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("parity: deployed model %s at %s: %w", d.backend, d.addr, err)
 	}

@@ -33,8 +33,11 @@ func (d *deployment) startPassThrough(ctx context.Context) error {
 			d.ModelServers[m.Name] = m.Backend.Address
 			continue
 		}
-		args, key := backendArgs(m, d.common)
 		name := childName(roleModelServer, m.Name)
+		args, key, err := d.backendArgsFor(m, name, true)
+		if err != nil {
+			return err
+		}
 		r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: backendRestart(args, key)})
 		if err != nil {
 			return fmt.Errorf("start %s (backend of pass-through model %s): %w", name, m.Name, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/launch"
+	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/protocol/parity"
 	"github.com/hams-go/hams/sidecar"
 	"github.com/hams-go/hams/sidecar/pool"
@@ -28,7 +29,7 @@ const poolBackendAddr = "pool"
 // copies of the model under er and hedge) and the parity instances
 // (parm). run must run for the pool to serve; closeAll releases the
 // connections.
-func newPoolBackend(dep *config.Deployment, m *config.Model, role string, log *slog.Logger, reg prometheus.Registerer) (_ *pool.Pool, run func(context.Context) error, closeAll func(), err error) {
+func newPoolBackend(dep *config.Deployment, m *config.Model, role string, log *slog.Logger, reg prometheus.Registerer, tlsSrc *pki.Source) (_ *pool.Pool, run func(context.Context) error, closeAll func(), err error) {
 	var closers []func()
 	closeAll = func() {
 		for _, c := range closers {
@@ -48,7 +49,7 @@ func newPoolBackend(dep *config.Deployment, m *config.Model, role string, log *s
 		return nil, nil, nil, err
 	}
 	dial := func(mm *config.Model, addr, name string) (sidecar.Backend, error) {
-		be, closeBE, err := newBackend(dep, mm, addr, name, log)
+		be, closeBE, err := newBackend(dep, mm, addr, name, log, tlsSrc)
 		if err != nil {
 			return nil, fmt.Errorf("model %q: instance %s at %s: %w", m.Name, name, addr, err)
 		}
@@ -154,6 +155,7 @@ func (d *deployment) startPools(ctx context.Context) error {
 			// effective file lists addresses only.
 			m.Replicas, m.Straggle = config.Instances{Addresses: addrs}, nil
 			started = true
+			d.startedPools[m.Name] = true
 		}
 		if p := m.Parity; p != nil && p.Backends.Managed() && m.Redundancy.UsesParitySlots() {
 			var extra []string
@@ -166,6 +168,7 @@ func (d *deployment) startPools(ctx context.Context) error {
 			}
 			p.Backends = config.Instances{Addresses: addrs}
 			started = true
+			d.startedPools[m.Name] = true
 		}
 	}
 	if !started {
@@ -184,12 +187,17 @@ func (d *deployment) startPoolServers(ctx context.Context, m *config.Model, role
 	for i := range n {
 		go func() {
 			defer func() { done <- struct{}{} }()
+			name := childName(role, m.Name) + "." + strconv.Itoa(i)
+			ta, err := d.tlsArgs(name, modelServerIdentity(name, m.Name))
+			if err != nil {
+				errs[i] = err
+				return
+			}
 			args := append([]string{"modelserver", "--models", m.Name}, d.common...)
-			args = append(args, extra...)
+			args = append(append(args, ta...), extra...)
 			if role == rolePoolReplica && m.Straggle != nil && containsInt(m.Straggle.Replicas, i) {
 				args = append(args, "--straggle", m.Straggle.Spec)
 			}
-			name := childName(role, m.Name) + "." + strconv.Itoa(i)
 			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: relisten(args, "")})
 			if err != nil {
 				errs[i] = fmt.Errorf("start %s: %w", name, err)

@@ -17,6 +17,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,8 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/hams-go/hams/internal/authz"
+	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -49,12 +52,22 @@ type httpStarter struct {
 	hc  *http.Client
 }
 
-func newHTTPStarter(raw string) (*httpStarter, error) {
+// newHTTPStarter calls the agent at raw; with src (the manager's
+// certificate) over mutual TLS, which the agent requires of a secure
+// deployment (https).
+func newHTTPStarter(raw string, src *pki.Source) (*httpStarter, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("%q is not an http(s) URL", raw)
 	}
-	return &httpStarter{url: raw, hc: &http.Client{}}, nil
+	if src != nil && u.Scheme != "https" {
+		return nil, fmt.Errorf("%q: a manager with a certificate calls its instance agent over https only", raw)
+	}
+	hc := &http.Client{}
+	if src != nil {
+		hc.Transport = &http.Transport{TLSClientConfig: src.ClientConfig(), ForceAttemptHTTP2: false}
+	}
+	return &httpStarter{url: raw, hc: hc}, nil
 }
 
 func (h *httpStarter) StartInstance(ctx context.Context, model string, role hamsv1.Role) error {
@@ -82,17 +95,37 @@ type agent struct {
 	lis net.Listener
 	srv *http.Server
 	url string
+	// authz admits only managers (authz.StartInstance) when the
+	// deployment has certificates (nil: --insecure).
+	authz *authz.Authorizer
+	// starts bounds the instances being started at once: a start is a
+	// model server and a sidecar process; beyond the cap the agent
+	// answers 429 and the manager retries.
+	starts chan struct{}
 }
+
+// maxConcurrentStarts caps the agent's starts in flight.
+const maxConcurrentStarts = 4
 
 func newAgent(d *deployment) (*agent, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("instance agent: listen: %w", err)
 	}
-	a := &agent{d: d, lis: lis, url: "http://" + lis.Addr().String() + "/instances"}
+	a := &agent{d: d, lis: lis, url: "http://" + lis.Addr().String() + "/instances", starts: make(chan struct{}, maxConcurrentStarts)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /instances", a.handle)
-	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10}
+	if d.pki != nil {
+		src := d.pki.supervisor
+		if a.authz, err = authz.New(authz.Config{Self: src.Identity(), Logger: d.log}); err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("instance agent: %w", err)
+		}
+		a.srv.TLSConfig = src.ServerConfig()
+		a.url = "https://" + lis.Addr().String() + "/instances"
+		lis = tls.NewListener(lis, a.srv.TLSConfig)
+	}
 	go func() { _ = a.srv.Serve(lis) }()
 	return a, nil
 }
@@ -100,6 +133,29 @@ func newAgent(d *deployment) (*agent, error) {
 func (a *agent) URL() string { return a.url }
 
 func (a *agent) handle(w http.ResponseWriter, r *http.Request) {
+	if a.authz != nil {
+		if r.TLS == nil {
+			http.Error(w, "instance agent: mutual TLS required", http.StatusUnauthorized)
+			return
+		}
+		caller, err := pki.IdentityOf(*r.TLS)
+		if err != nil {
+			http.Error(w, "instance agent: "+err.Error(), http.StatusUnauthorized)
+			return
+		}
+		if err := a.authz.Allow(authz.StartInstance, caller, nil); err != nil {
+			a.d.log.Warn("instance agent: start refused", "caller", caller.String(), "err", err)
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+	}
+	select {
+	case a.starts <- struct{}{}:
+		defer func() { <-a.starts }()
+	default:
+		http.Error(w, fmt.Sprintf("instance agent: %d starts already in progress", maxConcurrentStarts), http.StatusTooManyRequests)
+		return
+	}
 	var req startRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&req); err != nil {
 		http.Error(w, "bad request body: "+err.Error(), http.StatusBadRequest)
