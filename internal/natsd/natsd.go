@@ -9,10 +9,18 @@
 //
 // Start is the one place the server's options are decided; Server wraps
 // it in the project's New/Run/Ready shape for a long-running role.
+//
+// Security (auth.go, client.go): Config.TLS makes the client port mutual
+// TLS; Config.Auth admits only the listed nkey users, each with the
+// subject permissions of its role (Permissions, the one permission
+// table); GenerateCredentials and LoadAuth write and read the users,
+// LoadClient gives a component its connect options. Without both the
+// server is open (the insecure mode).
 package natsd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +38,9 @@ var ErrConfig = errors.New("natsd: invalid config")
 // (JetStream recovers its streams from the store before that).
 const readyTimeout = 30 * time.Second
 
+// tlsTimeout bounds a client's TLS handshake.
+const tlsTimeout = 2 * time.Second
+
 // Config of an embedded server.
 type Config struct {
 	// Name is the server name (default "hams-nats").
@@ -41,7 +52,16 @@ type Config struct {
 	// SyncAlways makes JetStream fsync every write before acknowledging
 	// it (see docs/coordination.md for why the default is off).
 	SyncAlways bool
-	Logger     *slog.Logger
+	// TLS of the client port (nil: plaintext). When set, every TCP client
+	// must speak TLS and present a certificate that TLS.ClientCAs verifies
+	// (ClientAuth must be tls.RequireAndVerifyClientCert; ServerTLS builds
+	// one). In-process connections (nats.InProcessServer) need no TLS.
+	TLS *tls.Config
+	// Auth lists the users (nkeys, each with Permissions of its identity);
+	// nil accepts anyone with every permission (the insecure mode: tests
+	// and --insecure).
+	Auth   *Auth
+	Logger *slog.Logger
 }
 
 func (c *Config) check() (host string, port int, err error) {
@@ -55,6 +75,19 @@ func (c *Config) check() (host string, port int, err error) {
 	}
 	if c.StoreDir == "" {
 		return "", 0, fmt.Errorf("%w: StoreDir is required", ErrConfig)
+	}
+	if c.TLS != nil {
+		if c.TLS.ClientAuth != tls.RequireAndVerifyClientCert {
+			return "", 0, fmt.Errorf("%w: TLS.ClientAuth is %v; want RequireAndVerifyClientCert (mutual TLS)", ErrConfig, c.TLS.ClientAuth)
+		}
+		if len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil {
+			return "", 0, fmt.Errorf("%w: TLS has no server certificate", ErrConfig)
+		}
+	}
+	if c.Auth != nil {
+		if _, err := c.Auth.NkeyUsers(); err != nil {
+			return "", 0, fmt.Errorf("%w: Auth: %v", ErrConfig, err)
+		}
 	}
 	return h, n, nil
 }
@@ -83,6 +116,22 @@ func Start(cfg Config) (*server.Server, string, error) {
 		SyncAlways: cfg.SyncAlways,
 		NoLog:      true,
 		NoSigs:     true,
+	}
+	if cfg.TLS != nil {
+		opts.TLSConfig = cfg.TLS
+		opts.TLSVerify = true
+		opts.TLSTimeout = tlsTimeout.Seconds()
+	}
+	if cfg.Auth != nil {
+		users, err := cfg.Auth.NkeyUsers()
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: Auth: %v", ErrConfig, err)
+		}
+		opts.Nkeys = users
+	}
+	if cfg.TLS == nil || cfg.Auth == nil {
+		cfg.Logger.Warn("NATS client port is not fully secured (insecure mode)", "listen", cfg.Listen,
+			"tls", cfg.TLS != nil, "auth", cfg.Auth != nil)
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
