@@ -11,8 +11,11 @@
 // request expires (the clock is passed in). One hamsv1.Item per entry model
 // then leaves over that entry edge's edge.Sender (one long-lived
 // Dataplane.Forward stream per frontend -> entry edge, which numbers,
-// buffers and resends items). The sink edges come back on the same gRPC
-// server, served by an edge.Receiver that reorders and dedups per edge and
+// buffers and resends items). The sink edges come back on the internal
+// gRPC server (Config.InternalListener, the address registered in the
+// topology; the client listener serves the client APIs only and answers
+// Unimplemented for every method of an internal service), served by an
+// edge.Receiver that reorders and dedups per edge and
 // hands in-order items to the table; when the last sink's item of a request
 // arrives (or any item carries an error), the waiting client is answered:
 // outputs sorted by model name plus the union of the parts' lineage, or the
@@ -103,7 +106,7 @@
 // table are kept aside (bounded) and used when their request is injected.
 // Exactly one frontend takes over: the one the manager's topology names.
 //
-// Recovery hooks: the gRPC server also serves hamsv1.Replication:
+// Recovery hooks: the internal gRPC server also serves hamsv1.Replication:
 // GetLineageSummary answers as the successor of the sink models (from the
 // lineage of the sink items received: max seq of the failed model,
 // contiguous prefixes of the models upstream of it, consumed_beyond false),
