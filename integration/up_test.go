@@ -134,6 +134,30 @@ func TestUpServesCheckedReplies(t *testing.T) {
 	if lists["frontends"][0] != feAddr || lists["managers"][0] != up.str(t, "manager") || lists["frontends_http"][0] != up.str(t, "frontend_http") {
 		t.Fatalf("ready line %v: the first frontend and manager are not frontend_grpc and manager", up.ready)
 	}
+	// The frontends' internal addresses (registered in the topology) are
+	// not their client ones, and the client port serves no internal RPC:
+	// the issue-17 Resend redirect and Forward fencing are Unimplemented.
+	if in := up.str(t, "frontend_internal"); in == feAddr || in == up.str(t, "frontend_http") {
+		t.Fatalf("ready line %v: frontend_internal is a client address", up.ready)
+	}
+	{
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := hamsv1.NewReplicationClient(cc).Resend(c, &hamsv1.ResendRequest{ToModel: "ap-inception", ToAddress: "127.0.0.1:1", Epoch: ^uint64(0)})
+		if status.Code(err) != codes.Unimplemented {
+			cancel()
+			t.Fatalf("Resend on the client port: %v, want Unimplemented", err)
+		}
+		fs, err := hamsv1.NewDataplaneClient(cc).Forward(c)
+		if err == nil {
+			_ = fs.Send(&hamsv1.ForwardBatch{Incarnation: ^uint64(0)})
+			_ = fs.CloseSend()
+			_, err = fs.Recv()
+		}
+		cancel()
+		if status.Code(err) != codes.Unimplemented {
+			t.Fatalf("Forward on the client port: %v, want Unimplemented", err)
+		}
+	}
 	cc2, err := grpcx.Dial(lists["frontends"][1], 0)
 	if err != nil {
 		t.Fatal(err)
