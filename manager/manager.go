@@ -90,6 +90,11 @@ type Config struct {
 	// the manager's recovery calls to sidecars. Its identity must be a
 	// manager of Deployment. Nil: plaintext (--insecure).
 	TLS *pki.Source
+	// NATSAuth, when set, authenticates the manager to NATS with its nkey
+	// and makes the embedded server admit only the deployment's users,
+	// each with its role's subject permissions, over mutual TLS when TLS
+	// is set (natsserver.go). Nil: NATS without authentication.
+	NATSAuth *NATSAuth
 }
 
 // Manager holds the deployment state of one deployment in a JetStream KV

@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,8 +10,25 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/natsd"
 )
+
+// NATSAuth is the manager's NATS credentials (Config.NATSAuth).
+type NATSAuth struct {
+	// Users the embedded server admits, each with the permissions of its
+	// role (natsd.LoadAuth of the deployment's credentials directory).
+	// Required with the embedded server; ignored with an external NATS
+	// (Config.NATSURL), which has its own users.
+	Users *natsd.Auth
+	// Client is the manager's own nkey (natsd.LoadClient, role manager of
+	// Config.Deployment), with the TLS configuration for an external
+	// server (the embedded one is reached in-process, without TLS).
+	Client *natsd.Client
+}
+
+// coordOpenTimeout bounds the creation of the coordination streams.
+const coordOpenTimeout = 10 * time.Second
 
 // natsConn is the manager's connection to NATS, with the embedded server
 // when it runs one.
@@ -21,20 +39,56 @@ type natsConn struct {
 	tempDir string         // removed at close when StoreDir was empty
 }
 
+// checkNATSAuth checks that the manager's credentials are a manager's of
+// its deployment, and that an embedded server has users.
+func checkNATSAuth(cfg *Config) error {
+	a := cfg.NATSAuth
+	if a == nil {
+		return nil
+	}
+	if a.Client == nil {
+		return fmt.Errorf("%w: NATSAuth without the manager's Client credentials", ErrConfig)
+	}
+	want := natsd.Identity{Role: natsd.RoleManager, Deployment: cfg.Deployment.Name}
+	if got := a.Client.Identity(); got != want {
+		return fmt.Errorf("%w: NATSAuth.Client is %s, want %s", ErrConfig, got, want)
+	}
+	if cfg.NATSURL == "" && a.Users == nil {
+		return fmt.Errorf("%w: NATSAuth without Users for the embedded server", ErrConfig)
+	}
+	return nil
+}
+
 // connectNATS starts the embedded server (cfg.NATSURL empty) or connects to
-// the external one.
+// the external one. With cfg.NATSAuth the manager authenticates with its
+// nkey, the embedded server admits only NATSAuth.Users (with cfg.TLS it
+// also requires mutual TLS on its client port), and the manager creates
+// the deployment's coordination streams, which the other roles, not
+// permitted to, only bind (coord.Bind).
 func connectNATS(cfg *Config, log *slog.Logger) (*natsConn, error) {
+	if err := checkNATSAuth(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.NATSURL != "" {
-		nc, err := nats.Connect(cfg.NATSURL,
-			nats.Name("hams-manager/"+cfg.Deployment.Name),
+		opts := []nats.Option{
+			nats.Name("hams-manager/" + cfg.Deployment.Name),
 			nats.MaxReconnects(-1),
-			nats.ReconnectWait(100*time.Millisecond),
-			nats.Timeout(5*time.Second),
-		)
+			nats.ReconnectWait(100 * time.Millisecond),
+			nats.Timeout(5 * time.Second),
+		}
+		if cfg.NATSAuth != nil {
+			opts = append(opts, cfg.NATSAuth.Client.Options()...)
+		}
+		nc, err := nats.Connect(cfg.NATSURL, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("manager: connect to NATS %s: %w", cfg.NATSURL, err)
 		}
-		return &natsConn{nc: nc, url: cfg.NATSURL}, nil
+		c := &natsConn{nc: nc, url: cfg.NATSURL}
+		if err := c.openCoord(cfg); err != nil {
+			c.close()
+			return nil, err
+		}
+		return c, nil
 	}
 
 	c := &natsConn{}
@@ -48,20 +102,52 @@ func connectNATS(cfg *Config, log *slog.Logger) (*natsConn, error) {
 		c.tempDir = dir
 		log.Info("no JetStream store dir given; deployment state lives in a temporary directory removed at exit", "dir", dir)
 	}
-	srv, url, err := natsd.Start(natsd.Config{Name: "hams-manager", Listen: cfg.NATSListen, StoreDir: dir, SyncAlways: cfg.SyncAlways, Logger: log})
+	ncfg := natsd.Config{Name: "hams-manager", Listen: cfg.NATSListen, StoreDir: dir, SyncAlways: cfg.SyncAlways, Logger: log}
+	if cfg.NATSAuth != nil {
+		ncfg.Auth = cfg.NATSAuth.Users
+		if cfg.TLS != nil {
+			ncfg.TLS = cfg.TLS.ServerConfig()
+		}
+	}
+	srv, url, err := natsd.Start(ncfg)
 	if err != nil {
 		c.close()
 		return nil, fmt.Errorf("manager: embedded NATS server: %w", err)
 	}
 	c.srv = srv
 	c.url = url
-	nc, err := nats.Connect(c.url, nats.InProcessServer(srv), nats.Name("hams-manager/"+cfg.Deployment.Name))
+	opts := []nats.Option{nats.InProcessServer(srv), nats.Name("hams-manager/" + cfg.Deployment.Name)}
+	if cfg.NATSAuth != nil {
+		opts = append(opts, cfg.NATSAuth.Client.InProcessOptions()...)
+	}
+	nc, err := nats.Connect(c.url, opts...)
 	if err != nil {
 		c.close()
 		return nil, fmt.Errorf("manager: in-process NATS connection: %w", err)
 	}
 	c.nc = nc
+	if err := c.openCoord(cfg); err != nil {
+		c.close()
+		return nil, err
+	}
 	return c, nil
+}
+
+// openCoord creates the deployment's coordination streams when NATS is
+// authenticated (the manager is the role permitted to; without
+// authentication every component creates them itself, coord.Open).
+func (c *natsConn) openCoord(cfg *Config) error {
+	if cfg.NATSAuth == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), coordOpenTimeout)
+	defer cancel()
+	// Replicas 1, as every component's coord.Open has it (cmd/hams
+	// openCoord), so the configurations agree.
+	if _, err := coord.Open(ctx, c.nc, cfg.Deployment.Name, 1); err != nil {
+		return fmt.Errorf("manager: create the coordination streams: %w", err)
+	}
+	return nil
 }
 
 // close drains nothing (the manager has no pending publishes once its

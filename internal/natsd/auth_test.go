@@ -3,16 +3,9 @@ package natsd_test
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -26,68 +19,36 @@ import (
 
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/natsd"
+	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
 // ---- certificates ----
 
-type pkiFiles struct{ dir, ca, serverCert, serverKey, clientCert, clientKey string }
+// certs is a deployment's CA (internal/pki) with a NATS server's and a
+// frontend's certificates, written into a temp dir.
+type certs struct{ server, client *pki.Source }
 
-// newPKI writes a self-signed CA, a server certificate for 127.0.0.1 and
-// a client certificate, all PEM, into a temp dir.
-func newPKI(t *testing.T) pkiFiles {
+func newCerts(t *testing.T, dep string) certs {
 	t.Helper()
 	dir := t.TempDir()
-	p := pkiFiles{dir: dir, ca: filepath.Join(dir, "ca.pem"),
-		serverCert: filepath.Join(dir, "server.pem"), serverKey: filepath.Join(dir, "server-key.pem"),
-		clientCert: filepath.Join(dir, "client.pem"), clientKey: filepath.Join(dir, "client-key.pem")}
-	caKey := newKey(t)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	ca, err := pki.NewCA(dep, time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, p.ca, "CERTIFICATE", caDER)
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) {
-		k := newKey(t)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
+	load := func(name string, id pki.Identity) *pki.Source {
+		id.Deployment = dep
+		f, err := ca.IssueFiles(dir, name, id, []string{"127.0.0.1"}, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
-		writePEM(t, certFile, "CERTIFICATE", der)
-		kb, err := x509.MarshalPKCS8PrivateKey(k)
+		src, err := pki.Load(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		writePEM(t, keyFile, "PRIVATE KEY", kb)
+		return src
 	}
-	leaf(2, "nats", x509.ExtKeyUsageServerAuth, p.serverCert, p.serverKey)
-	leaf(3, "component", x509.ExtKeyUsageClientAuth, p.clientCert, p.clientKey)
-	return p
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return certs{server: load("nats", pki.Identity{Role: pki.RoleNATS}), client: load("frontend", pki.Identity{Role: pki.RoleFrontend})}
 }
 
 // ---- server and connections ----
@@ -97,7 +58,6 @@ type env struct {
 	url  string
 	dirs map[string]string // deployment -> credentials dir
 	tls  *tls.Config       // client TLS (nil: plaintext server)
-	pki  pkiFiles
 }
 
 // start runs a server with Auth for each deployment (models of each) and,
@@ -117,15 +77,15 @@ func start(t *testing.T, withTLS bool, deployments map[string][]string) *env {
 	}
 	cfg := natsd.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir(), Auth: auths[0].Merge(auths[1:]...)}
 	if withTLS {
-		e.pki = newPKI(t)
-		st, err := natsd.ServerTLS(e.pki.serverCert, e.pki.serverKey, e.pki.ca)
-		if err != nil {
-			t.Fatal(err)
+		if len(deployments) != 1 {
+			t.Fatal("a TLS test serves one deployment (its CA's)")
 		}
-		cfg.TLS = st
-		if e.tls, err = natsd.ClientTLS(e.pki.clientCert, e.pki.clientKey, e.pki.ca); err != nil {
-			t.Fatal(err)
+		var dep string
+		for dep = range deployments {
 		}
+		c := newCerts(t, dep)
+		cfg.TLS = c.server.ServerConfig()
+		e.tls = c.client.ClientConfig()
 	}
 	srv, url, err := natsd.Start(cfg)
 	if err != nil {
@@ -608,7 +568,7 @@ func TestUnknownKeyAndPlaintextRefused(t *testing.T) {
 	plaintextRefused(t, strings.TrimPrefix(e.url, "nats://"))
 	// Valid nkey, TLS without a client certificate.
 	noCert := e.tls.Clone()
-	noCert.Certificates = nil
+	noCert.GetClientCertificate = nil
 	cl, err = natsd.LoadClient(e.dirs["dx"], good, noCert)
 	if err != nil {
 		t.Fatal(err)
@@ -616,13 +576,8 @@ func TestUnknownKeyAndPlaintextRefused(t *testing.T) {
 	if _, err := nats.Connect(e.url, append(cl.Options(), nats.MaxReconnects(0))...); err == nil {
 		t.Fatal("TLS without a client certificate connected")
 	}
-	// Valid nkey, TLS, a server certificate from another CA.
-	other := newPKI(t)
-	foreign, err := natsd.ClientTLS(other.clientCert, other.clientKey, other.ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err = natsd.LoadClient(e.dirs["dx"], good, foreign)
+	// Valid nkey, TLS, a client certificate of another CA.
+	cl, err = natsd.LoadClient(e.dirs["dx"], good, newCerts(t, "dx").client.ClientConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -708,11 +663,7 @@ func TestGenerateAndLoadCredentials(t *testing.T) {
 }
 
 func TestConfigChecks(t *testing.T) {
-	p := newPKI(t)
-	st, err := natsd.ServerTLS(p.serverCert, p.serverKey, p.ca)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := newCerts(t, "dx").server.ServerConfig()
 	weak := st.Clone()
 	weak.ClientAuth = tls.VerifyClientCertIfGiven
 	if _, err := natsd.New(natsd.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir(), TLS: weak}); !errors.Is(err, natsd.ErrConfig) {
@@ -723,6 +674,11 @@ func TestConfigChecks(t *testing.T) {
 	}
 	if _, err := natsd.New(natsd.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir(), TLS: st}); err != nil {
 		t.Fatal(err)
+	}
+	unverified := st.Clone()
+	unverified.VerifyPeerCertificate = nil // RequireAnyClientCert alone accepts any certificate
+	if _, err := natsd.New(natsd.Config{Listen: "127.0.0.1:-1", StoreDir: t.TempDir(), TLS: unverified}); !errors.Is(err, natsd.ErrConfig) {
+		t.Fatalf("TLS without client certificate verification: %v", err)
 	}
 	for _, r := range natsd.Roles {
 		if got, err := natsd.ParseRole(r.String()); err != nil || got != r {

@@ -2,7 +2,6 @@ package natsd
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"os"
 
@@ -23,9 +22,8 @@ type Client struct {
 }
 
 // LoadClient reads id's seed from credentials directory dir (SeedFile).
-// tlsCfg (nil: plaintext) has the CA to verify the server with and the
-// client certificate the server verifies (ClientTLS builds one from
-// files).
+// tlsCfg (nil: plaintext) verifies the server and presents the
+// component's client certificate (pki.Source.ClientConfig).
 func LoadClient(dir string, id Identity, tlsCfg *tls.Config) (*Client, error) {
 	return LoadClientSeed(SeedFile(dir, id), id, tlsCfg)
 }
@@ -87,56 +85,4 @@ func (c *Client) InProcessOptions() []nats.Option {
 		nats.Nkey(c.pub, c.kp.Sign),
 		nats.CustomInboxPrefix(c.id.InboxPrefix()),
 	}
-}
-
-// ServerTLS is the TLS configuration of a server's client port from PEM
-// files: the server's certificate and key, and the CA that client
-// certificates must chain to (every client must present one:
-// RequireAndVerifyClientCert).
-func ServerTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("natsd: server certificate %s: %w", certFile, err)
-	}
-	pool, err := loadCA(caFile)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
-	}, nil
-}
-
-// ClientTLS is a component's TLS configuration for NATS from PEM files:
-// its client certificate and key, and the CA that the server's
-// certificate must chain to.
-func ClientTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("natsd: client certificate %s: %w", certFile, err)
-	}
-	pool, err := loadCA(caFile)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		Certificates: []tls.Certificate{cert},
-		RootCAs:      pool,
-	}, nil
-}
-
-func loadCA(caFile string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("natsd: CA file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("natsd: CA file %s: no PEM certificate", caFile)
-	}
-	return pool, nil
 }

@@ -53,9 +53,12 @@ type Config struct {
 	// it (see docs/coordination.md for why the default is off).
 	SyncAlways bool
 	// TLS of the client port (nil: plaintext). When set, every TCP client
-	// must speak TLS and present a certificate that TLS.ClientCAs verifies
-	// (ClientAuth must be tls.RequireAndVerifyClientCert; ServerTLS builds
-	// one). In-process connections (nats.InProcessServer) need no TLS.
+	// must speak TLS and present a certificate the configuration verifies:
+	// ClientAuth must be tls.RequireAndVerifyClientCert, or
+	// RequireAnyClientCert with a VerifyPeerCertificate (what
+	// pki.Source.ServerConfig returns: reloadable CA, identity of the
+	// deployment). In-process connections (nats.InProcessServer) need no
+	// TLS.
 	TLS *tls.Config
 	// Auth lists the users (nkeys, each with Permissions of its identity);
 	// nil accepts anyone with every permission (the insecure mode: tests
@@ -77,8 +80,10 @@ func (c *Config) check() (host string, port int, err error) {
 		return "", 0, fmt.Errorf("%w: StoreDir is required", ErrConfig)
 	}
 	if c.TLS != nil {
-		if c.TLS.ClientAuth != tls.RequireAndVerifyClientCert {
-			return "", 0, fmt.Errorf("%w: TLS.ClientAuth is %v; want RequireAndVerifyClientCert (mutual TLS)", ErrConfig, c.TLS.ClientAuth)
+		verified := c.TLS.ClientAuth == tls.RequireAndVerifyClientCert ||
+			c.TLS.ClientAuth == tls.RequireAnyClientCert && c.TLS.VerifyPeerCertificate != nil
+		if !verified {
+			return "", 0, fmt.Errorf("%w: TLS.ClientAuth is %v without a verifier; want RequireAndVerifyClientCert, or RequireAnyClientCert with VerifyPeerCertificate (mutual TLS)", ErrConfig, c.TLS.ClientAuth)
 		}
 		if len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil {
 			return "", 0, fmt.Errorf("%w: TLS has no server certificate", ErrConfig)
