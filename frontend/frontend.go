@@ -355,7 +355,10 @@ func New(cfg Config) (*Frontend, error) {
 	}
 	for i := range d.Services {
 		if ms := d.Services[i].Graph().Models(); len(ms) == 1 && d.PassThrough(ms[0]) {
-			p, err := newPassThrough(d.Model(ms[0]), d.Services[i].Name, f.maxBytes, cfg.DialOptions)
+			// A pass-through backend is the operator's own model server
+			// (TF Serving, Triton), dialled as it is: not with the
+			// internal identities of DialOptions.
+			p, err := newPassThrough(d.Model(ms[0]), d.Services[i].Name, f.maxBytes, nil)
 			if err != nil {
 				f.closePass()
 				return nil, err

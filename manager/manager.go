@@ -20,8 +20,8 @@ import (
 
 	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -229,7 +229,7 @@ func New(cfg Config) (*Manager, error) {
 }
 
 // registrations answer the authorizer's question of who registered a
-// component id: a registration made by the caller's identity (its kind
+// component id: a registration the caller's identity could have made (its kind
 // is the caller's role, its model one the caller serves). Only the
 // registration is kept, not the certificate that made it, so a manager
 // that took over answers as its predecessor did.
@@ -237,11 +237,16 @@ type registrations struct{ m *Manager }
 
 func (r registrations) Feeds(pki.Identity) bool { return false }
 
+func (r registrations) Sink() bool { return false }
+
 func (r registrations) RegisteredBy(id string, caller pki.Identity) bool {
 	r.m.mu.Lock()
 	reg := r.m.regs[id]
 	r.m.mu.Unlock()
-	return reg != nil && authz.RegistrationMatches(reg.GetKind(), reg.GetModel(), caller)
+	// An id nobody registered (this manager restarted, or took over
+	// before it loaded it) passes: the handler answers NotFound and the
+	// component registers again, which is authorized on its own.
+	return reg == nil || authz.RegistrationMatches(reg.GetKind(), reg.GetModel(), caller)
 }
 
 // Ready is closed once NATS is up, the deployment state is loaded and the

@@ -19,6 +19,8 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -321,6 +323,10 @@ type replHarness struct {
 type replOpts struct {
 	outputLog int64
 	tweak     func(name string, s *Sidecar) // before Run
+	// certs, when set, runs every hop over mutual TLS: the sidecars with
+	// certificates of their models, the frontend stand-in and its
+	// senders with a frontend's.
+	certs *testCerts
 }
 
 // startRepl runs a primary sidecar per primaries entry, a backup sidecar
@@ -351,7 +357,14 @@ func startRepl(t testing.TB, yaml string, primaries, backups map[string]Backend,
 	go func() { defer h.wg.Done(); _ = co.WatchDurable(ctx, models, h.durable.add) }()
 	flis := listen(t)
 	h.res.Set(config.Frontend, flis.Addr().String(), 0)
-	srv := grpc.NewServer()
+	var srvOpts []grpc.ServerOption
+	var feDial []grpc.DialOption
+	if o.certs != nil {
+		fe := o.certs.source(t, dep.Name, pki.Identity{Role: pki.RoleFrontend, Instance: "0"})
+		srvOpts = append(srvOpts, grpcx.ServerTLS(fe))
+		feDial = append(feDial, grpcx.DialTLS(fe))
+	}
+	srv := grpc.NewServer(srvOpts...)
 	hamsv1.RegisterDataplaneServer(srv, edge.NewReceiver(config.Frontend, h.sink.deliver, nil))
 	h.wg.Add(1)
 	go func() { defer h.wg.Done(); _ = srv.Serve(flis) }()
@@ -374,7 +387,7 @@ func startRepl(t testing.TB, yaml string, primaries, backups map[string]Backend,
 		lis := listen(t)
 		bres.m[name] = lis.Addr().String()
 		sc, err := New(Config{Deployment: dep, Model: name, Backend: be, GRPCListener: lis, Role: RoleBackup,
-			Coord: co, AuditDir: h.audit, Epoch: 1})
+			Coord: co, AuditDir: h.audit, Epoch: 1, TLS: o.certs.sidecar(t, dep.Name, name, "b")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -385,7 +398,7 @@ func startRepl(t testing.TB, yaml string, primaries, backups map[string]Backend,
 		lis := listen(t)
 		h.res.Set(name, lis.Addr().String(), 1)
 		sc, err := New(Config{Deployment: dep, Model: name, Backend: be, Resolver: h.res, GRPCListener: lis,
-			Coord: co, BackupResolver: bres, Epoch: 1, OutputLogBytes: o.outputLog})
+			Coord: co, BackupResolver: bres, Epoch: 1, OutputLogBytes: o.outputLog, TLS: o.certs.sidecar(t, dep.Name, name, "a")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -393,7 +406,7 @@ func startRepl(t testing.TB, yaml string, primaries, backups map[string]Backend,
 		run(name, sc)
 	}
 	for _, entry := range dep.Services[0].Graph().Entries() {
-		s, err := edge.NewSender(edge.SenderConfig{From: config.Frontend, To: entry, Resolver: h.res})
+		s, err := edge.NewSender(edge.SenderConfig{From: config.Frontend, To: entry, Resolver: h.res, DialOptions: feDial})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/adapters/refserver/models"
-	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/authz"
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"

@@ -113,7 +113,7 @@ func (d *deployment) directSource(m string) (*pki.Source, error) {
 	if d.pki == nil {
 		return nil, nil
 	}
-	if mc := d.dep.Model(m); mc == nil || mc.Backend.Type == "clipper" {
+	if mc := d.dep.Model(m); mc == nil || !d.backendTLS(mc) {
 		return nil, nil
 	}
 	return d.pki.source("bench-direct-"+m, sidecarIdentity(m, "bench"))

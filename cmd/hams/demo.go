@@ -162,7 +162,7 @@ func describeAll(ctx context.Context, d *deployment, only ...string) (map[string
 	}
 	err := parallel(names, func(m string) error {
 		addr := d.ModelServers[m]
-		cc, err := grpcx.Dial(addr, d.dep.Limits.MaxMessageBytes)
+		cc, err := grpcx.Dial(addr, d.dep.Limits.MaxMessageBytes, d.adminDialOpts(d.dep.Model(m))...)
 		if err != nil {
 			return err
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/launch"
+	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
@@ -80,6 +81,10 @@ type deployOptions struct {
 	// them); the others, and every other component, take free loopback
 	// ports.
 	FrontendListen, FrontendHTTP string
+	// Insecure runs every child with --insecure: internal RPCs in
+	// plaintext without identities. Otherwise a CA and a certificate
+	// per child are created under RunDir/certs.
+	Insecure bool
 }
 
 // counts returns the number of frontends and managers opt asks for in a
@@ -134,6 +139,11 @@ type deployment struct {
 	// Replication), in the same order: the topology names the frontends
 	// by these, never by their client addresses.
 	FrontendInternals []string
+	// pki issues the children's certificates (nil: --insecure).
+	pki *deployPKI
+	// startedPools are the pooled models whose instances this process
+	// started (with certificates).
+	startedPools map[string]bool
 	// ModelServers maps each model to its (primary) model server address.
 	ModelServers map[string]string
 	// BackupServers maps each replicated model to its backup's model server.
@@ -227,6 +237,12 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	ctx, cancel := context.WithTimeout(ctx, opt.ReadyTimeout)
 	defer cancel()
 	d.common = []string{"--config", d.cfgPath, "--log-level", opt.LogLevel}
+	d.startedPools = map[string]bool{}
+	if opt.Insecure {
+		d.log.Warn("INSECURE: internal RPCs run in plaintext without identities or authorization (--insecure)")
+	} else if d.pki, err = newDeployPKI(filepath.Join(opt.RunDir, "certs"), dep.Name); err != nil {
+		return nil, fmt.Errorf("deployment certificates: %w", err)
+	}
 
 	for i := range dep.Models {
 		m := &dep.Models[i]
@@ -246,8 +262,11 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 			if d.ModelServers[m] != "" {
 				return nil
 			}
-			args, key := backendArgs(dep.Model(m), d.common)
 			name := childName(roleModelServer, m)
+			args, key, err := d.backendArgsFor(dep.Model(m), name, false)
+			if err != nil {
+				return err
+			}
 			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args, Restart: backendRestart(args, key)})
 			if err != nil {
 				return fmt.Errorf("start %s: %w", name, err)
@@ -298,10 +317,15 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	// active one; the others stand by.
 	for i := range nManagers {
 		name := childName("manager", strconv.Itoa(i))
+		ta, err := d.tlsArgs(name, pki.Identity{Role: pki.RoleManager, Instance: strconv.Itoa(i)})
+		if err != nil {
+			return nil, err
+		}
+		common := append(slices.Clone(mgrCommon), ta...)
 		r, err := d.sup.Start(ctx, launch.Spec{
 			Name:    name,
-			Args:    append([]string{"manager", "--id", managerID(i, 1, nManagers)}, mgrCommon...),
-			Restart: restartManager(i, nManagers, mgrCommon),
+			Args:    append([]string{"manager", "--id", managerID(i, 1, nManagers)}, common...),
+			Restart: restartManager(i, nManagers, common),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", name, err)
@@ -309,7 +333,7 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 		d.Managers = append(d.Managers, r.String("grpc"))
 	}
 	d.Manager = d.Managers[0]
-	if d.mgrs, err = dialManagers(d.Managers); err != nil {
+	if d.mgrs, err = dialManagers(d.Managers, d.pki.supervisorSource()); err != nil {
 		return nil, err
 	}
 	var insts []instSpec
@@ -434,6 +458,12 @@ func (d *deployment) startFrontends(ctx context.Context, n int, withLog bool) er
 		go func() {
 			defer wg.Done()
 			args := append([]string{"frontend", "--manager", d.managerList(), "--name", fmt.Sprintf("frontend-%d", i)}, d.common...)
+			ta, err := d.tlsArgs(childName("frontend", strconv.Itoa(i)), pki.Identity{Role: pki.RoleFrontend, Instance: strconv.Itoa(i)})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			args = append(args, ta...)
 			if withLog {
 				args = append(args, "--request-log")
 				if !coordinated(d.dep) {

@@ -3,7 +3,10 @@ package main
 import (
 	"fmt"
 
+	"google.golang.org/grpc"
+
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/launch"
 )
 
@@ -60,22 +63,35 @@ func (d *deployment) backendArgsFor(m *config.Model, instance string, plain bool
 	return append(args, ta...), key, nil
 }
 
+// backendTLS reports whether m's model servers were started by this
+// process with certificates (a sidecar then dials them with mutual TLS).
+func (d *deployment) backendTLS(m *config.Model) bool {
+	if d.pki == nil || m.Backend.Type == "clipper" {
+		return false
+	}
+	if m.Pooled() {
+		return d.startedPools[m.Name]
+	}
+	return managed(m)
+}
+
 // backendTLSArgs tell a sidecar to dial its backend with mutual TLS when
 // this process started that backend with a certificate.
 func (d *deployment) backendTLSArgs(m *config.Model) []string {
-	if d.pki == nil || m.Backend.Type == "clipper" {
-		return nil
-	}
-	if m.Pooled() {
-		if d.startedPools[m.Name] {
-			return []string{"--backend-tls"}
-		}
-		return nil
-	}
-	if managed(m) {
+	if d.backendTLS(m) {
 		return []string{"--backend-tls"}
 	}
 	return nil
+}
+
+// adminDialOpts are the options of this process's own calls to model m's
+// model servers (describe, warm-up): its admin identity where they have
+// certificates.
+func (d *deployment) adminDialOpts(m *config.Model) []grpc.DialOption {
+	if m == nil || !d.backendTLS(m) {
+		return nil
+	}
+	return []grpc.DialOption{grpcx.DialTLS(d.pki.admin)}
 }
 
 // backendRestart restarts a started backend on the address it had (key:

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/hams-go/hams/internal/grpcx"
-	"github.com/hams-go/hams/manager/client"
 	"github.com/hams-go/hams/internal/pki"
+	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 

@@ -7,8 +7,14 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
+	"github.com/hams-go/hams/internal/authz"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -28,17 +34,18 @@ func runManager(args []string) error {
 	if err := rf.parse(args); err != nil {
 		return err
 	}
-	var st manager.InstanceStarter
-	if *starter != "" {
-		hs, err := newHTTPStarter(*starter)
-		if err != nil {
-			return usageErr("manager: --starter: %v", err)
-		}
-		st = hs
-	}
 	r, err := setupRole("manager", rf)
 	if err != nil {
 		return err
+	}
+	var st manager.InstanceStarter
+	if *starter != "" {
+		hs, err := newHTTPStarter(*starter, r.tls)
+		if err != nil {
+			r.close()
+			return usageErr("manager: --starter: %v", err)
+		}
+		st = hs
 	}
 	if *id == "" {
 		host, _ := os.Hostname()
@@ -57,6 +64,7 @@ func runManager(args []string) error {
 		SuspicionTimeout:  *suspicion,
 		Logger:            r.log,
 		Registry:          r.reg,
+		TLS:               r.tls,
 	})
 	if err != nil {
 		r.close()
@@ -129,6 +137,7 @@ func runModelServer(args []string) error {
 		Logger:       r.log,
 		Registry:     r.reg,
 		Straggle:     straggleCfg,
+		TLS:          r.tls,
 	})
 	if err != nil {
 		r.close()
@@ -152,7 +161,7 @@ func runModelServer(args []string) error {
 					id += "/" + n
 				}
 			}
-			c, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, Registration: &hamsv1.RegisterRequest{
+			c, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 				Kind: hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER, Id: id, Model: n, Role: role,
 				Address: addr, Pid: int32(os.Getpid()),
 			}})
@@ -186,6 +195,7 @@ func runSidecar(args []string) error {
 	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (a backup writes <dir>/<model>-backup-<instance id>/durable.jsonl)")
 	epoch := rf.fs.Uint64("epoch", 0, "epoch of this instance, stamped on snapshots and durability notices")
 	outLog := rf.fs.Int64("output-log-bytes", 0, "bound of a replicated primary's output log (0: the sidecar's default)")
+	backendTLS := rf.fs.Bool("backend-tls", false, "dial the backend (a `hams modelserver` with certificates, or a replica pool's instances) with this sidecar's internal mutual TLS")
 	healthEvery := rf.fs.Duration("health-interval", sidecar.DefaultHealthInterval, "how often the backend's health is checked; in a protected mode a backend unhealthy for 3 checks in a row (and at least 1 s) after it was once healthy stops the sidecar so the manager fails it over (negative: no checks)")
 	if err := rf.parse(args); err != nil {
 		return err
@@ -237,13 +247,21 @@ func runSidecar(args []string) error {
 		return usageErr("sidecar: model %q has no backend.address; pass --backend", *model)
 	}
 	r.log = r.log.With("instance", *roleF)
+	var beTLS *pki.Source
+	if *backendTLS {
+		if r.tls == nil {
+			r.close()
+			return usageErr("sidecar: --backend-tls needs this sidecar's certificate (--tls-cert ...), not --insecure")
+		}
+		beTLS = r.tls
+	}
 	var be sidecar.Backend
 	var closeBE func()
 	var runPool func(context.Context) error
 	if m.Pooled() {
-		be, runPool, closeBE, err = newPoolBackend(r.dep, m, *roleF, r.log.With("model", *model), r.reg)
+		be, runPool, closeBE, err = newPoolBackend(r.dep, m, *roleF, r.log.With("model", *model), r.reg, beTLS)
 	} else {
-		be, closeBE, err = newBackend(r.dep, m, *backend, *roleF, r.log.With("model", *model))
+		be, closeBE, err = newBackend(r.dep, m, *backend, *roleF, r.log.With("model", *model), beTLS)
 	}
 	if err != nil {
 		r.close()
@@ -274,7 +292,7 @@ func runSidecar(args []string) error {
 	if *idF == "" {
 		*idF = fmt.Sprintf("sidecar/%s/%s", *model, roleName(roleV))
 	}
-	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, Registration: &hamsv1.RegisterRequest{
+	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, Id: *idF,
 		Model: *model, Role: roleV, Address: addr, BackendAddress: *backend, Pid: int32(os.Getpid()),
 	}})
@@ -297,6 +315,7 @@ func runSidecar(args []string) error {
 		OutputLogBytes: *outLog,
 		Standby:        standby,
 		HealthInterval: *healthEvery,
+		TLS:            r.tls,
 	}
 	// Every sidecar given --nats watches completion notices (so what its
 	// senders keep for resends is trimmed); replicated ones also announce
@@ -400,7 +419,7 @@ func runFrontend(args []string) error {
 	// The topology names the frontend by its internal address: the sink
 	// models' sidecars Forward to it, the manager calls Resend there.
 	addr := il.Addr().String()
-	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, Registration: &hamsv1.RegisterRequest{
+	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: "frontend/" + addr, Address: addr, Pid: int32(os.Getpid()),
 	}})
 	if err != nil {
@@ -418,6 +437,22 @@ func runFrontend(args []string) error {
 		Name:             *name,
 		AuditDir:         *audit,
 		Address:          addr,
+		DialOptions:      r.dialOpts(),
+	}
+	if r.tls != nil {
+		// The internal port: mutual TLS, and only the sink models'
+		// sidecars may Forward, only managers Resend (internal/authz).
+		self := r.tls.Identity()
+		if self.Role != pki.RoleFrontend {
+			closeAll()
+			return usageErr("frontend: certificate %v is not a frontend's", self)
+		}
+		az, err := authz.New(authz.Config{Self: self, Facts: authz.NewGraphFacts(r.dep, config.Frontend), Logger: r.log})
+		if err != nil {
+			closeAll()
+			return &exitError{code: 2, err: err}
+		}
+		fcfg.InternalServerOptions = append([]grpc.ServerOption{grpcx.ServerTLS(r.tls)}, az.ServerOptions()...)
 	}
 	if r.dep.ClientAuth != nil {
 		if fcfg.ClientAuth, err = frontend.NewClientAuth(r.dep.ClientAuth, r.log); err != nil {

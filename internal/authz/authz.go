@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -39,6 +40,8 @@ type Facts interface {
 	// RegisteredBy reports whether component id was registered by the
 	// caller (the manager's registrations).
 	RegisteredBy(id string, caller pki.Identity) bool
+	// Sink reports whether this server's model feeds the frontend.
+	Sink() bool
 }
 
 // Config of an Authorizer.
@@ -144,6 +147,17 @@ func (a *Authorizer) relation(rel Relation, caller pki.Identity, req any) error 
 			return fmt.Errorf("%w %T", errRequestType, req)
 		}
 		if kindRole(r.GetKind()) == caller.Role && (caller.Role == pki.RoleFrontend || caller.Role == pki.RoleManager || caller.ServesModel(r.GetModel())) {
+			return nil
+		}
+	case SinkResend:
+		r, ok := req.(*hamsv1.ResendRequest)
+		if !ok {
+			return fmt.Errorf("%w %T", errRequestType, req)
+		}
+		if a.facts == nil {
+			return errNoFacts
+		}
+		if caller.Role == pki.RoleFrontend && r.GetToModel() == config.Frontend && a.facts.Sink() {
 			return nil
 		}
 	case SelfID:

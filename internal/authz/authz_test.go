@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/pki"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -43,6 +44,7 @@ func (facts) Feeds(c pki.Identity) bool {
 	return (c.Role == pki.RoleSidecar && c.Model == "pred") || c.Role == pki.RoleFrontend
 }
 func (facts) RegisteredBy(cid string, c pki.Identity) bool { return cid == c.String() }
+func (facts) Sink() bool                                   { return true }
 
 // rowCase is the test of one Table row: who must be let through (the
 // handler then answers Unimplemented) and who must be refused.
@@ -58,6 +60,10 @@ func register(kind hamsv1.ComponentKind, model string) func(pki.Identity) any {
 	return func(pki.Identity) any { return &hamsv1.RegisterRequest{Kind: kind, Model: model, Id: "x"} }
 }
 
+func resendTo(model string) func(pki.Identity) any {
+	return func(pki.Identity) any { return &hamsv1.ResendRequest{ToModel: model, ToAddress: "10.0.0.66:1"} }
+}
+
 func heartbeatAs(who pki.Identity) func(pki.Identity) any {
 	return func(pki.Identity) any { return &hamsv1.HeartbeatRequest{Id: who.String()} }
 }
@@ -67,7 +73,8 @@ var rowCases = []rowCase{
 	{method: BulkShip, self: id(pki.RoleSidecar, "m", "b"), allowed: []pki.Identity{sidecarM}, refused: []pki.Identity{sidecarX, manager, frontend}},
 	{method: hamsv1.Replication_GetMaxSeq_FullMethodName, self: sidecarM, allowed: []pki.Identity{manager}, refused: []pki.Identity{sidecarX, frontend, admin, otherDepMgr}},
 	{method: hamsv1.Replication_GetLineageSummary_FullMethodName, self: sidecarM, allowed: []pki.Identity{manager}, refused: []pki.Identity{sidecarPred, frontend, admin}},
-	{method: hamsv1.Replication_Resend_FullMethodName, self: frontend, allowed: []pki.Identity{manager}, refused: []pki.Identity{sidecarM, frontend, admin, supervisor, otherDepMgr}},
+	{method: hamsv1.Replication_Resend_FullMethodName, self: sidecarM, req: resendTo("ap-inception"), allowed: []pki.Identity{manager}, refused: []pki.Identity{sidecarM, frontend, admin, supervisor, otherDepMgr}},
+	{method: hamsv1.Replication_Resend_FullMethodName, self: sidecarM, req: resendTo(config.Frontend), allowed: []pki.Identity{manager, frontend}, refused: []pki.Identity{sidecarM, sidecarPred, admin, supervisor}},
 	{method: hamsv1.Replication_Promote_FullMethodName, self: sidecarM, allowed: []pki.Identity{manager}, refused: []pki.Identity{sidecarM, frontend, admin, supervisor, otherDepMgr}},
 	{method: hamsv1.Replication_Demote_FullMethodName, self: sidecarM, allowed: []pki.Identity{manager}, refused: []pki.Identity{sidecarM, sidecarX, frontend, admin, otherDepMgr}},
 	{method: hamsv1.Replication_Rollback_FullMethodName, self: sidecarM, allowed: []pki.Identity{manager}, refused: []pki.Identity{sidecarM, frontend, admin}},

@@ -10,6 +10,7 @@ import (
 // it. It answers no RegisteredBy (only the manager knows registrations).
 type GraphFacts struct {
 	feeders map[string]bool // predecessor nodes: model names, or config.Frontend
+	sink    bool            // the node feeds the frontend
 }
 
 // NewGraphFacts collects the predecessors of node in every service of
@@ -17,8 +18,12 @@ type GraphFacts struct {
 func NewGraphFacts(dep *config.Deployment, node string) *GraphFacts {
 	g := &GraphFacts{feeders: map[string]bool{}}
 	for i := range dep.Services {
-		for _, p := range dep.Services[i].Graph().Pred(node) {
+		gr := dep.Services[i].Graph()
+		for _, p := range gr.Pred(node) {
 			g.feeders[p] = true
+		}
+		for _, s := range gr.Succ(node) {
+			g.sink = g.sink || s == config.Frontend
 		}
 	}
 	return g
@@ -45,3 +50,6 @@ func (g *GraphFacts) Feeds(c pki.Identity) bool {
 
 // RegisteredBy is false: a graph node serves no registrations.
 func (g *GraphFacts) RegisteredBy(string, pki.Identity) bool { return false }
+
+// Sink: the node has an edge to the frontend.
+func (g *GraphFacts) Sink() bool { return g.sink }

@@ -35,9 +35,13 @@ const (
 	// SelfID: the request's component id was registered by the caller
 	// (Facts.RegisteredBy).
 	SelfID
+	// SinkResend: a Resend of the frontend edge (to_model "frontend"),
+	// asked of a sink model's sidecar (Facts.Sink) by a frontend that
+	// takes over the requests of another (frontend/requestlog.go).
+	SinkResend
 )
 
-var relationNames = [...]string{"role", "same model", "predecessor", "hosted model", "self registration", "self id"}
+var relationNames = [...]string{"role", "same model", "predecessor", "hosted model", "self registration", "self id", "sink resend"}
 
 func (r Relation) String() string {
 	if int(r) < len(relationNames) {
@@ -93,7 +97,7 @@ var Table = []Rule{
 	{Method: BulkShip, Roles: roles(roleSC), Relation: SameModel},
 	{Method: hamsv1.Replication_GetMaxSeq_FullMethodName, Roles: roles(roleMgr)},
 	{Method: hamsv1.Replication_GetLineageSummary_FullMethodName, Roles: roles(roleMgr)},
-	{Method: hamsv1.Replication_Resend_FullMethodName, Roles: roles(roleMgr)},
+	{Method: hamsv1.Replication_Resend_FullMethodName, Roles: roles(roleMgr, roleFE), Relation: SinkResend, Exempt: roles(roleMgr)},
 	{Method: hamsv1.Replication_Promote_FullMethodName, Roles: roles(roleMgr)},
 	{Method: hamsv1.Replication_Demote_FullMethodName, Roles: roles(roleMgr)},
 	{Method: hamsv1.Replication_Rollback_FullMethodName, Roles: roles(roleMgr)},
