@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"flag"
 	"fmt"
 	"log/slog"
 	"time"
@@ -9,13 +11,72 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/hams-go/hams/internal/coord"
+	"github.com/hams-go/hams/internal/natsd"
+	"github.com/hams-go/hams/internal/pki"
+	"github.com/hams-go/hams/manager"
 )
 
-// openCoord connects to the deployment's NATS (the manager's embedded
+// natsAuthFlags name a component's NATS credentials: the directory
+// holding its seed (natsd.SeedFile: <role>.nk, sidecar-<model>.nk; the
+// directory `hams up` writes holds every role's, a real deployment gives
+// each component a directory with its own seed only).
+type natsAuthFlags struct{ dir string }
+
+func (f *natsAuthFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.dir, "nats-auth", "", "NATS credentials directory with this component's nkey seed (<role>.nk or sidecar-<model>.nk, written by `hams up`; docs/security.md); empty: connect to NATS without authentication")
+}
+
+// client loads the credentials of id, with src's client certificate for
+// a NATS server with TLS (src nil: plaintext). Nil without --nats-auth.
+func (f *natsAuthFlags) client(id natsd.Identity, src *pki.Source) (*natsd.Client, error) {
+	if f.dir == "" {
+		return nil, nil
+	}
+	var tc *tls.Config
+	if src != nil {
+		tc = src.ClientConfig()
+	}
+	cl, err := natsd.LoadClient(f.dir, id, tc)
+	if err != nil {
+		return nil, &exitError{code: 2, err: err}
+	}
+	return cl, nil
+}
+
+// managerAuth is the manager's manager.NATSAuth: its own credentials and,
+// for the embedded server (external false), the users of the directory.
+// Nil without --nats-auth.
+func (f *natsAuthFlags) managerAuth(deployment string, src *pki.Source, external bool) (*manager.NATSAuth, error) {
+	cl, err := f.client(natsd.Identity{Role: natsd.RoleManager, Deployment: deployment}, src)
+	if err != nil || cl == nil {
+		return nil, err
+	}
+	a := &manager.NATSAuth{Client: cl}
+	if !external {
+		if a.Users, err = natsd.LoadAuth(f.dir); err != nil {
+			return nil, &exitError{code: 2, err: err}
+		}
+	}
+	return a, nil
+}
+
+// openCoord connects to the deployment's NATS without credentials (see
+// openCoordAuth).
+func openCoord(ctx context.Context, url, deployment, name string, log *slog.Logger) (*coord.Coord, *nats.Conn, error) {
+	return openCoordAuth(ctx, url, deployment, name, nil, log)
+}
+
+// openCoordAuth connects to the deployment's NATS (the manager's embedded
 // server or an external cluster) and opens the coordination streams. The
 // connection reconnects forever (a restarted manager comes back on the
 // same address); the first connect is retried until ctx ends.
-func openCoord(ctx context.Context, url, deployment, name string, log *slog.Logger) (*coord.Coord, *nats.Conn, error) {
+//
+// With credentials (cl non-nil) the component authenticates with its
+// nkey (and TLS when cl has it) and binds the streams (coord.Bind): only
+// the manager may create or change them (natsd.Permissions), so a
+// component that starts first waits for the manager to have created
+// them. Without credentials it creates them itself (coord.Open).
+func openCoordAuth(ctx context.Context, url, deployment, name string, cl *natsd.Client, log *slog.Logger) (*coord.Coord, *nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name("hams " + name),
 		nats.MaxReconnects(-1),
@@ -28,13 +89,33 @@ func openCoord(ctx context.Context, url, deployment, name string, log *slog.Logg
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
 	}
+	open := func(ctx context.Context, nc *nats.Conn) (*coord.Coord, error) {
+		return coord.Open(ctx, nc, deployment, 1)
+	}
+	if cl != nil {
+		if id := cl.Identity(); id.Deployment != deployment {
+			return nil, nil, fmt.Errorf("NATS credentials are %s, not of deployment %q", id, deployment)
+		}
+		opts = append(opts, cl.Options()...)
+		// Permission violations are the server's answer to a request
+		// the table does not allow: log them (the request itself only
+		// times out).
+		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Warn("nats error", "err", err)
+		}))
+		if cl.Identity().Role != natsd.RoleManager {
+			open = func(ctx context.Context, nc *nats.Conn) (*coord.Coord, error) {
+				return coord.Bind(ctx, nc, deployment)
+			}
+		}
+	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS %s: %w", url, err)
 	}
 	for {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		co, err := coord.Open(octx, nc, deployment, 1)
+		co, err := open(octx, nc)
 		cancel()
 		if err == nil {
 			return co, nc, nil

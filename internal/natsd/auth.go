@@ -493,3 +493,32 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// EnsureCredentials returns the credentials of deployment in dir,
+// generating them (GenerateCredentials) when dir has none: `hams up` and
+// `hams demo` call it for their run directory, so a restarted supervisor
+// keeps the keys its running children hold. Existing credentials must be
+// of deployment and have a sidecar user for each of models.
+func EnsureCredentials(dir, deployment string, models []string) (*Auth, error) {
+	if _, err := os.Stat(filepath.Join(dir, UsersFile)); errors.Is(err, os.ErrNotExist) {
+		return GenerateCredentials(dir, deployment, models)
+	}
+	a, err := LoadAuth(dir)
+	if err != nil {
+		return nil, err
+	}
+	have := map[Identity]bool{}
+	for _, u := range a.Users {
+		have[u.Identity] = true
+	}
+	want := []Identity{{Role: RoleManager, Deployment: deployment}, {Role: RoleFrontend, Deployment: deployment}, {Role: RoleAdmin, Deployment: deployment}}
+	for _, m := range models {
+		want = append(want, Identity{Role: RoleSidecar, Deployment: deployment, Model: m})
+	}
+	for _, id := range want {
+		if !have[id] {
+			return nil, fmt.Errorf("%w: %s has no user %s (credentials of another deployment, or a model added since: remove the directory to generate new ones)", ErrCredentials, dir, id)
+		}
+	}
+	return a, nil
+}

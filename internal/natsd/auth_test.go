@@ -734,3 +734,24 @@ func plaintextRefused(t *testing.T, addr string) {
 		}
 	}
 }
+
+func TestEnsureCredentials(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "creds")
+	a, err := natsd.EnsureCredentials(dir, "dx", []string{"a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := natsd.EnsureCredentials(dir, "dx", []string{"a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(a.Users) != fmt.Sprint(b.Users) {
+		t.Fatal("EnsureCredentials generated new keys over existing ones")
+	}
+	if _, err := natsd.EnsureCredentials(dir, "dx", []string{"a", "b"}); !errors.Is(err, natsd.ErrCredentials) {
+		t.Fatalf("a model without a user: %v", err)
+	}
+	if _, err := natsd.EnsureCredentials(dir, "dy", nil); !errors.Is(err, natsd.ErrCredentials) {
+		t.Fatalf("another deployment's credentials: %v", err)
+	}
+}
