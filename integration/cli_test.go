@@ -34,11 +34,18 @@ func TestCLIContractErrors(t *testing.T) {
 		{[]string{"bench", "--modes", "direct,foo"}, 2, "unknown mode"},
 		{[]string{"bench", "--batch", "0"}, 2, "--batch"},
 		{[]string{"sidecar", "--config", "../examples/ap.yaml"}, 2, "--model and --manager"},
-		{[]string{"sidecar", "--config", "../examples/ap.yaml", "--model", "ap-drive", "--manager", "127.0.0.1:1", "--role", "backup"}, 2, "is not replicated"},
-		{[]string{"sidecar", "--config", "../examples/ap.yaml", "--model", "ap-route", "--manager", "127.0.0.1:1"}, 2, "--nats is required"},
-		{[]string{"frontend", "--config", "../examples/ap.yaml", "--manager", "127.0.0.1:1"}, 2, "--nats is required"},
-		{[]string{"modelserver", "--config", "../examples/ap.yaml", "--models", "nope"}, 2, "not in deployment"},
+		{[]string{"sidecar", "--config", "../examples/ap.yaml", "--model", "ap-drive", "--manager", "127.0.0.1:1", "--role", "backup", "--insecure"}, 2, "is not replicated"},
+		{[]string{"sidecar", "--config", "../examples/ap.yaml", "--model", "ap-route", "--manager", "127.0.0.1:1", "--insecure"}, 2, "--nats is required"},
+		{[]string{"frontend", "--config", "../examples/ap.yaml", "--manager", "127.0.0.1:1", "--insecure"}, 2, "--nats is required"},
+		{[]string{"modelserver", "--config", "../examples/ap.yaml", "--models", "nope", "--insecure"}, 2, "not in deployment"},
 		{[]string{"manager", "--config", "../examples/ap.yaml", "--log-level", "loud"}, 2, "--log-level"},
+		// Secure by default: a role without its certificate does not start.
+		{[]string{"manager", "--config", "../examples/ap.yaml"}, 2, "--tls-cert"},
+		{[]string{"sidecar", "--config", "../examples/ap.yaml", "--model", "ap-route", "--manager", "127.0.0.1:1", "--nats", "nats://127.0.0.1:1"}, 2, "--insecure"},
+		{[]string{"manager", "--config", "../examples/ap.yaml", "--insecure", "--tls-cert", "x.crt"}, 2, "exclude each other"},
+		{[]string{"modelserver", "--config", "../examples/ap.yaml", "--models", "ap-route", "--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key", "--tls-ca", "/nonexistent.ca"}, 2, "nonexistent"},
+		{[]string{"certs"}, 2, "--deployment or --config"},
+		{[]string{"certs", "--deployment", "d", "--identity", "x=king"}, 2, "unknown role"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {

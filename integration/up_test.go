@@ -24,7 +24,7 @@ import (
 func describeSinks(t *testing.T, cfgPath string, dep *config.Deployment, svc string) map[string]*hamsv1.ModelDescription {
 	t.Helper()
 	sinks := dep.Service(svc).Graph().Sinks()
-	ms := startHams(t, 30*time.Second, "modelserver", "--config", cfgPath, "--models", joinComma(sinks))
+	ms := startHams(t, 30*time.Second, "modelserver", "--config", cfgPath, "--models", joinComma(sinks), "--insecure")
 	cc, err := grpcx.Dial(ms.str(t, "grpc"), 0)
 	if err != nil {
 		t.Fatal(err)
