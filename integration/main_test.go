@@ -85,6 +85,7 @@ type proc struct {
 // startHams starts the binary and waits for its JSON ready line.
 func startHams(t *testing.T, timeout time.Duration, args ...string) *proc {
 	t.Helper()
+	noteUp(t, args)
 	cmd := exec.Command(hamsBin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p := &proc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}

@@ -107,10 +107,7 @@ func TestPassThroughUp(t *testing.T) {
 
 	// No instance of a pass-through model; the HAMS-path model has its
 	// sidecar and standby.
-	mc, err := grpcx.Dial(up.str(t, "manager"), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mc := dialInternal(t, up.str(t, "manager"), operator)
 	defer mc.Close()
 	c, cancel := ctx()
 	topo, err := hamsv1.NewManagerClient(mc).GetTopology(c, &hamsv1.GetTopologyRequest{})
@@ -183,10 +180,7 @@ func TestPassThroughUp(t *testing.T) {
 	if refAddr == "" {
 		t.Fatal("the effective deployment has no address for pt-ref's backend")
 	}
-	dc, err := grpcx.Dial(refAddr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dc := dialInternal(t, refAddr, operator)
 	defer dc.Close()
 	direct := tfapis.NewPredictionServiceClient(dc)
 	images := retrofitImages(t, 4)

@@ -96,10 +96,7 @@ func apChecker(t *testing.T, dep *config.Deployment) *checker.Checker {
 // address each sidecar registered).
 func instances(t *testing.T, manager string) map[string][2]string {
 	t.Helper()
-	cc, err := grpcx.Dial(manager, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := dialInternal(t, manager, operator)
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -129,10 +126,7 @@ func instances(t *testing.T, manager string) map[string][2]string {
 // stateDigest reads model's installed state at a reference model server.
 func stateDigest(t *testing.T, addr, model string) (string, uint64) {
 	t.Helper()
-	cc, err := grpcx.Dial(addr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := dialInternal(t, addr, asSidecarOf(model))
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

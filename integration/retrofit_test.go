@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -166,10 +165,7 @@ func argmax(v []float32) int {
 // PRIMARY) instance in the manager's topology.
 func activeBackend(t *testing.T, manager, model string) string {
 	t.Helper()
-	cc, err := grpcx.Dial(manager, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := dialInternal(t, manager, operator)
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -208,10 +204,7 @@ func TestRetrofitUp(t *testing.T) {
 	t.Logf("retrofit: tfserving_grpc %s, kserve_grpc %s, model server (direct) %s", tfAddr, ksAddr, direct)
 
 	dial := func(a string) *tfapisConns {
-		cc, err := grpcx.Dial(a, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cc := dialInternal(t, a, operator)
 		t.Cleanup(func() { cc.Close() })
 		return &tfapisConns{tf: tfapis.NewPredictionServiceClient(cc), ks: inference.NewGRPCInferenceServiceClient(cc)}
 	}

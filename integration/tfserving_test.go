@@ -143,10 +143,7 @@ func TestTFServingLSTMExplicitState(t *testing.T) {
 	if pri.backend == "" || bak.backend == "" || pri.backend == bak.backend {
 		t.Fatalf("primary %+v and backup %+v must each have their own model server", pri, bak)
 	}
-	bc, err := grpcx.Dial(bak.sidecar, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bc := dialInternal(t, bak.sidecar, asMgr)
 	defer bc.Close()
 	bakAudit := filepath.Join(audit, "backup-sidecar_"+model)
 	deadline := time.Now().Add(15 * time.Second)

@@ -14,7 +14,6 @@ import (
 	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/cuda/cudatest"
-	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/wire"
 	"github.com/hams-go/hams/protos/inference"
 )
@@ -64,10 +63,7 @@ services:
 // only read; nothing is written to them.
 func cudaStateDigests(t *testing.T, addr string, states []string, probe string) map[string]string {
 	t.Helper()
-	cc, err := grpcx.Dial(addr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := dialInternal(t, addr, operator)
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -206,10 +202,7 @@ func TestTritonLSTMCudaState(t *testing.T) {
 		loaded: func(t *testing.T, pri, bak tritonInstance) {
 			// The state is in CUDA regions only: no system region, no shm object.
 			for _, addr := range []string{pri.backend, bak.backend} {
-				c, err := grpcx.Dial(addr, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
+				c := dialInternal(t, addr, operator)
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				sys, err := inference.NewGRPCInferenceServiceClient(c).SystemSharedMemoryStatus(ctx, &inference.SystemSharedMemoryStatusRequest{})
 				cancel()

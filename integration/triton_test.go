@@ -32,10 +32,7 @@ type tritonInstance struct {
 // tritonInstances lists model's live instances from the manager.
 func tritonInstances(t *testing.T, manager, model string) map[hamsv1.Role]tritonInstance {
 	t.Helper()
-	cc, err := grpcx.Dial(manager, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := dialInternal(t, manager, operator)
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -62,10 +59,7 @@ func tritonInstances(t *testing.T, manager, model string) map[hamsv1.Role]triton
 // writes; the adapter flips all state tensors together.
 func shmStateDigests(t *testing.T, addr string, states []string) map[string]string {
 	t.Helper()
-	cc, err := grpcx.Dial(addr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := dialInternal(t, addr, operator)
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -263,10 +257,7 @@ func tritonStateReplication(t *testing.T, cfgPath string, mem stateMemory) (sigk
 	if mem.loaded != nil {
 		mem.loaded(t, pri, bak)
 	}
-	bc, err := grpcx.Dial(bak.sidecar, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bc := dialInternal(t, bak.sidecar, asMgr)
 	defer bc.Close()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
