@@ -119,6 +119,15 @@ func (d *deployment) directSource(m string) (*pki.Source, error) {
 	return d.pki.source("bench-direct-"+m, sidecarIdentity(m, "bench"))
 }
 
+// natsAuthArgs name the NATS credentials directory for a child that
+// connects to NATS (none when insecure).
+func (d *deployment) natsAuthArgs() []string {
+	if d.natsAuth == "" {
+		return nil
+	}
+	return []string{"--nats-auth", d.natsAuth}
+}
+
 // tlsArgs are the flags that give the child process name its identity
 // (--insecure when the deployment runs without).
 func (d *deployment) tlsArgs(name string, id pki.Identity) ([]string, error) {

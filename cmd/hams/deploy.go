@@ -24,6 +24,7 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/launch"
+	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -141,6 +142,9 @@ type deployment struct {
 	FrontendInternals []string
 	// pki issues the children's certificates (nil: --insecure).
 	pki *deployPKI
+	// natsAuth is the NATS credentials directory (nkey seeds per role,
+	// users.json; empty: --insecure).
+	natsAuth string
 	// startedPools are the pooled models whose instances this process
 	// started (with certificates).
 	startedPools map[string]bool
@@ -294,19 +298,35 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	// the managers (a manager kill loses no durability or completion
 	// notice, and the standby finds the deployment state where it was).
 	store := filepath.Join(opt.RunDir, "jetstream")
-	natsArgs := []string{"nats", "--listen", "127.0.0.1:-1", "--store", store, "--log-level", opt.LogLevel}
+	// Secure: nkey users per role with subject permissions
+	// (natsd.Permissions), and mutual TLS on the client port.
+	var natsSec []string
+	if d.pki != nil {
+		d.natsAuth = filepath.Join(opt.RunDir, "nats-auth")
+		if _, err := natsd.EnsureCredentials(d.natsAuth, dep.Name, sortedModels(dep)); err != nil {
+			return nil, fmt.Errorf("NATS credentials: %w", err)
+		}
+		ta, err := d.tlsArgs(childName("nats", ""), pki.Identity{Role: pki.RoleNATS})
+		if err != nil {
+			return nil, err
+		}
+		natsSec = append([]string{"--nats-auth", d.natsAuth}, ta...)
+	} else {
+		natsSec = []string{"--insecure"}
+	}
+	natsArgs := append([]string{"nats", "--listen", "127.0.0.1:-1", "--store", store, "--log-level", opt.LogLevel}, natsSec...)
 	r, err := d.sup.Start(ctx, launch.Spec{Name: childName("nats", ""), Args: natsArgs, Restart: func(last launch.Ready) []string {
 		listen := "127.0.0.1:-1"
 		if u, err := url.Parse(last.String("nats")); err == nil && u.Host != "" {
 			listen = u.Host
 		}
-		return []string{"nats", "--listen", listen, "--store", store, "--log-level", opt.LogLevel}
+		return append([]string{"nats", "--listen", listen, "--store", store, "--log-level", opt.LogLevel}, natsSec...)
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("start nats: %w", err)
 	}
 	d.NATS = r.String("nats")
-	mgrCommon := append(slices.Clone(d.common), "--nats", d.NATS)
+	mgrCommon := append(slices.Clone(d.common), append([]string{"--nats", d.NATS}, d.natsAuthArgs()...)...)
 	if opt.SuspicionTimeout > 0 {
 		mgrCommon = append(mgrCommon, "--suspicion-timeout", opt.SuspicionTimeout.String(), "--heartbeat-interval", (opt.SuspicionTimeout / 4).String())
 	}
@@ -467,7 +487,7 @@ func (d *deployment) startFrontends(ctx context.Context, n int, withLog bool) er
 			if withLog {
 				args = append(args, "--request-log")
 				if !coordinated(d.dep) {
-					args = append(args, "--nats", d.NATS)
+					args = append(append(args, "--nats", d.NATS), d.natsAuthArgs()...)
 				}
 			}
 			args = append(args, d.coordArgs("", d.opt.Audit)...)

@@ -77,7 +77,7 @@ func instanceNames(model, role string, n int) (sc, ms string) {
 func (d *deployment) coordArgs(model, audit string) []string {
 	var out []string
 	if d.NATS != "" && coordinated(d.dep) {
-		out = append(out, "--nats", d.NATS)
+		out = append(append(out, "--nats", d.NATS), d.natsAuthArgs()...)
 	}
 	if audit != "" {
 		out = append(out, "--audit", audit)

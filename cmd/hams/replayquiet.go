@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/coord"
+	"github.com/hams-go/hams/internal/natsd"
 )
 
 // waitReplayCheckpointed waits, in replay mode, until every stateful
@@ -27,12 +28,21 @@ func waitReplayCheckpointed(ctx context.Context, d *deployment, timeout time.Dur
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	co, nc, err := openCoord(ctx, d.NATS, d.dep.Name, "chaos", slog.New(slog.DiscardHandler))
+	// The operator's (admin) NATS user reads the replay store; it may
+	// not create it (BindReplay).
+	var cl *natsd.Client
+	if d.natsAuth != "" {
+		var err error
+		if cl, err = natsd.LoadClient(d.natsAuth, natsd.Identity{Role: natsd.RoleAdmin, Deployment: d.dep.Name}, d.pki.adminSource().ClientConfig()); err != nil {
+			return err
+		}
+	}
+	co, nc, err := openCoordAuth(ctx, d.NATS, d.dep.Name, "chaos", cl, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := co.OpenReplay(ctx, 1)
+	store, err := co.BindReplay(ctx)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager"
 	"github.com/hams-go/hams/manager/client"
@@ -30,12 +31,19 @@ func runManager(args []string) error {
 	suspicion := rf.fs.Duration("suspicion-timeout", manager.DefaultSuspicionTimeout, "silence after which a component is declared dead")
 	starter := rf.fs.String("starter", "", "URL of the instance agent that starts new backups and standbys for recovery (POST, see starter.go); empty: recovery cannot restore redundancy")
 	id := rf.fs.String("id", "", "name of this manager in the active-manager lease (default <hostname>@<gRPC address>, so a manager restarted on its address takes its lease back at once)")
+	var na natsAuthFlags
+	na.register(rf.fs)
 	leaseTTL := rf.fs.Duration("lease-ttl", manager.DefaultLeaseTTL, "active-manager lease lifetime (a standby manager takes over after this much silence)")
 	if err := rf.parse(args); err != nil {
 		return err
 	}
 	r, err := setupRole("manager", rf)
 	if err != nil {
+		return err
+	}
+	nauth, err := na.managerAuth(r.dep.Name, r.tls, *natsURL != "")
+	if err != nil {
+		r.close()
 		return err
 	}
 	var st manager.InstanceStarter
@@ -65,6 +73,7 @@ func runManager(args []string) error {
 		Logger:            r.log,
 		Registry:          r.reg,
 		TLS:               r.tls,
+		NATSAuth:          nauth,
 	})
 	if err != nil {
 		r.close()
@@ -192,6 +201,8 @@ func runSidecar(args []string) error {
 	roleF := rf.fs.String("role", sidecar.RolePrimary, "instance role: primary (the serving instance; ACTIVE for a stateless model), backup (a replicated stateful model's backup: serves Replication, applies snapshots; in mode replay the model's idle spare, which replays the input log when promoted) or standby (a stateless model's hot standby: registered STANDBY, promoted by the manager)")
 	idF := rf.fs.String("id", "", "component id registered with the manager (default sidecar/<model>/<role>); every instance of a model needs its own")
 	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine (the manager's ready line has it); required for a replicated stateful model and for a stateful model in mode replay (input log, checkpoints)")
+	var na natsAuthFlags
+	na.register(rf.fs)
 	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (a backup writes <dir>/<model>-backup-<instance id>/durable.jsonl)")
 	epoch := rf.fs.Uint64("epoch", 0, "epoch of this instance, stamped on snapshots and durability notices")
 	outLog := rf.fs.Int64("output-log-bytes", 0, "bound of a replicated primary's output log (0: the sidecar's default)")
@@ -322,7 +333,13 @@ func runSidecar(args []string) error {
 	// and watch durability.
 	if *natsURL != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		co, nc, err := openCoord(ctx, *natsURL, r.dep.Name, "sidecar "+*model+" "+*roleF, r.log)
+		cl, err := na.client(natsd.Identity{Role: natsd.RoleSidecar, Deployment: r.dep.Name, Model: *model}, r.tls)
+		if err != nil {
+			cancel()
+			r.close()
+			return err
+		}
+		co, nc, err := openCoordAuth(ctx, *natsURL, r.dep.Name, "sidecar "+*model+" "+*roleF, cl, r.log)
 		cancel()
 		if err != nil {
 			r.close()
@@ -383,6 +400,8 @@ func runFrontend(args []string) error {
 	httpAddr := rf.fs.String("http", "127.0.0.1:0", "HTTP/JSON API listen address")
 	internalAddr := rf.fs.String("internal-listen", "", "internal gRPC listen address (Dataplane, Replication: the sidecars and the manager call it; it is the address registered in the topology); default: the host of --listen (loopback when that is a wildcard), a free port")
 	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine; required when the deployment replicates a stateful model, and with --request-log")
+	var na natsAuthFlags
+	na.register(rf.fs)
 	audit := rf.fs.String("audit", "", "directory for JSONL audit logs (<dir>/<name>/replies.jsonl)")
 	name := rf.fs.String("name", "", "name of this frontend in completion notices and its audit subdirectory (default frontend)")
 	requestLog := rf.fs.Bool("request-log", false, "log every accepted request and record every answer in JetStream before it is released (needs --nats): several frontends then share the deployment, a surviving one completes what a dead one accepted, and a retried request_id gets the same reply on any frontend")
@@ -466,7 +485,13 @@ func runFrontend(args []string) error {
 			return usageErr("frontend: deployment %q replicates stateful models (mode %s): --nats is required", r.dep.Name, r.dep.Mode)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		co, nc, err := openCoord(ctx, *natsURL, r.dep.Name, "frontend", r.log)
+		cl, err := na.client(natsd.Identity{Role: natsd.RoleFrontend, Deployment: r.dep.Name}, r.tls)
+		if err != nil {
+			cancel()
+			closeAll()
+			return err
+		}
+		co, nc, err := openCoordAuth(ctx, *natsURL, r.dep.Name, "frontend", cl, r.log)
 		cancel()
 		if err != nil {
 			closeAll()
