@@ -30,6 +30,7 @@ import (
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
+	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -269,6 +270,14 @@ func (s sink) deliver(_ string, items []*hamsv1.Item) {
 // one round trip: an item with the image in, the sink item out; last
 // splits the latest round trip.
 func viaSidecar(b testing.TB, ctx context.Context, d *config.Deployment, be sidecar.Backend, wg *sync.WaitGroup) (round func() error, last func() split) {
+	return viaSidecarSec(b, ctx, d, be, wg, nil)
+}
+
+// hopCerts are the certificates of a mutual-TLS data path: the frontend
+// stand-in's and the sidecar's (nil: plaintext).
+type hopCerts struct{ frontend, sidecar *pki.Source }
+
+func viaSidecarSec(b testing.TB, ctx context.Context, d *config.Deployment, be sidecar.Backend, wg *sync.WaitGroup, sec *hopCerts) (round func() error, last func() split) {
 	tb := &timed{Backend: be, base: time.Now()}
 	be = tb
 	var lastSplit split
@@ -276,19 +285,27 @@ func viaSidecar(b testing.TB, ctx context.Context, d *config.Deployment, be side
 	out := make(sink, 16)
 	flis := listen(b)
 	res.Set(config.Frontend, flis.Addr().String(), 0)
-	fsrv := grpc.NewServer(grpcx.ServerOptions(slog.New(slog.DiscardHandler), nil, 0)...)
+	fopts := grpcx.ServerOptions(slog.New(slog.DiscardHandler), nil, 0)
+	var scTLS *pki.Source
+	var feDial []grpc.DialOption
+	if sec != nil {
+		fopts = append(fopts, grpcx.ServerTLS(sec.frontend))
+		feDial = append(feDial, grpcx.DialTLS(sec.frontend))
+		scTLS = sec.sidecar
+	}
+	fsrv := grpc.NewServer(fopts...)
 	hamsv1.RegisterDataplaneServer(fsrv, edge.NewReceiver(config.Frontend, out.deliver, nil))
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = grpcx.Serve(ctx, fsrv, flis, 0) }()
 	slis := listen(b)
 	res.Set("fashion", slis.Addr().String(), 0)
-	sc, err := sidecar.New(sidecar.Config{Deployment: d, Model: "fashion", Backend: be, Resolver: res, GRPCListener: slis})
+	sc, err := sidecar.New(sidecar.Config{Deployment: d, Model: "fashion", Backend: be, Resolver: res, GRPCListener: slis, TLS: scTLS})
 	if err != nil {
 		b.Fatal(err)
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = sc.Run(ctx) }()
-	in, err := edge.NewSender(edge.SenderConfig{From: config.Frontend, To: "fashion", Resolver: res})
+	in, err := edge.NewSender(edge.SenderConfig{From: config.Frontend, To: "fashion", Resolver: res, DialOptions: feDial})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -423,4 +440,103 @@ func BenchmarkSidecarAdded(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkMutualTLSAdded measures what mutual TLS adds to the HAMS data
+// path at batch 1: two identical paths (frontend stand-in -> sidecar ->
+// reference model server -> sidecar -> frontend stand-in), one in
+// plaintext, one with every hop over mutual TLS with per-component
+// certificates and the authorizer on each server, run alternately in
+// one process. Reported: the p50 and p99 of each, and the added p50 per
+// hop (three hops: the entry edge, the backend call, the exit edge).
+func BenchmarkMutualTLSAdded(b *testing.B) {
+	d, err := config.Parse([]byte(dep))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+
+	dir := b.TempDir()
+	ca, err := pki.NewCA(d.Name, time.Now(), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	issue := func(name string, id pki.Identity) *pki.Source {
+		id.Deployment = d.Name
+		f, err := ca.IssueFiles(dir, name, id, nil, time.Now())
+		if err != nil {
+			b.Fatal(err)
+		}
+		src, err := pki.Load(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return src
+	}
+	sec := &hopCerts{frontend: issue("frontend", pki.Identity{Role: pki.RoleFrontend}), sidecar: issue("sidecar", pki.Identity{Role: pki.RoleSidecar, Model: "fashion"})}
+	msTLS := issue("modelserver", pki.Identity{Role: pki.RoleModelServer, Model: "fashion"})
+
+	path := func(tlsOn bool) func() error {
+		lis := listen(b)
+		cfg := refserver.Config{Deployment: d, Models: []string{"fashion"}, GRPCListener: lis, Logger: slog.New(slog.DiscardHandler)}
+		opts := []grpc.DialOption{grpc.WithChainUnaryInterceptor(hamsmd.UnaryClientInterceptor())}
+		var hs *hopCerts
+		if tlsOn {
+			cfg.TLS = msTLS
+			opts = append(opts, grpcx.DialTLS(sec.sidecar))
+			hs = sec
+		}
+		srv, err := refserver.New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+		cc, err := grpcx.Dial(lis.Addr().String(), 0, opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cc.Close() })
+		round, _ := viaSidecarSec(b, ctx, d, reference.New(cc, "fashion", 5*time.Second), &wg, hs)
+		return round
+	}
+	plain, secure := path(false), path(true)
+	for range 300 {
+		if err := plain(); err != nil {
+			b.Fatal(err)
+		}
+		if err := secure(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pd := make([]time.Duration, 0, b.N)
+	td := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		first, second, fs, ss := plain, secure, &pd, &td
+		if i%2 == 1 {
+			first, second, fs, ss = secure, plain, &td, &pd
+		}
+		t0 := time.Now()
+		if err := first(); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := second(); err != nil {
+			b.Fatal(err)
+		}
+		*fs = append(*fs, t1.Sub(t0))
+		*ss = append(*ss, time.Since(t1))
+	}
+	b.StopTimer()
+	slices.Sort(pd)
+	slices.Sort(td)
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	b.ReportMetric(us(p(pd, 0.5)), "plain-p50-µs")
+	b.ReportMetric(us(p(td, 0.5)), "mtls-p50-µs")
+	b.ReportMetric(us(p(td, 0.99)-p(pd, 0.99)), "added-p99-µs")
+	b.ReportMetric(us(p(td, 0.5)-p(pd, 0.5))/3, "added-p50-µs/hop")
+	b.ReportMetric(float64(p(td, 0.5))/float64(p(pd, 0.5)), "p50-ratio")
 }
