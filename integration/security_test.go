@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -29,7 +30,9 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
+	"github.com/hams-go/hams/manager"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -285,6 +288,55 @@ func TestInternalAttacksRefused(t *testing.T) {
 	if rss1 := rssKiB(t, pid); rss1 > rss0+64<<10 {
 		t.Errorf("sidecar RSS grew from %d to %d KiB after four 256 MiB bulk headers", rss0, rss1)
 	}
+
+	// NATS: a client without TLS and an nkey does not get in; a stolen
+	// frontend credential (nkey and certificate) may not write the
+	// topology or the manager lease.
+	natsURL := up.str(t, "nats")
+	if nc, err := nats.Connect(natsURL, nats.Timeout(3*time.Second), nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("NATS accepted a plaintext client without credentials")
+	} else {
+		t.Logf("refused: NATS plaintext connect: %v", err)
+	}
+	feNATS, err := natsd.LoadClient(filepath.Join(runDir, "nats-auth"), natsd.Identity{Role: natsd.RoleFrontend, Deployment: dep.Name}, frontendCert.ClientConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	violations := make(chan error, 16)
+	nc, err := nats.Connect(natsURL, append(feNATS.Options(), nats.Timeout(5*time.Second), nats.NoReconnect(),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case violations <- err:
+			default:
+			}
+		}))...)
+	if err != nil {
+		t.Fatalf("frontend NATS user: %v", err)
+	}
+	defer nc.Close()
+	bucket := manager.BucketName(dep.Name)
+	for _, key := range []string{manager.TopologyKey, manager.LeaseKey} {
+		subj := "$KV." + bucket + "." + key
+		if err := nc.Publish(subj, []byte("garbage by a frontend")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-violations:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Errorf("write %s as a frontend: %v, want a permissions violation", subj, err)
+			} else {
+				t.Logf("refused: NATS publish %s as a frontend: %v", subj, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("write %s as a frontend: no permissions violation", subj)
+		}
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	if _, err := hamsv1.NewManagerClient(mcc).GetTopology(ctx, &hamsv1.GetTopologyRequest{}); err != nil {
+		t.Errorf("topology after the NATS attacks: %v", err)
+	}
+	cancel()
 	attack1 := time.Now()
 	time.Sleep(2 * time.Second) // the load's window after the attacks
 	after1 := time.Now()
