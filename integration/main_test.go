@@ -86,7 +86,13 @@ type proc struct {
 func startHams(t *testing.T, timeout time.Duration, args ...string) *proc {
 	t.Helper()
 	noteUp(t, args)
-	cmd := exec.Command(hamsBin, args...)
+	return startProc(t, timeout, exec.Command(hamsBin, args...), args)
+}
+
+// startProc starts cmd (hams, or hams under a wrapper such as `ip netns
+// exec`) and waits for its JSON ready line.
+func startProc(t *testing.T, timeout time.Duration, cmd *exec.Cmd, args []string) *proc {
+	t.Helper()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p := &proc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	cmd.Stderr = &lockedWriter{b: p.stderr}
