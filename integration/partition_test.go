@@ -274,13 +274,13 @@ type partitionCase struct {
 
 func partitionCases() []partitionCase {
 	return []partitionCase{
-		{name: "primary cut off from the manager and NATS, not from its successor", hold: 3 * time.Second, failover: true,
+		{name: "primary cut off from the manager and NATS but not from its successor", hold: 3 * time.Second, failover: true,
 			fault: func(d *netDeployment) { d.lab.cut(d.inst["primary"], d.coordHost) }},
 		{name: "primary cut off from its backup", hold: 3 * time.Second,
 			fault: func(d *netDeployment) { d.lab.cut(d.inst["primary"], d.inst["backup"]) }},
 		{name: "frontend cut off from NATS and the manager", hold: 3 * time.Second,
 			fault: func(d *netDeployment) { d.lab.cut(d.feHost, d.coordHost) }},
-		{name: "asymmetric loss: 30% of the primary's packets to the frontend", hold: 3 * time.Second,
+		{name: "asymmetric loss of 30% of the primary's packets to the frontend", hold: 3 * time.Second,
 			fault: func(d *netDeployment) { d.lab.lose(d.inst["primary"], d.feHost, 0.3) }},
 	}
 }
