@@ -34,6 +34,12 @@
 // WithEpochs refuses batches of a deposed sender (an epoch older than the
 // topology's), WithAdmit refuses all while the receiver does not serve.
 //
+// No wall clock crosses an edge: sender incarnations are a per-process
+// random nonce and a counter, never a time (incarnation.go), and an item's
+// deadline travels as the time left (deadline_remaining_nano), computed on
+// the Sender's clock (SenderConfig.Now) when the item goes on the wire and
+// turned into a deadline on the Receiver's clock (WithClock) on receipt.
+//
 // Backpressure: Send never blocks; Full/WaitNotFull tell the producer that the
 // edge's backlog reached its bound so it stops producing (the sidecar stops
 // starting batches, the frontend refuses requests). The deliver callback of a

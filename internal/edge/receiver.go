@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,17 @@ func WithEpochs(epochOf func(from string) (uint64, bool)) ReceiverOption {
 	return func(r *Receiver) { r.epochOf = epochOf }
 }
 
+// WithClock sets the clock on which the Receiver turns an item's
+// deadline_remaining_nano into its deadline_unix_nano (default time.Now):
+// the clock the consumer checks deadlines on.
+func WithClock(now func() time.Time) ReceiverOption {
+	return func(r *Receiver) {
+		if now != nil {
+			r.now = now
+		}
+	}
+}
+
 // WithAdmit refuses every batch while admit returns an error (a backup
 // that does not take traffic); the error is returned to the sender.
 func WithAdmit(admit func(from string) error) ReceiverOption {
@@ -77,6 +89,7 @@ type Receiver struct {
 	passResends bool
 	epochOf     func(string) (uint64, bool)
 	admit       func(string) error
+	now         func() time.Time
 	ackDelay    time.Duration
 	ackEvery    int
 	dups        atomic.Uint64
@@ -92,11 +105,12 @@ type inEdge struct {
 	mu      sync.Mutex
 	reorder *Reorder
 	epoch   uint64
-	// incarnation of the sender whose sequence space reorder tracks.
-	incarnation uint64
-	buf         []*hamsv1.Item
-	seen        *window // nil without WithDedup
-	exact       *window // exact lineage keys, with WithResendPassThrough
+	// inc: the incarnation of the sender whose sequence space reorder
+	// tracks, and the replaced senders' nonces (incarnation.go).
+	inc   incarnationState
+	buf   []*hamsv1.Item
+	seen  *window // nil without WithDedup
+	exact *window // exact lineage keys, with WithResendPassThrough
 }
 
 // window is a bounded FIFO set of request keys.
@@ -133,7 +147,7 @@ func NewReceiver(to string, deliver func(from string, items []*hamsv1.Item), log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Receiver{to: to, deliver: deliver, log: log, maxPending: DefaultMaxPending, edges: map[string]*inEdge{}, ackDelay: AckDelay, ackEvery: AckEvery}
+	r := &Receiver{to: to, deliver: deliver, log: log, maxPending: DefaultMaxPending, edges: map[string]*inEdge{}, now: time.Now, ackDelay: AckDelay, ackEvery: AckEvery}
 	for _, o := range opts {
 		o(r)
 	}
@@ -443,8 +457,8 @@ func (p *ackPacer) stop() error {
 	return p.flush()
 }
 
-// staleIncarnation names, in a refusal, a sender whose incarnation is
-// older than one the receiver has seen on the edge.
+// staleIncarnation names, in a refusal, a sender whose incarnation the
+// receiver has seen replaced on the edge (incarnation.go).
 const staleIncarnation = "stale sender incarnation"
 
 // accept runs one batch through the edge's Reorder and delivers what is
@@ -475,18 +489,20 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 		}
 		e.epoch = b.GetEpoch()
 	}
-	switch inc := b.GetIncarnation(); {
-	case inc < e.incarnation:
-		return 0, status.Errorf(codes.FailedPrecondition, "edge %s->%s: %s %d < %d", from, r.to, staleIncarnation, inc, e.incarnation)
-	case inc > e.incarnation:
-		// A new sender (a restarted process) numbers the edge afresh from
-		// 1: forget the old sequence space, or its items would all be
-		// dropped as duplicates.
-		if e.incarnation != 0 {
-			r.log.Info("edge sender restarted; sequence reset", "from", from, "to", r.to, "max_in_order", e.reorder.MaxInOrder())
+	inc := b.GetIncarnation()
+	fresh := e.inc.cur == 0
+	switch e.inc.judge(inc) {
+	case incStale:
+		return 0, status.Errorf(codes.FailedPrecondition, "edge %s->%s: %s %x (replaced by %x)", from, r.to, staleIncarnation, inc, e.inc.cur)
+	case incNew:
+		// A new sender (a restarted process, a Resend) numbers the edge
+		// afresh from 1: forget the old sequence space, or its items
+		// would all be dropped as duplicates.
+		if !fresh {
+			r.log.Info("edge sender incarnation replaced; sequence reset", "from", from, "to", r.to, "incarnation", fmt.Sprintf("%x", inc), "max_in_order", e.reorder.MaxInOrder())
 			e.reorder = NewReorder(r.maxPending)
 		}
-		if e.incarnation == 0 && e.reorder.MaxInOrder() == 0 {
+		if fresh && e.reorder.MaxInOrder() == 0 {
 			// A fresh receiver (this process restarted) meets a sender
 			// that kept its sequence space: start after the first item
 			// offered, since what came before died with the old process.
@@ -495,7 +511,17 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 				e.reorder.Restore(its[0].GetEdgeSeq() - 1)
 			}
 		}
-		e.incarnation = inc
+	}
+	// Deadlines travel as the time left when the sender put the item on
+	// the wire; the edge's consumer checks them on this process's clock.
+	// A deadline_unix_nano that came over the wire (another process's
+	// clock) is never trusted.
+	now := r.now().UnixNano()
+	for _, it := range b.GetItems() {
+		if it != nil {
+			it.DeadlineUnixNano = localDeadline(now, it.GetDeadlineRemainingNano())
+			it.DeadlineRemainingNano = 0
+		}
 	}
 	ready := e.buf[:0]
 	var ferr error
@@ -540,4 +566,38 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 		return e.reorder.MaxInOrder(), status.Error(code, fmt.Sprintf("edge %s->%s: %v", from, r.to, ferr))
 	}
 	return e.reorder.MaxInOrder(), nil
+}
+
+// localDeadline is the deadline (unix nanoseconds on the clock that read
+// now) of an item that had remaining nanoseconds left; 0: none.
+func localDeadline(now, remaining int64) int64 {
+	switch {
+	case remaining == 0:
+		return 0
+	case remaining > 0 && now > math.MaxInt64-remaining:
+		return math.MaxInt64
+	default:
+		return max(now+remaining, 1) // an expired deadline stays one (0 is none)
+	}
+}
+
+// remainingNano is the time left before deadline (unix nanoseconds of the
+// clock that read now) as deadline_remaining_nano: 0 for none, negative
+// (at least -1) once expired.
+func remainingNano(now, deadline int64) int64 {
+	if deadline == 0 {
+		return 0
+	}
+	d := deadline - now
+	switch {
+	case (deadline > 0 && now < 0 && d < 0) || (deadline < 0 && now > 0 && d > 0):
+		// Overflowed: the signs of the operands tell the direction.
+		if deadline > 0 {
+			return math.MaxInt64
+		}
+		return -1
+	case d == 0:
+		return -1
+	}
+	return d
 }

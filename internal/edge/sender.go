@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -67,11 +66,18 @@ type SenderConfig struct {
 	MaxRetained      int
 	MaxRetainedBytes int64
 	// OnStaleIncarnation, if set, is called (on Run's goroutine) when the
-	// receiver refused this sender's incarnation because it has seen a
-	// newer one on the edge: another sender of the same edge (another
-	// frontend that believed it led) sent since. The owner may take the
-	// edge back with Resend, which starts a newer incarnation.
+	// receiver refused this sender's incarnation because another sender
+	// of the same edge (another frontend that believed it led) replaced
+	// it since. The owner may take the edge back with Resend, which
+	// starts a newer incarnation (incarnation.go).
 	OnStaleIncarnation func()
+	// Now is the clock the items' deadlines (deadline_unix_nano) are on:
+	// each item goes on the wire with the time left until its deadline
+	// by this clock (deadline_remaining_nano). Default time.Now.
+	Now func() time.Time
+	// Incarnations hands out this sender's incarnations (default: the
+	// process's source; tests give each simulated process its own).
+	Incarnations *IncarnationSource
 }
 
 // Retention defaults.
@@ -180,6 +186,12 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 	if cfg.MaxRetainedBytes <= 0 {
 		cfg.MaxRetainedBytes = DefaultMaxRetainedBytes
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Incarnations == nil {
+		cfg.Incarnations = processIncarnations
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -187,22 +199,8 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 	return &Sender{
 		cfg: cfg, log: log.With("edge", cfg.From+"->"+cfg.To),
 		nextSeq: 1, wake: make(chan struct{}, 1), space: make(chan struct{}),
-		incarnation: newIncarnation(), reset: make(chan struct{}), retLive: map[uint64]int{}, retDead: map[uint64]bool{},
+		incarnation: cfg.Incarnations.Next(), reset: make(chan struct{}), retLive: map[uint64]int{}, retDead: map[uint64]bool{},
 	}, nil
-}
-
-var lastIncarnation atomic.Uint64
-
-// newIncarnation returns a number larger than any earlier one of this
-// process and, through the wall clock, of earlier processes on this host.
-func newIncarnation() uint64 {
-	for {
-		last := lastIncarnation.Load()
-		n := max(uint64(time.Now().UnixNano()), last+1)
-		if lastIncarnation.CompareAndSwap(last, n) {
-			return n
-		}
-	}
 }
 
 // Send enqueues items in call order, assigning edge_seq and from_model. It
@@ -474,7 +472,10 @@ func (s *Sender) nextBatch(epoch, gen uint64) *hamsv1.ForwardBatch {
 		end++
 	}
 	items := make([]*hamsv1.Item, end-start)
-	copy(items, s.buf[start:end])
+	now := s.cfg.Now().UnixNano()
+	for i, it := range s.buf[start:end] {
+		items[i] = wireItem(it, now)
+	}
 	s.sent += uint64(end - start)
 	s.stats.Sent += uint64(end - start)
 	return &hamsv1.ForwardBatch{FromModel: s.cfg.From, ToModel: s.cfg.To, Epoch: epoch, Incarnation: s.incarnation, Items: items}
@@ -648,14 +649,29 @@ func cloneItem(it *hamsv1.Item) *hamsv1.Item {
 	return &hamsv1.Item{
 		ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors, Lineage: it.Lineage,
 		EdgeSeq: it.EdgeSeq, DeadlineUnixNano: it.DeadlineUnixNano, FromModel: it.FromModel, Error: it.Error, ErrorCode: it.ErrorCode,
+		Approximate: it.Approximate, DeadlineRemainingNano: it.DeadlineRemainingNano,
 	}
+}
+
+// wireItem is the item as it goes on the wire at now (unix nanoseconds of
+// the sender's clock): its deadline as the time left (a shallow copy, since
+// the caller may still read the original: a primary's output log), or the
+// item itself when it has none.
+func wireItem(it *hamsv1.Item, now int64) *hamsv1.Item {
+	if it.GetDeadlineUnixNano() == 0 && it.GetDeadlineRemainingNano() == 0 {
+		return it
+	}
+	c := cloneItem(it)
+	c.DeadlineRemainingNano = remainingNano(now, it.GetDeadlineUnixNano())
+	c.DeadlineUnixNano = 0
+	return c
 }
 
 // Resend starts a new incarnation of the edge: the candidates (retained
 // items, or spec.Items) whose position is above spec.After, in their
 // original order, then every unacknowledged item, are renumbered from
 // edge_seq 1 and streamed to spec.Addr (or the Resolver's address). The
-// receiver resets its sequence space on the larger incarnation and drops
+// receiver resets its sequence space on the new incarnation and drops
 // what it already had by request (positions are conservative). It returns
 // the number of candidates queued again.
 func (s *Sender) Resend(spec ResendSpec) int {
@@ -691,7 +707,7 @@ func (s *Sender) Resend(spec ResendSpec) int {
 	clear(s.buf)
 	s.buf, s.meta = items, meta
 	s.acked, s.sent, s.nextSeq = 0, 0, uint64(len(items)+1)
-	s.incarnation = newIncarnation()
+	s.incarnation = s.cfg.Incarnations.Next()
 	s.gen++
 	s.stats.Resends += uint64(n)
 	if spec.Addr != "" {

@@ -36,7 +36,11 @@ type Item struct {
 	Lineage []*LineageEntry `protobuf:"bytes,5,rep,name=lineage,proto3" json:"lineage,omitempty"`
 	// Dense per-edge sequence number, assigned by the sender.
 	EdgeSeq uint64 `protobuf:"varint,6,opt,name=edge_seq,json=edgeSeq,proto3" json:"edge_seq,omitempty"`
-	// Absolute client deadline (unix nanoseconds); 0 means none.
+	// The request's deadline on the clock of the process that holds the
+	// item (unix nanoseconds of its injected clock); 0 means none. Never
+	// compared across processes: an edge sender clears it on the wire and
+	// sends deadline_remaining_nano instead; a receiver ignores it and sets
+	// it from deadline_remaining_nano on its own clock on receipt.
 	DeadlineUnixNano int64 `protobuf:"varint,7,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
 	// Which branch of the graph this item took, for joins at fan-in points:
 	// the sending model's name ("frontend" for source edges).
@@ -49,9 +53,14 @@ type Item struct {
 	// Set when the tensors (or those of any item this one was computed
 	// from) are a ParM reconstruction rather than a deployed model's own
 	// output: the reply to the client is marked approximate.
-	Approximate   bool `protobuf:"varint,11,opt,name=approximate,proto3" json:"approximate,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Approximate bool `protobuf:"varint,11,opt,name=approximate,proto3" json:"approximate,omitempty"`
+	// The time left until the request's deadline when the sender put the
+	// item on the wire, in nanoseconds: 0 means no deadline, a negative
+	// value an expired one. The only deadline that travels between
+	// processes (hosts' clocks may be skewed; see docs/coordination.md).
+	DeadlineRemainingNano int64 `protobuf:"varint,12,opt,name=deadline_remaining_nano,json=deadlineRemainingNano,proto3" json:"deadline_remaining_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Item) Reset() {
@@ -161,6 +170,13 @@ func (x *Item) GetApproximate() bool {
 	return false
 }
 
+func (x *Item) GetDeadlineRemainingNano() int64 {
+	if x != nil {
+		return x.DeadlineRemainingNano
+	}
+	return 0
+}
+
 type ForwardBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sender model name ("frontend" for source edges) and receiver model name
@@ -170,11 +186,14 @@ type ForwardBatch struct {
 	// Sender's epoch (bumped on failover); receivers reject stale epochs.
 	Epoch uint64  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Items []*Item `protobuf:"bytes,4,rep,name=items,proto3" json:"items,omitempty"`
-	// Numbering space of this sender: edge_seq restarts at 1 when a sender
-	// is created (a restarted process, a re-created edge), with a larger
-	// incarnation (its creation time in unix nanoseconds). The receiver resets
-	// the edge's reorder state when the incarnation grows and refuses batches
-	// of an older one.
+	// Numbering space of this sender: edge_seq restarts at 1 in every new
+	// incarnation (a sender created, a Resend). No wall clock: the high 40
+	// bits are a random nonce of the sending process (never 0), the low 24
+	// bits a counter within it. The receiver orders incarnations of one
+	// nonce by counter (refusing an older one); an incarnation of another
+	// nonce at the same or a newer epoch is a new stream that replaces the
+	// current one, whose nonce the receiver then refuses up to the counter
+	// it saw (internal/edge/incarnation.go).
 	Incarnation   uint64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -311,7 +330,7 @@ var File_hams_v1_dataplane_proto protoreflect.FileDescriptor
 
 const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\n" +
-	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xef\x02\n" +
+	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xa7\x03\n" +
 	"\x04Item\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\x04R\x05reqId\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x1b\n" +
@@ -326,7 +345,8 @@ const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\n" +
 	" \x01(\x05R\terrorCode\x12 \n" +
-	"\vapproximate\x18\v \x01(\bR\vapproximate\"\xa5\x01\n" +
+	"\vapproximate\x18\v \x01(\bR\vapproximate\x126\n" +
+	"\x17deadline_remaining_nano\x18\f \x01(\x03R\x15deadlineRemainingNano\"\xa5\x01\n" +
 	"\fForwardBatch\x12\x1d\n" +
 	"\n" +
 	"from_model\x18\x01 \x01(\tR\tfromModel\x12\x19\n" +
