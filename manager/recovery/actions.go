@@ -28,12 +28,18 @@ const (
 	SyncBackup
 	Recovered
 	Unrecoverable
+	// Retire and Readmit answer AliveAgain (falsely suspected instances,
+	// alive.go): decisions the driver applies to its own state at once;
+	// no answer is expected.
+	Retire
+	Readmit
 )
 
 var kindNames = map[Kind]string{
 	GetMaxSeq: "GetMaxSeq", GetLineageSummary: "GetLineageSummary", StartInstance: "StartInstance",
 	Promote: "Promote", Rollback: "Rollback", Rewire: "Rewire", Resend: "Resend", Demote: "Demote",
 	SyncBackup: "SyncBackup", Recovered: "Recovered", Unrecoverable: "Unrecoverable",
+	Retire: "Retire", Readmit: "Readmit",
 }
 
 func (k Kind) String() string {
@@ -44,7 +50,9 @@ func (k Kind) String() string {
 }
 
 // Notice reports whether actions of this kind expect no answer.
-func (k Kind) Notice() bool { return k == Recovered || k == Unrecoverable }
+func (k Kind) Notice() bool {
+	return k == Recovered || k == Unrecoverable || k == Retire || k == Readmit
+}
 
 // Change is one placement rewrite of a Rewire: component becomes Role at
 // Epoch. All changes of one Rewire are applied atomically.
@@ -81,6 +89,12 @@ type Summary struct {
 //     (or is) the backup, Model, Epoch, PrimaryAddress to copy state from.
 //   - Recovered: Models recovered in this round (topology rewired).
 //   - Unrecoverable: Model, Reason.
+//   - Retire: Component, Model, Role (its placement's), Epoch (the
+//     model's highest), Reason: a component declared dead that came back
+//     and must never serve again (its process is told to exit).
+//   - Readmit: Component, Model, Role, Epoch: a component declared dead
+//     that came back and is still its model's serving instance (nobody
+//     replaced it): alive again in its old role.
 type Action struct {
 	ID        ActionID
 	Kind      Kind
@@ -130,6 +144,10 @@ func (a Action) String() string {
 		return fmt.Sprintf("Recovered(%v)", a.Models)
 	case Unrecoverable:
 		return fmt.Sprintf("Unrecoverable(%s: %s)", a.Model, a.Reason)
+	case Retire:
+		return fmt.Sprintf("Retire(%s@%s %s epoch=%d: %s)", a.Component, a.Model, a.Role, a.Epoch, a.Reason)
+	case Readmit:
+		return fmt.Sprintf("Readmit(%s@%s %s epoch=%d)", a.Component, a.Model, a.Role, a.Epoch)
 	}
 	return fmt.Sprintf("#%d %s", a.ID, a.Kind)
 }

@@ -145,6 +145,11 @@ type Machine struct {
 	// replayTries counts failed replay promotions per model since its
 	// last successful one (replay mode).
 	replayTries map[string]int
+	// deposed: old primaries a failover rewired to BACKUP (alive.go).
+	deposed map[string]bool
+	// starts: StartInstance actions issued outside a round (alive.go),
+	// by id -> model.
+	starts map[ActionID]string
 }
 
 type suspicion struct {
@@ -165,7 +170,8 @@ func New(cfg Config) (*Machine, error) {
 	}
 	return &Machine{cfg: cfg, g: cfg.Graph, topo: &hamsv1.Topology{},
 		awaitSync: map[string]map[string]bool{}, syncing: map[ActionID]string{},
-		handled: map[string]bool{}, lastAlive: map[string]bool{}, replayTries: map[string]int{}}, nil
+		handled: map[string]bool{}, lastAlive: map[string]bool{}, replayTries: map[string]int{},
+		deposed: map[string]bool{}, starts: map[ActionID]string{}}, nil
 }
 
 // Idle reports whether no round is in progress and none is queued.
@@ -643,6 +649,14 @@ func (m *Machine) ActionDone(id ActionID, err error) ([]Action, error) {
 		}
 		return nil, nil
 	}
+	if model, ok := m.starts[id]; ok {
+		delete(m.starts, id)
+		if err != nil {
+			delete(m.awaitSync, model)
+			return []Action{m.notice(model, "new backup could not be started: "+err.Error())}, nil
+		}
+		return nil, nil
+	}
 	if m.r == nil {
 		return nil, fmt.Errorf("%w: #%d", ErrUnknownAction, id)
 	}
@@ -808,11 +822,13 @@ func (m *Machine) rewire() []Action {
 			ch = append(ch, Change{Component: tk.inst.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_ACTIVE, Epoch: tk.newEpoch})
 			for _, o := range tk.old {
 				ch = append(ch, Change{Component: o.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_STANDBY, Epoch: o.GetEpoch()})
+				m.deposed[o.GetComponentId()] = true
 			}
 		case tFailover, tReplay:
 			ch = append(ch, Change{Component: tk.inst.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_PRIMARY, Epoch: tk.newEpoch})
 			for _, o := range tk.old {
 				ch = append(ch, Change{Component: o.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_BACKUP, Epoch: tk.newEpoch})
+				m.deposed[o.GetComponentId()] = true
 			}
 		case tRollback:
 			ch = append(ch, Change{Component: tk.inst.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_PRIMARY, Epoch: tk.newEpoch})
