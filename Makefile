@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # concurrent request path).
 RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/... ./protocol/...
 
-.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler fuzz docker clean
+.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler fuzz chaos-net docker clean
 
 all: build
 
@@ -121,6 +121,11 @@ fuzz:
 		echo "== $$name ($$pkg, $(FUZZTIME))"; \
 		$(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE); \
 	done
+
+# Partitions with real networks (root: namespaces, veth, iptables): every
+# case of integration/partition_test.go, with its stall table.
+chaos-net:
+	HAMS_CHAOS_NET=1 $(GO) test ./integration -run 'TestPartitions' -count=1 -v -timeout 20m
 
 clean:
 	rm -rf $(BIN)
