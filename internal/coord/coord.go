@@ -44,12 +44,11 @@ func DurableSubject(dep, model string) string { return "hams." + dep + ".durable
 // CompletedSubject is the subject of the frontend's completion notices.
 func CompletedSubject(dep string) string { return "hams." + dep + ".completed" }
 
-// Open creates (or updates) the deployment's streams. replicas is 1 on the
-// embedded default and 3 on an external cluster.
+// Open creates (or updates) the deployment's streams and buckets with
+// replicas copies each: 1 on a single server (the embedded default), 3 on
+// a cluster (docs/coordination.md). An existing stream with more replicas
+// keeps them (replicasFor).
 func Open(ctx context.Context, nc *nats.Conn, deployment string, replicas int) (*Coord, error) {
-	if replicas < 1 {
-		replicas = 1
-	}
 	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(OpTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("coord: jetstream context: %w", err)
@@ -76,6 +75,7 @@ func Open(ctx context.Context, nc *nats.Conn, deployment string, replicas int) (
 		},
 	}
 	for _, c := range cfgs {
+		c.Replicas = replicasFor(ctx, js, c.Name, replicas)
 		if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
 			return nil, fmt.Errorf("coord: create stream %s: %w", c.Name, err)
 		}

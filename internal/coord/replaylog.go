@@ -66,18 +66,15 @@ type Replay struct {
 }
 
 // OpenReplay creates (or updates) the deployment's input log stream and
-// checkpoint bucket. replicas is 1 on the embedded default, 3 on an
-// external cluster.
+// checkpoint bucket. replicas is 1 on the embedded default, 3 on a
+// cluster; an existing stream with more keeps them (replicasFor).
 func (c *Coord) OpenReplay(ctx context.Context, replicas int) (*Replay, error) {
-	if replicas < 1 {
-		replicas = 1
-	}
 	name := streamName(c.deployment, "REPLAY")
 	st, err := c.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:       name,
 		Subjects:   []string{"hams." + c.deployment + ".replay.>"},
 		Storage:    jetstream.FileStorage,
-		Replicas:   replicas,
+		Replicas:   replicasFor(ctx, c.js, name, replicas),
 		MaxBytes:   replayStreamMaxBytes,
 		Duplicates: 2 * time.Minute,
 		Discard:    jetstream.DiscardOld,
@@ -87,7 +84,7 @@ func (c *Coord) OpenReplay(ctx context.Context, replicas int) (*Replay, error) {
 	}
 	bucket := streamName(c.deployment, "CKPT")
 	obs, err := c.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket: bucket, Storage: jetstream.FileStorage, Replicas: replicas,
+		Bucket: bucket, Storage: jetstream.FileStorage, Replicas: replicasFor(ctx, c.js, "OBJ_"+bucket, replicas),
 		Description: "HAMS replay-mode checkpoints of " + c.deployment,
 	})
 	if err != nil {

@@ -112,12 +112,14 @@ func (c *Coord) openRequestLog(ctx context.Context, replicas int) error {
 			MaxAge: RequestLogMaxAge, MaxBytes: RequestLogMaxBytes, Discard: jetstream.DiscardOld,
 		},
 	} {
+		sc.Replicas = replicasFor(ctx, c.js, sc.Name, replicas)
 		if _, err := c.js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("coord: create stream %s: %w", sc.Name, err)
 		}
 	}
 	kv, err := c.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: streamName(c.deployment, "FRONTENDS"), Storage: jetstream.FileStorage, Replicas: replicas, History: 1,
+		Bucket: streamName(c.deployment, "FRONTENDS"), Storage: jetstream.FileStorage, History: 1,
+		Replicas: replicasFor(ctx, c.js, "KV_"+FrontendsBucket(c.deployment), replicas),
 	})
 	if err != nil {
 		return fmt.Errorf("coord: create frontends bucket: %w", err)
