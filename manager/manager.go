@@ -130,6 +130,13 @@ type Manager struct {
 	dirty    bool                               // a liveness change is not yet written
 	failures []FailureRecord
 	assigned map[string]assignment // roles and epochs set by recovery
+	// retired: components declared dead that came back and must never
+	// serve again (id -> why); their heartbeats and registrations are
+	// refused, so their process exits (alive.go). returning: components
+	// declared dead that were heard from again, held dead until recovery
+	// decides (Retire or Readmit).
+	retired   map[string]string
+	returning map[string]bool
 }
 
 // FailureRecord is one failure report as received.
@@ -204,16 +211,18 @@ func New(cfg Config) (*Manager, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{
-		cfg:      cfg,
-		log:      cfg.Logger.With("component", "manager", "deployment", cfg.Deployment.Name),
-		metrics:  newMetrics(cfg.Registry),
-		hub:      newHub(),
-		ready:    make(chan struct{}),
-		stopping: make(chan struct{}),
-		members:  NewMembership(cfg.SuspicionTimeout),
-		regs:     map[string]*hamsv1.RegisterRequest{},
-		assigned: map[string]assignment{},
-		recCh:    make(chan recEvent, 256),
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "manager", "deployment", cfg.Deployment.Name),
+		metrics:   newMetrics(cfg.Registry),
+		hub:       newHub(),
+		ready:     make(chan struct{}),
+		stopping:  make(chan struct{}),
+		members:   NewMembership(cfg.SuspicionTimeout),
+		regs:      map[string]*hamsv1.RegisterRequest{},
+		assigned:  map[string]assignment{},
+		retired:   map[string]string{},
+		returning: map[string]bool{},
+		recCh:     make(chan recEvent, 256),
 	}
 	if cfg.Registry != nil {
 		m.grpcMetrics = grpcx.NewServerMetrics(cfg.Registry)
@@ -466,6 +475,11 @@ func (m *Manager) setActive(active bool) {
 		for id, r := range m.regs {
 			alive := m.members.HeardWithin(id, m.cfg.SuspicionTimeout, now)
 			switch w, ok := written[id]; {
+			case ok && !w && m.holdsReturnLocked(r):
+				// A model instance the previous active manager wrote dead
+				// stays dead whatever this standby heard: its return is
+				// recovery's decision (alive.go), as on that manager.
+				alive = false
 			case alive:
 			case r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND:
 				alive = listed[r.GetAddress()]

@@ -18,6 +18,7 @@ type metrics struct {
 	recoveries    prometheus.Counter
 	unrecoverable prometheus.Counter
 	active        prometheus.Gauge
+	returned      *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -79,10 +80,14 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "hams_manager_active",
 			Help: "1 while this manager holds the active-manager lease.",
 		}),
+		returned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hams_manager_returned_components_total",
+			Help: "Components declared dead that were heard from again (false suspicions), by decision: retired (never reused, told to exit) or readmitted (still their model's serving instance).",
+		}, []string{"decision"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
-			m.recoveryTime, m.recoveries, m.unrecoverable, m.active)
+			m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned)
 	}
 	return m
 }

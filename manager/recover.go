@@ -188,6 +188,14 @@ func (d *driver) perform(acts []recovery.Action) {
 			case recovery.Unrecoverable:
 				m.metrics.unrecoverable.Inc()
 				m.log.Error("recovery: model cannot be recovered", "model", a.Model, "reason", a.Reason)
+			case recovery.Retire:
+				m.retire(a)
+			case recovery.Readmit:
+				d.wg.Add(1)
+				go func() {
+					defer d.wg.Done()
+					m.readmit(d.ctx, a)
+				}()
 			}
 			continue
 		}

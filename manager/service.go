@@ -125,6 +125,10 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 		return nil, err
 	}
 	m.mu.Lock()
+	if why, ok := m.retired[r.Id]; ok {
+		m.mu.Unlock()
+		return nil, errRetired(r.Id, why)
+	}
 	prev := m.regs[r.Id]
 	if r.Kind == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND {
 		// A placeholder from persisted state is replaced by the real id.
@@ -134,9 +138,17 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 		}
 	}
 	m.regs[r.Id] = r
-	m.members.Registered(r.Id, time.Now())
+	// A model instance declared dead that registers again is held dead
+	// until recovery decides (alive.go).
+	held, first := m.heldReturnLocked(r.Id)
+	if !held {
+		m.members.Registered(r.Id, time.Now())
+	}
 	m.updateGaugesLocked()
 	m.mu.Unlock()
+	if first {
+		m.aliveAgain(r.Id)
+	}
 
 	t, err := m.reconcile(ctx)
 	if err != nil {
@@ -167,11 +179,23 @@ func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (
 		return nil, status.Error(codes.InvalidArgument, "id: required")
 	}
 	m.mu.Lock()
-	acts, known := m.members.Heartbeat(req.GetId(), Progress{
-		TopologyRevision: req.GetTopologyRevision(),
-		MaxSeq:           req.GetMaxSeq(),
-		DurableSeq:       req.GetDurableSeq(),
-	}, time.Now())
+	if why, ok := m.retired[req.GetId()]; ok {
+		m.mu.Unlock()
+		// NotFound: the client registers again and is refused for good.
+		return nil, errRetired(req.GetId(), why)
+	}
+	held, first := m.heldReturnLocked(req.GetId())
+	var (
+		acts  []Action
+		known = true
+	)
+	if !held {
+		acts, known = m.members.Heartbeat(req.GetId(), Progress{
+			TopologyRevision: req.GetTopologyRevision(),
+			MaxSeq:           req.GetMaxSeq(),
+			DurableSeq:       req.GetDurableSeq(),
+		}, time.Now())
+	}
 	if known {
 		m.updateGaugesLocked()
 	}
@@ -180,6 +204,9 @@ func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (
 		return nil, status.Errorf(codes.NotFound, "id %q: not registered (register again)", req.GetId())
 	}
 	m.metrics.heartbeats.Inc()
+	if first {
+		m.aliveAgain(req.GetId())
+	}
 	if len(acts) > 0 {
 		m.log.Info("component alive again", "id", req.GetId())
 		if _, err := m.reconcile(ctx); err != nil {
