@@ -159,7 +159,7 @@ func findTensor(parts []*hamsv1.Item, name string) *hamsv1.Tensor {
 // backend on the valid ones. It fails only when the backend is lost
 // (errBackendLost): the sidecar then stops.
 func (s *Sidecar) execute(ctx context.Context, batch []*Joined) error {
-	now := time.Now().UnixNano()
+	now := s.now().UnixNano()
 	reqs := make([]request, 0, len(batch))
 	for _, j := range batch {
 		if j.Deadline != 0 && now >= j.Deadline {

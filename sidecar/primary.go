@@ -263,7 +263,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 
 // prepare checks deadlines and inputs per request (failing the bad ones).
 func (s *Sidecar) prepare(batch []*Joined) []request {
-	now := time.Now().UnixNano()
+	now := s.now().UnixNano()
 	reqs := make([]request, 0, len(batch))
 	for _, j := range batch {
 		if j.Deadline != 0 && now >= j.Deadline {

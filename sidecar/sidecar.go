@@ -116,6 +116,10 @@ type Config struct {
 	// shipments and the bulk stream. Its identity must be a sidecar of
 	// Model. Nil: plaintext (--insecure).
 	TLS *pki.Source
+	// Now is the clock request deadlines are checked on (default
+	// time.Now). Deadlines arrive as the time left and become deadlines on
+	// this clock; no other host's clock is ever compared with it.
+	Now func() time.Time
 }
 
 // AnyInput is the declared input name that accepts every tensor of a request.
@@ -357,7 +361,7 @@ func New(cfg Config) (*Sidecar, error) {
 		// arrives after an upstream stateful failover (Joiner.RememberJoined).
 		s.joiner.RememberJoined(maxWaitingJoin)
 	}
-	opts := []edge.ReceiverOption{edge.WithDedup(0, s.isStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit)}
+	opts := []edge.ReceiverOption{edge.WithDedup(0, s.isStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.now)}
 	if !m.Stateful {
 		// A resend through this model toward a replacement further down
 		// must run here again.
@@ -376,7 +380,7 @@ func (s *Sidecar) newSenders() error {
 	for _, to := range s.succs {
 		snd, err := edge.NewSender(edge.SenderConfig{
 			From: s.cfg.Model, To: to, Resolver: s.cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: s.log,
-			Epoch: s.epoch, Position: s.position, DialOptions: s.dialOpts,
+			Epoch: s.epoch, Position: s.position, DialOptions: s.dialOpts, Now: s.now,
 		})
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
@@ -414,6 +418,14 @@ func (s *Sidecar) position(it *hamsv1.Item) uint64 {
 func (s *Sidecar) isStateful(model string) bool {
 	m := s.cfg.Deployment.Model(model)
 	return m != nil && m.Stateful
+}
+
+// now is the clock request deadlines are on (Config.Now).
+func (s *Sidecar) now() time.Time {
+	if s.cfg.Now != nil {
+		return s.cfg.Now()
+	}
+	return time.Now()
 }
 
 // senderEpoch is the epoch the topology knows for a sending model; the
@@ -552,6 +564,10 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.roleMu.Lock()
 	s.startStage()
 	s.roleMu.Unlock()
+	if s.replicated && s.cfg.Resolver != nil {
+		// After the first stage: a transition must find it started.
+		goRun("deposed watch", s.watchDeposed)
+	}
 	if s.Role() == RoleBackup {
 		s.log.Info("backup sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "mode", s.mode,
 			"pfm", s.pfm, "nfm", s.nfm, "epoch", s.cfg.Epoch)
@@ -600,6 +616,9 @@ func (s *Sidecar) startStage() {
 		}()
 	}
 	s.stage = st
+	if s.Role() == RoleDeposed {
+		return // fenced: nothing runs until a Demote (deposed.go)
+	}
 	if s.Role() == RoleBackup && s.rp != nil {
 		return // a replay spare is idle until promoted
 	}
@@ -657,7 +676,7 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		now := time.Now()
+		now := s.now()
 		for _, j := range s.joiner.Expire(now) {
 			s.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
 		}
@@ -697,7 +716,7 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 			for n := 0; n < 256; n++ {
 				select {
 				case it := <-s.inbox:
-					s.accept(it, time.Now())
+					s.accept(it, s.now())
 					continue
 				default:
 				}
