@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -633,5 +635,153 @@ func TestLeaderRetakesEntryFencedByAnotherFrontend(t *testing.T) {
 	}
 	if got := counterValue(e.fe.m.retakes); got < 1 {
 		t.Fatalf("entry retakes %v, want at least 1", got)
+	}
+}
+
+// The log mirror (a follower's open requests) as a state machine.
+func TestLogMirror(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	rec := func(id uint64, deadline time.Duration) *coord.LoggedRequest {
+		return &coord.LoggedRequest{ReqID: id, Deadline: t0.Add(deadline)}
+	}
+	ids := func(rs []*coord.LoggedRequest) []uint64 {
+		var out []uint64
+		for _, r := range rs {
+			out = append(out, r.ReqID)
+		}
+		return out
+	}
+	t.Run("open requests come out in log order", func(t *testing.T) {
+		m := newLogMirror(10 * time.Second)
+		for _, id := range []uint64{5, 3, 9, 4} {
+			if !m.logged(rec(id, 5*time.Second), t0) {
+				t.Fatalf("record %d not kept", id)
+			}
+		}
+		m.answer(9, t0)
+		if got := ids(m.take(t0.Add(time.Second), nil)); !slices.Equal(got, []uint64{5, 3, 4}) {
+			t.Fatalf("take: %v, want [5 3 4]", got)
+		}
+		if m.open() != 0 || len(m.take(t0, nil)) != 0 {
+			t.Fatal("take did not empty the mirror")
+		}
+	})
+	t.Run("an answer seen before its record drops the record", func(t *testing.T) {
+		m := newLogMirror(10 * time.Second)
+		m.answer(7, t0)
+		if m.logged(rec(7, 5*time.Second), t0.Add(time.Millisecond)) || m.open() != 0 {
+			t.Fatal("answered request kept")
+		}
+	})
+	t.Run("a replayed record is kept once", func(t *testing.T) {
+		m := newLogMirror(10 * time.Second)
+		m.logged(rec(1, 5*time.Second), t0)
+		m.logged(rec(1, 5*time.Second), t0)
+		if got := ids(m.take(t0, nil)); !slices.Equal(got, []uint64{1}) {
+			t.Fatalf("take: %v", got)
+		}
+	})
+	t.Run("deadlines", func(t *testing.T) {
+		m := newLogMirror(10 * time.Second)
+		if m.logged(rec(1, 0), t0) {
+			t.Fatal("record past its deadline kept")
+		}
+		m.logged(rec(2, time.Second), t0)
+		m.logged(rec(3, 3*time.Second), t0)
+		if got := ids(m.take(t0.Add(2*time.Second), nil)); !slices.Equal(got, []uint64{3}) {
+			t.Fatalf("take after 2s: %v, want [3]", got)
+		}
+	})
+	t.Run("answers are forgotten after keep and bounded in number", func(t *testing.T) {
+		m := newLogMirror(time.Second)
+		m.maxAnswered = 3
+		m.answer(1, t0)
+		if !m.answered[1] {
+			t.Fatal("answer not remembered")
+		}
+		m.answer(2, t0.Add(2*time.Second))
+		if m.answered[1] || !m.answered[2] {
+			t.Fatalf("answers after keep: %v", m.answered)
+		}
+		for id := uint64(3); id < 10; id++ {
+			m.answer(id, t0.Add(2*time.Second))
+		}
+		if len(m.answered) != 3 || len(m.answeredQ) != 3 || !m.answered[9] {
+			t.Fatalf("answers kept: %v", m.answered)
+		}
+	})
+	t.Run("order stays bounded by what is open", func(t *testing.T) {
+		m := newLogMirror(time.Minute)
+		for id := uint64(1); id <= 10000; id++ {
+			m.logged(rec(id, time.Minute), t0)
+			m.answer(id, t0)
+		}
+		if m.open() != 0 || len(m.order) > 1024+1 {
+			t.Fatalf("open %d, order %d", m.open(), len(m.order))
+		}
+	})
+	t.Run("waiting calls are claimed once, until the caller follows again", func(t *testing.T) {
+		m := newLogMirror(time.Minute)
+		m.take(t0, []uint64{4, 6})
+		if !m.claimWaiting(4) || m.claimWaiting(4) || m.claimWaiting(5) {
+			t.Fatal("claims of 4, 4 again, 5")
+		}
+		m.follow()
+		if m.claimWaiting(6) {
+			t.Fatal("claim after follow")
+		}
+	})
+}
+
+// watchCountingLog counts the request-log watches a frontend opens.
+type watchCountingLog struct {
+	RequestLog
+	watches atomic.Int32
+}
+
+func (l *watchCountingLog) WatchRequests(ctx context.Context, since time.Time, fn func(*coord.LoggedRequest, bool)) error {
+	l.watches.Add(1)
+	return l.RequestLog.WatchRequests(ctx, since, fn)
+}
+
+// TestTakeoverInjectsMirroredRequestsWithoutRescan: a follower mirrors the
+// log while the leader serves; when the topology names it, it injects the
+// dead leader's unanswered request from its mirror at once, on the watch
+// it had open all along (no new scan of the log), and leaves the answered
+// ones alone.
+func TestTakeoverInjectsMirroredRequestsWithoutRescan(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "fe-a" }})
+	wl := &watchCountingLog{RequestLog: co}
+	fb := e.addFrontend(t, yaml, func(c *Config) { c.Log = wl; c.Name = "fe-b" })
+	eventually(t, "leadership settled", func() bool { return e.fe.isLeader() && !fb.fe.isLeader() && wl.watches.Load() == 1 })
+	// Answered requests: the follower must not inject them again.
+	for i := range 3 {
+		e.mustEcho(float32(i))
+	}
+	req := &hamsv1.PredictRequest{Service: "echo", RequestId: "m-1", StreamId: "hold:a", Inputs: echoInputs(1, 3)}
+	first := e.predictAsync(ctxT(t, 10*time.Second), req)
+	eventually(t, "request injected by the leader", func() bool { return len(e.fe.pendingIDs()) == 1 })
+	orig := e.fe.pendingIDs()[0]
+	e.stop()
+	if r := await(t, "dead leader's answer", first); status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("call on the stopped leader: %v", r.err)
+	}
+	e.res.set(config.Frontend, fb.addr)
+	eventually(t, "b adopted the open request", func() bool {
+		ids := fb.fe.pendingIDs()
+		return fb.fe.isLeader() && len(ids) == 1 && ids[0] == orig
+	})
+	if got := counterValue(fb.fe.m.adopted); got != 1 {
+		t.Fatalf("survivor adopted %v requests, want 1 (the answered ones are not open)", got)
+	}
+	if n := wl.watches.Load(); n != 1 {
+		t.Fatalf("request-log watches %d, want 1: the takeover scanned the log again", n)
+	}
+	close(e.models["a"].gate)
+	retry, err := fb.client.Predict(ctxT(t, 5*time.Second), req)
+	if err != nil || retry.GetReqId() != orig {
+		t.Fatalf("retry on the survivor: %v %v", retry, err)
 	}
 }

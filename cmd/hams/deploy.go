@@ -414,6 +414,8 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	if err := d.startFrontends(ctx, nFrontends, opt.RequestLog || nFrontends > 1); err != nil {
 		return nil, err
 	}
+	// A frontend's exit goes to the managers at once (managers.go).
+	d.mgrs.watchExits(d.sup, d.frontendIDOf, d.log)
 	if err := d.waitTopology(ctx); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/launch"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -24,12 +27,17 @@ type managerSet struct {
 	addrs []string
 	conns []*grpc.ClientConn
 	apis  []hamsv1.ManagerClient
+
+	// The exit watch (watchExits): stop ends it, wg waits for it.
+	stopOnce sync.Once
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 // dialManagers dials the managers as src (this process's supervisor
 // identity; nil: plaintext).
 func dialManagers(addrs []string, src *pki.Source) (*managerSet, error) {
-	ms := &managerSet{addrs: addrs}
+	ms := &managerSet{addrs: addrs, stop: make(chan struct{})}
 	var opts []grpc.DialOption
 	if src != nil {
 		opts = append(opts, grpcx.DialTLS(src))
@@ -47,6 +55,8 @@ func dialManagers(addrs []string, src *pki.Source) (*managerSet, error) {
 }
 
 func (ms *managerSet) close() {
+	ms.stopOnce.Do(func() { close(ms.stop) })
+	ms.wg.Wait()
 	for _, cc := range ms.conns {
 		cc.Close()
 	}
@@ -173,4 +183,65 @@ func (ms *managerSet) reportFailure(ctx context.Context, r *hamsv1.FailureReport
 		}()
 	}
 	wg.Wait()
+}
+
+// frontendID is the component id a frontend registers under (its
+// internal address; runFrontend).
+func frontendID(internal string) string { return "frontend/" + internal }
+
+// watchExits reports, until close, the exits of the children the
+// supervisor restarts in place that the managers track as components
+// (the frontends, named by idOf) as FailureReport{exited: true}: the
+// active manager declares the frontend dead in the topology on the spot,
+// so the next frontend leads (it injects the dead one's open requests)
+// instead of the restarted process, which comes back after the
+// supervisor's restart backoff and a start-up, registers again and is
+// listed last (docs/recovery.md, "Frontend and manager failover"). A
+// report that loses the race to the restarted process's registration
+// only takes the live process off the list until its next heartbeat.
+// The subscription is taken before watchExits returns.
+func (ms *managerSet) watchExits(sup *launch.Supervisor, idOf func(child string) (id string, ok bool), log *slog.Logger) {
+	events := sup.Subscribe()
+	ms.wg.Add(1)
+	go func() {
+		defer ms.wg.Done()
+		for {
+			var ev launch.Event
+			select {
+			case <-ms.stop:
+				return
+			case ev = <-events:
+			}
+			if ev.Kind != "exit" {
+				continue
+			}
+			id, ok := idOf(ev.Name)
+			if !ok {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			t0 := time.Now()
+			ms.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: id, Reason: "process exited: " + errString(ev.Err), Exited: true})
+			cancel()
+			log.Info("exit reported to the managers", "child", ev.Name, "id", id, "exited_at", ev.At, "report_ms", msSince(t0, time.Now()))
+		}
+	}()
+}
+
+// frontendIDOf maps a frontend child's name (frontend:i) to the id it
+// registers under.
+func (d *deployment) frontendIDOf(child string) (string, bool) {
+	for i, a := range d.FrontendInternals {
+		if a != "" && child == childName("frontend", strconv.Itoa(i)) {
+			return frontendID(a), true
+		}
+	}
+	return "", false
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
 }
