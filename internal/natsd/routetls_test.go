@@ -1,0 +1,81 @@
+package natsd
+
+import (
+	"crypto/tls"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hams-go/hams/internal/pki"
+)
+
+// TestClusterRouteTLS: nodes with NATS server certificates of the
+// deployment form the cluster over mutual-TLS routes; a node with another
+// role's certificate (same CA) is refused by every node.
+func TestClusterRouteTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA("d", time.Now(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := func(name string, id pki.Identity) *pki.Source {
+		f, err := ca.IssueFiles(dir, name, id, []string{"127.0.0.1"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := pki.Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	c := startCluster(t, func(i int) *tls.Config {
+		return RouteTLS(source("nats"+strconv.Itoa(i), pki.Identity{Role: pki.RoleNATS, Deployment: "d", Instance: strconv.Itoa(i)}))
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		routed := 0
+		for _, n := range c.nodes {
+			if n.s.NATS().NumRoutes() >= 2 {
+				routed++
+			}
+		}
+		if routed == 3 && c.metaLeader() != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster over TLS routes not formed after 30s (%d of 3 nodes routed to both others)", routed)
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval
+	}
+
+	// An intruder: a sidecar's certificate, routes to the cluster.
+	base := map[string]int{}
+	for _, n := range c.nodes {
+		base[n.cfg.Name] = n.s.NATS().NumRoutes()
+	}
+	ports := freePorts(t, 2)
+	intruder := &testNode{cfg: Config{
+		Name: "intruder", Listen: "127.0.0.1:" + strconv.Itoa(ports[0]), StoreDir: filepath.Join(t.TempDir(), "js"), MinFree: -1,
+		Logger: testLogger(t).With("node", "intruder"),
+		Cluster: &Cluster{Listen: "127.0.0.1:" + strconv.Itoa(ports[1]), Routes: c.nodes[0].cfg.Cluster.Routes,
+			TLS: RouteTLS(source("sidecar", pki.Identity{Role: pki.RoleSidecar, Deployment: "d", Model: "m", Instance: "0"}))},
+	}}
+	intruder.start(t)
+	defer intruder.stop(t)
+	// The intruder dials every node at once and keeps retrying; it must
+	// not get one route in that time.
+	until := time.Now().Add(2 * time.Second)
+	for time.Now().Before(until) {
+		if n := intruder.s.NATS().NumRoutes(); n > 0 {
+			t.Fatalf("a node with a sidecar certificate has %d routes into the cluster", n)
+		}
+		for _, n := range c.nodes {
+			if r := n.s.NATS().NumRoutes(); r > base[n.cfg.Name] {
+				t.Fatalf("node %s accepted a route from the intruder (%d routes, %d before)", n.cfg.Name, r, base[n.cfg.Name])
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval
+	}
+}
