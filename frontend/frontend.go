@@ -979,7 +979,7 @@ const itemHeadroom = 4096
 // resent forever.
 func (f *Frontend) checkItemSize(svc *serviceInfo, req *hamsv1.PredictRequest) error {
 	it := &hamsv1.Item{ReqId: ^uint64(0), Service: svc.name, StreamId: req.GetStreamId() + req.GetRequestId() + "-",
-		Tensors: req.GetInputs(), EdgeSeq: ^uint64(0), DeadlineUnixNano: -1, FromModel: config.Frontend}
+		Tensors: req.GetInputs(), EdgeSeq: ^uint64(0), DeadlineRemainingNano: -1, FromModel: config.Frontend}
 	size := proto.Size(it)
 	if size+itemHeadroom <= f.maxBytes {
 		return nil
