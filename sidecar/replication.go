@@ -235,6 +235,9 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			s.log.Info("promoted: stateless instance takes traffic", "epoch", epoch, "start_seq", from)
 			return nil
 		}
+		if s.Role() == RoleDeposed {
+			return status.Errorf(codes.FailedPrecondition, "Promote: sidecar of %q is a deposed primary of epoch %d: it must be demoted (and synced) first", s.cfg.Model, s.epochV.Load())
+		}
 		if s.Role() == RolePrimary {
 			if s.epochV.Load() == epoch {
 				maxSeq = s.lineage.Seq()

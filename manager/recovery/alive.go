@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"fmt"
+	"slices"
 
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -19,7 +20,9 @@ import (
 // restores redundancy). An instance nobody replaced (still its model's
 // serving instance at the model's epoch: recovery could not replace it, or
 // has not started to) is readmitted in its old role, and a queued
-// suspicion of it is dropped.
+// suspicion of it is dropped. While a round recovers the component or its
+// model, the decision waits for the round's end (nil now; the decision
+// comes with the actions that end the round).
 func (m *Machine) AliveAgain(component string) []Action {
 	p := m.placement(component)
 	if p == nil {
@@ -32,6 +35,15 @@ func (m *Machine) AliveAgain(component string) []Action {
 		// or another writer did): nothing to hold.
 		dec.Kind = Readmit
 		return []Action{dec}
+	}
+	if r := m.r; r != nil && (r.dead[component] || r.tasks[model] != nil) {
+		// The round that recovers it (or its model) decides whether it
+		// gets replaced: the decision waits for the round's end
+		// (endRound), the driver holds the component dead meanwhile.
+		if !slices.Contains(m.returning, component) {
+			m.returning = append(m.returning, component)
+		}
+		return nil
 	}
 	if why := m.replaced(p); why != "" {
 		dec.Kind, dec.Reason = Retire, why
@@ -84,14 +96,6 @@ func (m *Machine) restoreBackup(model string, prim *hamsv1.Placement) []Action {
 // is replacing it.
 func (m *Machine) replaced(p *hamsv1.Placement) string {
 	id, model := p.GetComponentId(), p.GetModel()
-	if r := m.r; r != nil {
-		if tk := r.tasks[model]; tk != nil && tk.abandoned == "" {
-			return fmt.Sprintf("round %d is recovering %s (%s)", r.id, model, tk.kind)
-		}
-		if r.dead[id] && r.tasks[model] == nil {
-			return fmt.Sprintf("round %d replaces it", r.id)
-		}
-	}
 	switch p.GetRole() {
 	case hamsv1.Role_ROLE_PRIMARY:
 		if !m.g.Stateful(model) {

@@ -42,8 +42,8 @@ func TestFalseSuspicionStatefulPrimary(t *testing.T) {
 	`)
 }
 
-// The primary resumes while its failover is still querying: retired at
-// once (the round replaces it).
+// The primary resumes while its failover is still querying: the decision
+// waits for the round's end (the failover might fail), then it is retired.
 func TestFalseSuspicionPrimaryDuringItsRound(t *testing.T) {
 	tr := newTranscript(t)
 	tr.dies("m/p")
@@ -55,7 +55,6 @@ func TestFalseSuspicionPrimaryDuringItsRound(t *testing.T) {
 		< #1 GetMaxSeq(m/b@m)
 		< #2 GetLineageSummary(m/b@m failed=>0)
 		> alive again m/p
-		< Retire(m/p@m ROLE_PRIMARY epoch=1: round 1 is recovering m (failover))
 		> #1 max_seq 10
 		> #2 summary max_out=10
 		< #3 Promote(m/b@m epoch=2 start=0)
@@ -74,6 +73,7 @@ func TestFalseSuspicionPrimaryDuringItsRound(t *testing.T) {
 		> #7 done
 		> topology: +m/new1 ROLE_STANDBY
 		> #8 done
+		< Retire(m/p@m ROLE_BACKUP epoch=2: deposed primary of m (the backup role at epoch 2 is another instance's))
 	`)
 }
 
@@ -213,5 +213,31 @@ func TestFalseSuspicionQueuedSuspicionDropped(t *testing.T) {
 		> #4 done
 		> topology: +x/new1 ROLE_STANDBY
 		> #5 done
+	`)
+}
+
+// The standby is dead already and no new one can be started; the active
+// stops: its round waits for a standby that never comes and gives x up.
+// The active resumes during the round: the decision waits for the round's
+// end, when nobody replaced it: readmitted.
+func TestFalseSuspicionStatelessNoReplacementReadmitted(t *testing.T) {
+	tr := newTranscript(t)
+	tr.fail = func(a Action) bool { return a.Kind == StartInstance }
+	tr.pl("x/s").Alive = false
+	tr.topology("x/s dead")
+	tr.dies("x/a")
+	tr.returns("x/a")
+	tr.settle()
+	tr.check(`
+		> topology: x/s dead
+		> topology: x/a dead
+		> suspect x/a
+		< #1 StartInstance(x ROLE_STANDBY)
+		< #2 GetLineageSummary(@frontend failed=x>0)
+		> alive again x/a
+		> #1 failed
+		< Unrecoverable(x: no standby: injected failure)
+		> #2 summary max_out=10
+		< Readmit(x/a@x ROLE_ACTIVE epoch=1)
 	`)
 }

@@ -150,6 +150,9 @@ type Machine struct {
 	// starts: StartInstance actions issued outside a round (alive.go),
 	// by id -> model.
 	starts map[ActionID]string
+	// returning: components heard from again while a round recovered
+	// them or their model; decided when the round ends (alive.go).
+	returning []string
 }
 
 type suspicion struct {
@@ -1108,9 +1111,14 @@ func (m *Machine) endRound() []Action {
 		}
 	}
 	m.r = nil
+	var out []Action
+	ret := m.returning
+	m.returning = nil
+	for _, id := range ret {
+		out = append(out, m.AliveAgain(id)...)
+	}
 	q := m.queued
 	m.queued = nil
-	var out []Action
 	for _, s := range q {
 		// Drop suspicions of components the topology shows alive again in
 		// a role that needs no recovery (a standby made of an old active).
