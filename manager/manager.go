@@ -65,6 +65,7 @@ type Config struct {
 	// before acking it (see doc.go).
 	SyncAlways bool
 	// KVReplicas is the replication factor of the deployment state bucket
+	// and of the coordination streams the manager creates (with NATSAuth)
 	// (default 1; use 3 on an external three-server cluster).
 	KVReplicas int
 	// HeartbeatInterval the manager asks components to heartbeat at

@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/hams-go/hams/internal/coord"
@@ -33,10 +32,16 @@ const coordOpenTimeout = 10 * time.Second
 // natsConn is the manager's connection to NATS, with the embedded server
 // when it runs one.
 type natsConn struct {
-	nc      *nats.Conn
-	srv     *server.Server // nil with an external NATS
-	url     string         // what other processes connect to
-	tempDir string         // removed at close when StoreDir was empty
+	nc *nats.Conn
+	// srv is the embedded server (nil with an external NATS), run by
+	// srvRun's goroutine until stopSrv; it restarts itself in place after
+	// a store failure (a full disk), and the in-process connection
+	// reconnects to the new one (nats.InProcessServer(srv)).
+	srv     *natsd.Server
+	stopSrv context.CancelFunc
+	srvDone chan error
+	url     string // what other processes connect to
+	tempDir string // removed at close when StoreDir was empty
 }
 
 // checkNATSAuth checks that the manager's credentials are a manager's of
@@ -109,14 +114,24 @@ func connectNATS(cfg *Config, log *slog.Logger) (*natsConn, error) {
 			ncfg.TLS = cfg.TLS.ServerConfig()
 		}
 	}
-	srv, url, err := natsd.Start(ncfg)
+	srv, err := natsd.New(ncfg)
 	if err != nil {
 		c.close()
 		return nil, fmt.Errorf("manager: embedded NATS server: %w", err)
 	}
-	c.srv = srv
-	c.url = url
-	opts := []nats.Option{nats.InProcessServer(srv), nats.Name("hams-manager/" + cfg.Deployment.Name)}
+	ctx, stop := context.WithCancel(context.Background())
+	c.srv, c.stopSrv, c.srvDone = srv, stop, make(chan error, 1)
+	go func() { c.srvDone <- srv.Run(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-c.srvDone:
+		c.srvDone <- err // for close
+		c.close()
+		return nil, fmt.Errorf("manager: embedded NATS server: %w", err)
+	}
+	c.url = srv.URL()
+	opts := []nats.Option{nats.InProcessServer(srv), nats.Name("hams-manager/" + cfg.Deployment.Name),
+		nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
 	if cfg.NATSAuth != nil {
 		opts = append(opts, cfg.NATSAuth.Client.InProcessOptions()...)
 	}
@@ -142,9 +157,9 @@ func (c *natsConn) openCoord(cfg *Config) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), coordOpenTimeout)
 	defer cancel()
-	// Replicas 1, as every component's coord.Open has it (cmd/hams
-	// openCoord), so the configurations agree.
-	if _, err := coord.Open(ctx, c.nc, cfg.Deployment.Name, 1); err != nil {
+	// KVReplicas, as every component's coord.Open has it (cmd/hams
+	// --nats-replicas), so the configurations agree.
+	if _, err := coord.Open(ctx, c.nc, cfg.Deployment.Name, cfg.KVReplicas); err != nil {
 		return fmt.Errorf("manager: create the coordination streams: %w", err)
 	}
 	return nil
@@ -157,9 +172,9 @@ func (c *natsConn) close() {
 	if c.nc != nil {
 		c.nc.Close()
 	}
-	if c.srv != nil {
-		c.srv.Shutdown()
-		c.srv.WaitForShutdown()
+	if c.stopSrv != nil {
+		c.stopSrv()
+		<-c.srvDone
 	}
 	if c.tempDir != "" {
 		_ = os.RemoveAll(c.tempDir)

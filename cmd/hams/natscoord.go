@@ -20,10 +20,35 @@ import (
 // holding its seed (natsd.SeedFile: <role>.nk, sidecar-<model>.nk; the
 // directory `hams up` writes holds every role's, a real deployment gives
 // each component a directory with its own seed only).
-type natsAuthFlags struct{ dir string }
+//
+// They also carry --nats-replicas, the replica count of everything the
+// component creates in JetStream (natsReplicas).
+type natsAuthFlags struct {
+	dir      string
+	replicas int
+}
 
 func (f *natsAuthFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dir, "nats-auth", "", "NATS credentials directory with this component's nkey seed (<role>.nk or sidecar-<model>.nk, written by `hams up`; docs/security.md); empty: connect to NATS without authentication")
+	fs.IntVar(&f.replicas, "nats-replicas", 0, "replicas of the JetStream streams and buckets this component creates (1..5); 0: 3 when --nats lists more than one server, else 1")
+}
+
+// replicasFor is --nats-replicas, or its default for url.
+func (f *natsAuthFlags) replicasFor(url string) int { return natsReplicas(url, f.replicas) }
+
+// natsReplicas is the replica count of the coordination streams and
+// buckets: flag when set, else 3 when url lists more than one server (a
+// cluster: nats.go takes a comma-separated list), else 1. coord.Open never
+// lowers an existing stream's count, so a component that defaults to 1
+// against a cluster's R3 streams leaves them R3.
+func natsReplicas(url string, flag int) int {
+	if flag > 0 {
+		return flag
+	}
+	if len(splitList(url)) > 1 {
+		return 3
+	}
+	return 1
 }
 
 // client loads the credentials of id, with src's client certificate for
@@ -66,8 +91,15 @@ func openCoord(ctx context.Context, url, deployment, name string, log *slog.Logg
 	return openCoordAuth(ctx, url, deployment, name, nil, log)
 }
 
-// openCoordAuth connects to the deployment's NATS (the manager's embedded
-// server or an external cluster) and opens the coordination streams. The
+// openCoordAuth is openCoordReplicas with the replica count url implies
+// (natsReplicas).
+func openCoordAuth(ctx context.Context, url, deployment, name string, cl *natsd.Client, log *slog.Logger) (*coord.Coord, *nats.Conn, error) {
+	return openCoordReplicas(ctx, url, natsReplicas(url, 0), deployment, name, cl, log)
+}
+
+// openCoordReplicas connects to the deployment's NATS (the manager's
+// embedded server, `hams nats`, or a cluster: url may list several
+// servers) and opens the coordination streams with replicas copies. The
 // connection reconnects forever (a restarted manager comes back on the
 // same address); the first connect is retried until ctx ends.
 //
@@ -76,7 +108,7 @@ func openCoord(ctx context.Context, url, deployment, name string, log *slog.Logg
 // the manager may create or change them (natsd.Permissions), so a
 // component that starts first waits for the manager to have created
 // them. Without credentials it creates them itself (coord.Open).
-func openCoordAuth(ctx context.Context, url, deployment, name string, cl *natsd.Client, log *slog.Logger) (*coord.Coord, *nats.Conn, error) {
+func openCoordReplicas(ctx context.Context, url string, replicas int, deployment, name string, cl *natsd.Client, log *slog.Logger) (*coord.Coord, *nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name("hams " + name),
 		nats.MaxReconnects(-1),
@@ -90,7 +122,7 @@ func openCoordAuth(ctx context.Context, url, deployment, name string, cl *natsd.
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
 	}
 	open := func(ctx context.Context, nc *nats.Conn) (*coord.Coord, error) {
-		return coord.Open(ctx, nc, deployment, 1)
+		return coord.Open(ctx, nc, deployment, replicas)
 	}
 	if cl != nil {
 		if id := cl.Identity(); id.Deployment != deployment {

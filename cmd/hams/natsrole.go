@@ -5,13 +5,37 @@ import (
 	"strings"
 
 	"github.com/hams-go/hams/internal/natsd"
+	"github.com/hams-go/hams/internal/pki"
 )
 
+// parseSignedSize is natsd.ParseSize with a leading minus allowed (-1:
+// no check).
+func parseSignedSize(s string) (int64, error) {
+	if t := strings.TrimSpace(s); strings.HasPrefix(t, "-") {
+		n, err := natsd.ParseSize(t[1:])
+		return -max(n, 1), err
+	}
+	return natsd.ParseSize(s)
+}
+
 // runNATS is the `hams nats` role: the embedded coordination engine as a
-// process of its own (a JetStream-enabled nats-server, R1, file storage),
-// so that it outlives the managers. `hams up|demo|chaos` start it first
-// and restart it in place (same port, same store) when it dies; every
+// process of its own (a JetStream-enabled nats-server, file storage), so
+// that it outlives the managers. `hams up|demo|chaos` start it first and
+// restart it in place (same port, same store) when it dies; every
 // manager, frontend and sidecar gets its URL with --nats.
+//
+// Cluster: --cluster HOST:PORT (the route port), --routes (the
+// nats-route:// URLs of the nodes, this one's may be listed) and --name
+// (unique per node) make it one node of a JetStream cluster; components
+// then get every node's URL and create streams and buckets with
+// --nats-replicas 3 (docs/coordination.md). With certificates the routes
+// are mutual TLS, and a route's peer must hold a NATS server certificate
+// of the deployment (natsd.RouteTLS): that is the routes' authentication.
+//
+// Disk: the store's file system must have --store-min-free available at
+// start (else it exits, naming both sizes); a JetStream whose store
+// failed a write (a full disk) is restarted in place once that much is
+// free again (natsd.Server.Run).
 //
 // Security: --nats-auth names the credentials directories (one per
 // deployment served; natsd.GenerateCredentials writes them, the server
@@ -24,6 +48,12 @@ func runNATS(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:4222", "client address (port -1: random)")
 	store := fs.String("store", "", "JetStream store directory (required)")
 	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write before acknowledging it (docs/coordination.md)")
+	name := fs.String("name", "", "server name, unique per node of a cluster (JetStream's server_name; default hams-nats)")
+	cluster := fs.String("cluster", "", "route address HOST:PORT: join a JetStream cluster (with --routes and --name)")
+	clusterName := fs.String("cluster-name", natsd.DefaultClusterName, "cluster name, the same on every node")
+	routes := fs.String("routes", "", "comma-separated nats-route://HOST:PORT of the cluster's nodes (this node's own may be listed)")
+	minFree := fs.String("store-min-free", "64MiB", "free space the store's file system must have at start, and before JetStream is restarted after a full disk (negative: no check)")
+	maxStore := fs.String("max-store", "0", "JetStream's file storage limit (max_file_store); 0: nats-server's default")
 	authDirs := fs.String("nats-auth", "", "comma-separated NATS credentials directories (users.json of each deployment served, as `hams up` writes them): only their nkey users connect, with their role's subject permissions (docs/security.md); empty: no authentication")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := fs.String("log-format", "json", "log format on stderr: json or text")
@@ -40,10 +70,21 @@ func runNATS(args []string) error {
 		return err
 	}
 	log = log.With("role", "nats")
+	minFreeB, err := parseSignedSize(*minFree)
+	if err != nil {
+		return usageErr("nats: --store-min-free: %v", err)
+	}
+	maxStoreB, err := natsd.ParseSize(*maxStore)
+	if err != nil {
+		return usageErr("nats: --max-store: %v", err)
+	}
+	if (*routes != "" || *name != "") && *cluster == "" {
+		return usageErr("nats: --routes and --name need --cluster")
+	}
 	var serverTLS *tls.Config
+	var src *pki.Source
 	if tf.insecure || tf.cert != "" || tf.key != "" || tf.ca != "" {
-		src, err := tf.load("nats", log)
-		if err != nil {
+		if src, err = tf.load("nats", log); err != nil {
 			return err
 		}
 		if src != nil {
@@ -60,7 +101,15 @@ func runNATS(args []string) error {
 		}
 		log.Info("NATS users", "users", len(auth.Users), "credentials", *authDirs)
 	}
-	srv, err := natsd.New(natsd.Config{Listen: *listen, StoreDir: *store, SyncAlways: *syncAlways, TLS: serverTLS, Auth: auth, Logger: log})
+	cfg := natsd.Config{Name: *name, Listen: *listen, StoreDir: *store, SyncAlways: *syncAlways, TLS: serverTLS, Auth: auth,
+		MinFree: minFreeB, MaxStore: maxStoreB, Logger: log}
+	if *cluster != "" {
+		cfg.Cluster = &natsd.Cluster{Name: *clusterName, Listen: *cluster, Routes: splitList(*routes)}
+		if src != nil {
+			cfg.Cluster.TLS = natsd.RouteTLS(src)
+		}
+	}
+	srv, err := natsd.New(cfg)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
@@ -76,9 +125,14 @@ func runNATS(args []string) error {
 		}
 		return nil
 	}
-	printReady(map[string]any{"role": "nats", "nats": srv.URL(), "store": *store,
-		"tls": serverTLS != nil, "auth": strings.Join(splitList(*authDirs), ",")})
-	log.Info("serving", "nats", srv.URL(), "store", *store, "tls", serverTLS != nil, "auth", auth != nil)
+	ready := map[string]any{"role": "nats", "nats": srv.URL(), "store": *store,
+		"tls": serverTLS != nil, "auth": strings.Join(splitList(*authDirs), ",")}
+	if *cluster != "" {
+		ready["route"] = natsd.RouteURL(srv.NATS())
+		ready["name"] = *name
+	}
+	printReady(ready)
+	log.Info("serving", "nats", srv.URL(), "store", *store, "tls", serverTLS != nil, "auth", auth != nil, "cluster", *cluster, "name", *name)
 	if err := g.Wait(); err != nil {
 		log.Error("stopped with error", "err", err)
 		return err

@@ -66,6 +66,7 @@ func runManager(args []string) error {
 		Deployment:        r.dep,
 		GRPCListener:      r.grpc,
 		NATSURL:           *natsURL,
+		KVReplicas:        na.replicasFor(*natsURL),
 		StoreDir:          *store,
 		NATSListen:        *natsListen,
 		HeartbeatInterval: *hb,
@@ -339,7 +340,7 @@ func runSidecar(args []string) error {
 			r.close()
 			return err
 		}
-		co, nc, err := openCoordAuth(ctx, *natsURL, r.dep.Name, "sidecar "+*model+" "+*roleF, cl, r.log)
+		co, nc, err := openCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "sidecar "+*model+" "+*roleF, cl, r.log)
 		cancel()
 		if err != nil {
 			r.close()
@@ -350,7 +351,7 @@ func runSidecar(args []string) error {
 		if spare {
 			// Replay mode: the input log and checkpoints (JetStream).
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			store, err := co.OpenReplay(ctx, 1)
+			store, err := co.OpenReplay(ctx, na.replicasFor(*natsURL))
 			cancel()
 			if err != nil {
 				r.close()
@@ -491,7 +492,7 @@ func runFrontend(args []string) error {
 			closeAll()
 			return err
 		}
-		co, nc, err := openCoordAuth(ctx, *natsURL, r.dep.Name, "frontend", cl, r.log)
+		co, nc, err := openCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "frontend", cl, r.log)
 		cancel()
 		if err != nil {
 			closeAll()
