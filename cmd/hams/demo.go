@@ -27,16 +27,26 @@ import (
 type killSpec struct {
 	Role, Model string
 	After       time.Duration
+	// Freeze: SIGSTOP for this long instead of SIGKILL (kills.go,
+	// freeze:ROLE:MODEL@AFTER+DURATION).
+	Freeze time.Duration
 }
 
 func (k killSpec) target() string {
-	if k.Model == "" {
-		return k.Role
+	t := k.Role
+	if k.Model != "" {
+		t += ":" + k.Model
 	}
-	return k.Role + ":" + k.Model
+	if k.Freeze > 0 {
+		t = freezePrefix + t
+	}
+	return t
 }
 
 func parseKill(s string) (killSpec, error) {
+	if strings.HasPrefix(s, freezePrefix) {
+		return parseFreeze(s)
+	}
 	target, after, ok := strings.Cut(s, "@")
 	if !ok {
 		return killSpec{}, fmt.Errorf("--kill %q: want ROLE:MODEL@AFTER (e.g. sidecar:ap-motion@3s)", s)
@@ -198,7 +208,7 @@ func runDemo(args []string) error {
 	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+"), all, or parm (a ParM-protected Fashion-MNIST classifier pool with a straggling replica)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to drive load")
 	var kills killList
-	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s")
+	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s; freeze:ROLE:MODEL@AFTER+DURATION: SIGSTOP it for DURATION instead (a false suspicion when longer than the suspicion timeout), e.g. freeze:sidecar:ap-motion@5s+3s")
 	jsonPath := fs.String("json", "", "write the JSON report to this file")
 	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay")
 	ckptEvery := fs.Int("checkpoint-every", 0, "replay mode: checkpoint interval in batches (0: the deployment's replay.checkpoint_every)")
@@ -405,11 +415,18 @@ func runDemo(args []string) error {
 				return
 			}
 			kr := kreports[i]
-			waits := d.killNow(runCtx, kt, kr, k.Role, k.Model, loadStart)
+			var waits chan struct{}
+			verb := "killed"
+			if k.Freeze > 0 {
+				waits = d.freezeNow(runCtx, kt, kr, k.Role, k.Model, loadStart, k.Freeze)
+				verb = "froze (SIGSTOP for " + k.Freeze.String() + ")"
+			} else {
+				waits = d.killNow(runCtx, kt, kr, k.Role, k.Model, loadStart)
+			}
 			kt.mu.Lock()
-			fmt.Fprintf(os.Stderr, "\nhams demo: killed %s (%s, %s) at %v%s\n", kr.Target, kr.Process, kr.Kind, time.Duration(kr.AtMs*float64(time.Millisecond)).Round(time.Millisecond),
+			fmt.Fprintf(os.Stderr, "\nhams demo: "+verb+" %s (%s, %s) at %v%s\n", kr.Target, kr.Process, kr.Kind, time.Duration(kr.AtMs*float64(time.Millisecond)).Round(time.Millisecond),
 				map[bool]string{true: ": " + kr.Error}[kr.Error != ""])
-			bare := kr.Error == "" && !d.protected() && (k.Role == roleSidecar || k.Role == roleModelServer)
+			bare := kr.Error == "" && k.Freeze == 0 && !d.protected() && (k.Role == roleSidecar || k.Role == roleModelServer)
 			at := kr.killAt
 			kt.mu.Unlock()
 			if bare {

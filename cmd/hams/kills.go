@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -139,6 +140,23 @@ func (kt *killTracker) snapshot() []killReport {
 // closes.
 // kr must have been added to kt.
 func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time) (waits chan struct{}) {
+	return d.signalNow(ctx, kt, kr, role, model, loadStart, 0)
+}
+
+// freezeNow stops the process that plays role for model (SIGSTOP) for
+// freeze, then lets it go on (SIGCONT): a false suspicion when freeze
+// exceeds the suspicion timeout. recovery_ms and restored_ms are measured
+// as for a kill; restored_ms also waits until the frozen model instance is
+// no longer alive in the topology (retired, docs/recovery.md "False
+// suspicion") and, for a frozen manager or frontend, until it serves
+// again (a manager or frontend answers only after the SIGCONT). The waits
+// end after the SIGCONT at the earliest.
+func (d *deployment) freezeNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
+	return d.signalNow(ctx, kt, kr, role, model, loadStart, freeze)
+}
+
+// signalNow is killNow (freeze 0: SIGKILL) and freezeNow.
+func (d *deployment) signalNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
 	waits = make(chan struct{})
 	rt, err := d.resolveTarget(ctx, role, model)
 	if err != nil {
@@ -150,9 +168,16 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 	}
 	before, _ := d.sup.Ready(rt.Child)
 	at := time.Now()
-	_, kerr := d.sup.Kill(rt.Child, syscall.SIGKILL)
+	sig := syscall.SIGKILL
+	if freeze > 0 {
+		sig = syscall.SIGSTOP
+	}
+	_, kerr := d.sup.Kill(rt.Child, sig)
 	kt.mu.Lock()
 	kr.Kind, kr.Process, kr.Note = rt.Kind, rt.Child, rt.Note
+	if freeze > 0 {
+		kr.Note = strings.TrimPrefix(kr.Note+", frozen "+freeze.String(), ", ")
+	}
 	kr.killAt, kr.AtMs = at, msSince(loadStart, at)
 	kr.model = model
 	if role == "frontend" || role == "manager" || role == "nats" {
@@ -169,10 +194,28 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 		close(waits)
 		return waits
 	}
-	inPlace := rt.Inst == nil || !d.protected()
+	inPlace := (rt.Inst == nil || !d.protected()) && freeze == 0
 	go func() {
 		defer close(waits)
 		var wg sync.WaitGroup
+		if freeze > 0 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// SIGCONT after freeze (also when the run ends first: a
+				// stopped child would not stop on SIGTERM).
+				t := time.NewTimer(freeze)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+				}
+				if _, err := d.sup.Kill(rt.Child, syscall.SIGCONT); err != nil {
+					// It may have exited (retired) or been killed meanwhile.
+					d.log.Info("resume frozen child", "child", rt.Child, "err", err)
+				}
+			}()
+		}
 		if inPlace {
 			wg.Add(1)
 			go func() {
@@ -268,4 +311,32 @@ func killRoles() []string {
 
 func killRoleList() string {
 	return fmt.Sprint(killRoles())
+}
+
+// freezePrefix marks a --kill spec that freezes instead of killing:
+// freeze:ROLE[:MODEL]@AFTER+DURATION (SIGSTOP at AFTER, SIGCONT DURATION
+// later), e.g. freeze:sidecar:ap-motion@5s+3s.
+const freezePrefix = "freeze:"
+
+// parseFreeze parses a freeze:ROLE[:MODEL]@AFTER+DURATION spec (s with
+// its prefix); ROLE[:MODEL]@AFTER is parsed as a kill's.
+func parseFreeze(s string) (killSpec, error) {
+	rest := strings.TrimPrefix(s, freezePrefix)
+	spec, dur, ok := strings.Cut(rest, "+")
+	if !ok {
+		return killSpec{}, fmt.Errorf("--kill %q: want %sROLE:MODEL@AFTER+DURATION (e.g. %ssidecar:ap-motion@5s+3s)", s, freezePrefix, freezePrefix)
+	}
+	d, err := time.ParseDuration(dur)
+	if err != nil || d <= 0 {
+		return killSpec{}, fmt.Errorf("--kill %q: bad freeze duration %q (want e.g. 3s)", s, dur)
+	}
+	k, err := parseKill(spec)
+	if err != nil {
+		return killSpec{}, fmt.Errorf("--kill %q: %w", s, err)
+	}
+	if k.Role == "nats" {
+		return killSpec{}, fmt.Errorf("--kill %q: freezing nats is not supported", s)
+	}
+	k.Freeze = d
+	return k, nil
 }
