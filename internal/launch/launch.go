@@ -231,7 +231,10 @@ func (s *Supervisor) spawn(ctx context.Context, c *child, args []string, gen int
 	if err != nil {
 		return Ready{}, nil, fmt.Errorf("launch: open log of %s: %w", c.spec.Name, err)
 	}
-	fmt.Fprintf(logf, "=== %s start %d: %s %s\n", time.Now().Format(time.RFC3339Nano), gen, filepath.Base(s.cfg.Executable), strings.Join(args, " "))
+	// The supervisor's own records in the child's log are JSON lines like
+	// the child's (slog's JSON handler): every line of a log parses.
+	flog := slog.New(slog.NewJSONHandler(logf, nil)).With("supervisor", "launch", "child", c.spec.Name)
+	flog.Info("launch: start", "generation", gen, "exe", filepath.Base(s.cfg.Executable), "args", args)
 	cmd := exec.Command(s.cfg.Executable, args...)
 	cmd.Env = append(os.Environ(), s.cfg.Env...)
 	cmd.Stderr = logf
@@ -263,7 +266,7 @@ func (s *Supervisor) spawn(ctx context.Context, c *child, args []string, gen int
 				lines <- append([]byte(nil), trimmed...)
 				sent = true
 			} else if len(trimmed) > 0 {
-				fmt.Fprintf(logf, "stdout: %s\n", trimmed)
+				flog.Info("launch: stdout", "line", string(trimmed))
 			}
 			if err != nil {
 				if !sent {
@@ -277,7 +280,7 @@ func (s *Supervisor) spawn(ctx context.Context, c *child, args []string, gen int
 	go func() {
 		// Wait closes stdout after the process exits, ending the reader.
 		err := cmd.Wait()
-		fmt.Fprintf(logf, "=== %s exit: %v\n", time.Now().Format(time.RFC3339Nano), err)
+		flog.Info("launch: exit", "generation", gen, "err", errString(err))
 		logf.Close()
 		wait <- err
 	}()
@@ -541,4 +544,12 @@ func tail(path string, n int64) string {
 	off := max(st.Size()-n, 0)
 	b, _ := io.ReadAll(io.NewSectionReader(f, off, st.Size()-off))
 	return string(b)
+}
+
+// errString is err's message, "" for nil (the exit record's err field).
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
