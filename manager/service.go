@@ -157,7 +157,7 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 	m.metrics.registrations.Inc()
 	if prev == nil || !sameRegistration(prev, r) {
 		m.log.Info("component registered", "id", r.Id, "kind", r.Kind.String(), "model", r.Model,
-			"role", r.Role.String(), "address", r.Address, "pid", r.Pid, "revision", t.GetRevision())
+			"component_role", r.Role.String(), "address", r.Address, "pid", r.Pid, "revision", t.GetRevision())
 	} else {
 		m.log.Debug("component re-registered", "id", r.Id, "revision", t.GetRevision())
 	}

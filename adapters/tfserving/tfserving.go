@@ -142,7 +142,7 @@ func New(cc grpc.ClientConnInterface, cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger.With("component", "tfserving", "model", cfg.Model), label: cfg.Model}
+	b := &Backend{cfg: cfg, log: cfg.Logger.With("component", "tfserving", "backend_model", cfg.Model), label: cfg.Model}
 	var version *int64
 	if v := cfg.Version; v != "" {
 		b.label += ":" + v

@@ -111,7 +111,7 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Retries = DefaultRetries
 	}
 	return &Backend{cfg: cfg, cl: inference.NewGRPCInferenceServiceClient(grpcretry.Idempotent(cfg.Conn, cfg.Retries, idempotent...)),
-		log: cfg.Logger.With("component", "triton", "model", cfg.Model)}, nil
+		log: cfg.Logger.With("component", "triton", "backend_model", cfg.Model)}, nil
 }
 
 func (b *Backend) ctx(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -195,7 +195,7 @@ func Start(cfg Config) (*server.Server, string, error) {
 		return nil, "", fmt.Errorf("natsd: new server on %s: %w", cfg.Listen, err)
 	}
 	debug := cfg.Logger.Enabled(context.Background(), slog.LevelDebug)
-	srv.SetLoggerV2(Logger{L: cfg.Logger.With("component", "nats-server"), storeFault: cfg.storeFault}, debug, false, false)
+	srv.SetLoggerV2(Logger{L: cfg.Logger.With("server", "nats-server"), storeFault: cfg.storeFault}, debug, false, false)
 	srv.Start()
 	if !srv.ReadyForConnections(readyTimeout) {
 		srv.Shutdown()

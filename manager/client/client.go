@@ -380,7 +380,7 @@ func (s *session) registerOnce(ctx context.Context, i int, timeout time.Duration
 		c.mu.Lock()
 		c.interval = iv
 		c.mu.Unlock()
-		c.log.Info("registered with manager", "manager", c.addrs[i], "role", hdr.Get(RoleMetadata),
+		c.log.Info("registered with manager", "manager", c.addrs[i], "manager_role", hdr.Get(RoleMetadata),
 			"revision", resp.GetTopology().GetRevision(), "heartbeat_interval", iv)
 		return nil
 	}

@@ -661,7 +661,7 @@ func (p *Pool) dataWorker(ctx context.Context, i int) {
 			acts = p.m.DataDone(c.id, parity.Instance(i), p.now())
 		} else {
 			c.lastErr = err
-			p.log.Debug("pool instance call failed", "instance", i, "err", err)
+			p.log.Debug("pool instance call failed", "replica", i, "err", err)
 			p.metrics.instanceErrors.WithLabelValues("data", status.Code(err).String()).Inc()
 			acts = p.m.DataFailed(c.id, parity.Instance(i), retryable(err), p.now())
 		}
