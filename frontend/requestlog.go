@@ -288,13 +288,14 @@ func (f *Frontend) ownReqIDLocked(reqID uint64) bool {
 
 // onLogged handles one logged request. A request past its deadline, one
 // this frontend injected or answers already, and one of its own whose
-// call is over are ignored. A follower keeps the rest in its log mirror
-// (injected if it takes over). The leader injects it (its own requests
-// only when they waited at the takeover: predict injects the others): at
-// once when it is new, after looking up its answer when it is a backlog record (logged
-// before the watch started: an earlier leader may have answered it), on
-// a goroutine of its own (at most takeoverLookups at a time, waited for
-// through wg), so new records are not held up behind look-ups.
+// call is over are ignored. A follower keeps the rest in its log mirror,
+// to inject them if it takes over; the answer of a backlog record (logged
+// before the watch started) is looked up meanwhile. The leader injects
+// it (its own requests only when they waited at the takeover: predict
+// injects the others): a new record at once, a backlog record after its
+// answer was looked up (an earlier leader may have answered it), on a
+// goroutine (lookupLater), so new records wait for look-ups only while
+// takeoverLookups of them are in flight.
 func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog bool, mir *logMirror, sem chan struct{}, wg *sync.WaitGroup) {
 	now := f.now()
 	if !now.Before(r.Deadline) {
@@ -308,8 +309,16 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 		return
 	}
 	if !f.leader {
-		mir.logged(r, now)
+		kept := mir.logged(r, now)
 		f.mu.Unlock()
+		if kept && backlog {
+			// Logged before this watch started (this frontend just
+			// started, or the watch restarted): its answer may have been
+			// recorded before the reply watch could see it. Look it up
+			// now, while following, so a takeover finds only open
+			// requests in the mirror.
+			f.lookupLater(ctx, r, mir, sem, wg, false)
+		}
 		return
 	}
 	if own && !backlog && !mir.claimWaiting(r.ReqID) {
@@ -323,6 +332,14 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 		f.adopt(r)
 		return
 	}
+	f.lookupLater(ctx, r, mir, sem, wg, true)
+}
+
+// lookupLater looks up the answer of logged request r on a goroutine of
+// its own (at most cap(sem) at a time; it waits for a slot, so a long
+// backlog slows the consumer rather than piling up goroutines) and, when
+// there is none and inject is set, injects it.
+func (f *Frontend) lookupLater(ctx context.Context, r *coord.LoggedRequest, mir *logMirror, sem chan struct{}, wg *sync.WaitGroup, inject bool) {
 	select {
 	case sem <- struct{}{}:
 	case <-ctx.Done():
@@ -332,10 +349,9 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 	go func() {
 		defer wg.Done()
 		defer func() { <-sem }()
-		if f.answered(ctx, r, mir) {
-			return
+		if !f.answered(ctx, r, mir) && inject {
+			f.adopt(r)
 		}
-		f.adopt(r)
 	}()
 }
 
