@@ -487,7 +487,7 @@ func (m *Manager) setActive(active bool) {
 			case ok:
 				alive = w
 			}
-			m.members.Seed(id, alive, now)
+			m.members.Seed(id, alive, now.Add(m.takeoverGrace()))
 		}
 		m.dirty = true
 		m.updateGaugesLocked()
@@ -497,6 +497,20 @@ func (m *Manager) setActive(active bool) {
 		m.metrics.active.Set(0)
 	}
 	m.active.Store(active)
+}
+
+// takeoverGrace is how much longer than a suspicion timeout a manager
+// that takes over waits for components to heartbeat it: a component that
+// followed the previous active manager moves on only after three of its
+// heartbeats to it timed out in a row (manager/client's follower; each
+// times out after max(4 intervals, 100 ms)). A manager that was killed
+// refuses connections and is left at once, but one that is stopped (a
+// SIGSTOP, a stalled host) accepts them and never answers: without the
+// grace the new active manager declared every component dead one
+// suspicion timeout after its takeover (docs/recovery.md, "False
+// suspicion").
+func (m *Manager) takeoverGrace() time.Duration {
+	return 3 * max(4*m.cfg.HeartbeatInterval, 100*time.Millisecond)
 }
 
 // frontendKnownLocked reports whether a frontend registration names addr.
