@@ -142,3 +142,25 @@ func newMetrics(reg prometheus.Registerer, pending, cached, held func() float64)
 	}
 	return m, nil
 }
+
+// MetricCollectors returns fresh, unregistered collectors of every metric
+// a frontend registers. The operations kit's test (deploy/) checks that
+// the Grafana dashboard and the alert rules name only metrics that exist.
+//
+// Label values: code is the gRPC status code name as grpc-go prints it
+// (codes.Code.String(): "OK", "Unavailable", ...), on every component.
+func MetricCollectors() []prometheus.Collector {
+	var rec recorder
+	zero := func() float64 { return 0 }
+	if _, err := newMetrics(&rec, zero, zero, zero); err != nil {
+		panic(err) // recorder.Register never fails
+	}
+	return rec
+}
+
+// recorder is a prometheus.Registerer that keeps what is registered.
+type recorder []prometheus.Collector
+
+func (r *recorder) Register(c prometheus.Collector) error   { *r = append(*r, c); return nil }
+func (r *recorder) MustRegister(cs ...prometheus.Collector) { *r = append(*r, cs...) }
+func (r *recorder) Unregister(prometheus.Collector) bool    { return false }

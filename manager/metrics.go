@@ -86,8 +86,18 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}, []string{"decision"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
-			m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned)
+		reg.MustRegister(m.collectors()...)
 	}
 	return m
 }
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
+		m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned}
+}
+
+// MetricCollectors returns fresh, unregistered collectors of every metric
+// a manager registers (its own; the gRPC server's come from grpcx). The
+// operations kit's test (deploy/) checks that the Grafana dashboard and
+// the alert rules name only metrics that exist.
+func MetricCollectors() []prometheus.Collector { return newMetrics(nil).collectors() }

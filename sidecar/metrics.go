@@ -1,11 +1,25 @@
 package sidecar
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // metrics of one sidecar (const label model).
+//
+// Labels: every series carries model; code labels are gRPC status code
+// names as grpc-go prints them (codes.Code.String(): "OK", "Unavailable",
+// ...), as on every component (docs/operations.md). The instance's role
+// is not a label of these series: a backup is promoted and a standby
+// takes traffic at run time, and a role label would end one series and
+// start another at each failover. hams_sidecar_role carries it instead
+// (watch): one series per possible role, 1 for the current one, joined
+// in queries with `* on (model, instance) group_left (role)
+// (hams_sidecar_role == 1)`.
 type metrics struct {
+	labels prometheus.Labels // const labels (model)
+
 	itemsIn   prometheus.Counter
 	requests  prometheus.Counter
 	batches   prometheus.Counter
@@ -53,6 +67,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	cl := prometheus.Labels{"model": model}
 	m := &metrics{
+		labels: cl,
 		itemsIn: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hams_sidecar_items_received_total", Help: "Items received in order on inbound edges.", ConstLabels: cl}),
 		requests: prometheus.NewCounter(prometheus.CounterOpts{
@@ -141,3 +156,115 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	}
 	return m
 }
+
+// Values of hams_sidecar_role's role label: a sidecar is a primary (the
+// serving instance; a stateless model's only one), a backup (of a
+// replicated stateful model), a standby (a stateless model's hot standby
+// before its promotion) or deposed (a primary another instance replaced;
+// it serves nothing until demoted or retired).
+const roleStandby = "standby"
+
+var metricRoles = []string{RolePrimary, RoleBackup, roleStandby, RoleDeposed}
+
+// metricRole is the sidecar's role as hams_sidecar_role names it.
+func (s *Sidecar) metricRole() string {
+	r := s.Role()
+	if r == RolePrimary && s.cfg.Standby {
+		select {
+		case <-s.collecting:
+		default:
+			return roleStandby
+		}
+	}
+	return r
+}
+
+// watch registers on reg the metrics read from s when scraped: its role
+// (hams_sidecar_role), and for a replicated model the output log's bound
+// and the durability lag (the shipper's snapshots the backup has not
+// applied). Called once, when s is built.
+func (m *metrics) watch(reg prometheus.Registerer, s *Sidecar) {
+	cs := m.watched(s.metricRole, s.outlog, s.ship)
+	if reg != nil {
+		reg.MustRegister(cs...)
+	}
+}
+
+// watched builds watch's collectors: role reports the current role;
+// outlog and ship may be nil (a model that is not replicated).
+func (m *metrics) watched(role func() string, outlog *OutputLog, ship *shipper) []prometheus.Collector {
+	var cs []prometheus.Collector
+	for _, r := range metricRoles {
+		l := prometheus.Labels{"role": r}
+		for k, v := range m.labels {
+			l[k] = v
+		}
+		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hams_sidecar_role", ConstLabels: l,
+			Help: "1 for the sidecar's current role (primary, backup, standby, deposed), 0 for the others: an info metric to join on (model, instance); roles change at run time (promotion), the series do not.",
+		}, func() float64 {
+			if role() == r {
+				return 1
+			}
+			return 0
+		}))
+	}
+	if outlog != nil {
+		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hams_sidecar_output_log_limit_bytes", ConstLabels: m.labels,
+			Help: "Bound of the output log (hams_sidecar_output_log_bytes): at it, no new batch starts until completion notices free space.",
+		}, func() float64 { return float64(outlog.limit) }))
+	}
+	if ship != nil {
+		cs = append(cs,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "hams_sidecar_durability_lag_seconds", ConstLabels: m.labels,
+				Help: "Primary: age of the oldest copied state the backup has not applied yet (0 when every copied state is durable); replies depending on newer states wait at the frontend.",
+			}, func() float64 {
+				_, age := ship.lag(time.Now())
+				return age.Seconds()
+			}),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "hams_sidecar_unapplied_snapshots", ConstLabels: m.labels,
+				Help: "Primary: snapshots copied but not yet applied by the backup (queued, being sent, or acknowledged and waiting to be applied).",
+			}, func() float64 {
+				n, _ := ship.lag(time.Now())
+				return float64(n)
+			}))
+	}
+	return cs
+}
+
+// lag is the number of snapshots the backup has not applied (queued or
+// acknowledged but unapplied) and the age of the oldest one at now.
+func (sh *shipper) lag(now time.Time) (n int, oldest time.Duration) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, list := range [][]*snapshot{sh.unapplied, sh.queue} {
+		for _, sn := range list {
+			n++
+			if !sn.copiedAt.IsZero() {
+				oldest = max(oldest, now.Sub(sn.copiedAt))
+			}
+		}
+	}
+	return n, oldest
+}
+
+// MetricCollectors returns fresh, unregistered collectors of every metric
+// a sidecar registers (model label "model", every watched metric
+// included). The operations kit's test (deploy/) checks that the Grafana
+// dashboard and the alert rules name only metrics that exist.
+func MetricCollectors() []prometheus.Collector {
+	var rec recorder
+	m := newMetrics(&rec, "model")
+	sh := newShipper(nil)
+	return append(rec, m.watched(func() string { return RolePrimary }, NewOutputLog(1), sh)...)
+}
+
+// recorder is a prometheus.Registerer that keeps what is registered.
+type recorder []prometheus.Collector
+
+func (r *recorder) Register(c prometheus.Collector) error   { *r = append(*r, c); return nil }
+func (r *recorder) MustRegister(cs ...prometheus.Collector) { *r = append(*r, cs...) }
+func (r *recorder) Unregister(prometheus.Collector) bool    { return false }

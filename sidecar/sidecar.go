@@ -349,6 +349,7 @@ func New(cfg Config) (*Sidecar, error) {
 	if replicated {
 		s.ship = newShipper(s)
 	}
+	s.metrics.watch(reg, s) // role, output log bound, durability lag (metrics.go)
 	if cfg.Resolver == nil {
 		// A backup without a Resolver cannot be promoted (no data path).
 		return s, nil

@@ -41,7 +41,7 @@ func newMetrics(reg prometheus.Registerer, hosted map[string]models.Model) *metr
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hams_refserver_requests_total",
-			Help: "Batches handled per model, API method and outcome (ok or the gRPC code).",
+			Help: "Batches handled per model, API method and gRPC status code (OK, Unavailable, ... as grpc-go names them).",
 		}, []string{"model", "method", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "hams_refserver_batch_seconds",
@@ -105,3 +105,20 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(streamEvictDesc, prometheus.CounterValue, float64(ev), name)
 	}
 }
+
+// MetricCollectors returns fresh, unregistered collectors of every metric
+// a model server registers. The operations kit's test (deploy/) checks
+// that the Grafana dashboard and the alert rules name only metrics that
+// exist.
+func MetricCollectors() []prometheus.Collector {
+	var rec recorder
+	newMetrics(&rec, nil)
+	return rec
+}
+
+// recorder is a prometheus.Registerer that keeps what is registered.
+type recorder []prometheus.Collector
+
+func (r *recorder) Register(c prometheus.Collector) error   { *r = append(*r, c); return nil }
+func (r *recorder) MustRegister(cs ...prometheus.Collector) { *r = append(*r, cs...) }
+func (r *recorder) Unregister(prometheus.Collector) bool    { return false }

@@ -266,7 +266,7 @@ func (s *Server) run(h *hosted, method string, fn func() error) error {
 	start := time.Now()
 	err := toStatus(fn())
 	s.metrics.latency.WithLabelValues(h.name, method).Observe(time.Since(start).Seconds())
-	code := "ok"
+	code := codes.OK.String()
 	if err != nil {
 		code = status.Code(err).String()
 	}

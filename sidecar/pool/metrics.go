@@ -57,3 +57,21 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		m.withdrawn, m.standIns, m.parityDropped, m.parityFailed, m.instance, m.instanceErrors)
 	return m
 }
+
+// MetricCollectors returns fresh, unregistered collectors of every metric
+// a pool registers (model label "model"; online parity training's
+// included). The operations kit's test (deploy/) checks that the Grafana
+// dashboard and the alert rules name only metrics that exist.
+func MetricCollectors() []prometheus.Collector {
+	var rec recorder
+	newMetrics(&rec, "model")
+	newOnlineMetrics(&rec, "model")
+	return rec
+}
+
+// recorder is a prometheus.Registerer that keeps what is registered.
+type recorder []prometheus.Collector
+
+func (r *recorder) Register(c prometheus.Collector) error   { *r = append(*r, c); return nil }
+func (r *recorder) MustRegister(cs ...prometheus.Collector) { *r = append(*r, cs...) }
+func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
