@@ -86,6 +86,15 @@ type deployOptions struct {
 	// plaintext without identities. Otherwise a CA and a certificate
 	// per child are created under RunDir/certs.
 	Insecure bool
+	// NATS, if set, is the comma-separated client URLs of an external
+	// NATS (cluster) every component uses; no `hams nats` is started.
+	NATS string
+	// NATSCluster, when more than 1, starts that many `hams nats` as one
+	// JetStream cluster on loopback instead of a single one.
+	NATSCluster int
+	// NATSReplicas of the coordination streams and buckets (0: 3 with
+	// several NATS URLs, else 1; cmd/hams natsReplicas).
+	NATSReplicas int
 }
 
 // counts returns the number of frontends and managers opt asks for in a
@@ -297,36 +306,10 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	// The coordination engine first, as a process of its own: it outlives
 	// the managers (a manager kill loses no durability or completion
 	// notice, and the standby finds the deployment state where it was).
-	store := filepath.Join(opt.RunDir, "jetstream")
-	// Secure: nkey users per role with subject permissions
-	// (natsd.Permissions), and mutual TLS on the client port.
-	var natsSec []string
-	if d.pki != nil {
-		d.natsAuth = filepath.Join(opt.RunDir, "nats-auth")
-		if _, err := natsd.EnsureCredentials(d.natsAuth, dep.Name, sortedModels(dep)); err != nil {
-			return nil, fmt.Errorf("NATS credentials: %w", err)
-		}
-		ta, err := d.tlsArgs(childName("nats", ""), pki.Identity{Role: pki.RoleNATS})
-		if err != nil {
-			return nil, err
-		}
-		natsSec = append([]string{"--nats-auth", d.natsAuth}, ta...)
-	} else {
-		natsSec = []string{"--insecure"}
+	if err := d.startNATS(ctx); err != nil {
+		return nil, err
 	}
-	natsArgs := append([]string{"nats", "--listen", "127.0.0.1:-1", "--store", store, "--log-level", opt.LogLevel}, natsSec...)
-	r, err := d.sup.Start(ctx, launch.Spec{Name: childName("nats", ""), Args: natsArgs, Restart: func(last launch.Ready) []string {
-		listen := "127.0.0.1:-1"
-		if u, err := url.Parse(last.String("nats")); err == nil && u.Host != "" {
-			listen = u.Host
-		}
-		return append([]string{"nats", "--listen", listen, "--store", store, "--log-level", opt.LogLevel}, natsSec...)
-	}})
-	if err != nil {
-		return nil, fmt.Errorf("start nats: %w", err)
-	}
-	d.NATS = r.String("nats")
-	mgrCommon := append(slices.Clone(d.common), append([]string{"--nats", d.NATS}, d.natsAuthArgs()...)...)
+	mgrCommon := append(slices.Clone(d.common), append([]string{"--nats", d.NATS, "--nats-replicas", strconv.Itoa(natsReplicas(d.NATS, opt.NATSReplicas))}, d.natsAuthArgs()...)...)
 	if opt.SuspicionTimeout > 0 {
 		mgrCommon = append(mgrCommon, "--suspicion-timeout", opt.SuspicionTimeout.String(), "--heartbeat-interval", (opt.SuspicionTimeout / 4).String())
 	}
@@ -682,4 +665,100 @@ func suspicionFor(flag time.Duration) time.Duration {
 		return flag
 	}
 	return autoSuspicion
+}
+
+// startNATS starts the coordination engine and sets d.NATS: nothing with
+// opt.NATS (an external cluster: its URLs), opt.NATSCluster nodes of a
+// JetStream cluster on loopback, or one `hams nats`. Each node is
+// restarted in place (its client and route ports, its store) when it
+// dies. Secured (not --insecure): nkey users per role with subject
+// permissions (natsd.Permissions), mutual TLS on the client port and on
+// the routes (natsd.RouteTLS: a route's peer must hold a NATS server
+// certificate of the deployment). An external cluster must admit the
+// users of RunDir/nats-auth and trust RunDir/certs' CA
+// (docs/coordination.md).
+func (d *deployment) startNATS(ctx context.Context) error {
+	opt := d.opt
+	if d.pki != nil {
+		d.natsAuth = filepath.Join(opt.RunDir, "nats-auth")
+		if _, err := natsd.EnsureCredentials(d.natsAuth, d.dep.Name, sortedModels(d.dep)); err != nil {
+			return fmt.Errorf("NATS credentials: %w", err)
+		}
+	}
+	if opt.NATS != "" {
+		d.NATS = opt.NATS
+		d.log.Info("external NATS", "nats", d.NATS, "replicas", natsReplicas(d.NATS, opt.NATSReplicas))
+		return nil
+	}
+	nodes := max(opt.NATSCluster, 1)
+	var routes []string
+	var routePorts []string
+	if nodes > 1 {
+		// Route ports first: every node is given every route.
+		ports, err := freeLoopbackPorts(nodes)
+		if err != nil {
+			return fmt.Errorf("NATS cluster route ports: %w", err)
+		}
+		for _, p := range ports {
+			routePorts = append(routePorts, "127.0.0.1:"+strconv.Itoa(p))
+			routes = append(routes, "nats-route://127.0.0.1:"+strconv.Itoa(p))
+		}
+	}
+	urls := make([]string, nodes)
+	errs := make([]error, nodes)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		name, store := childName("nats", ""), filepath.Join(opt.RunDir, "jetstream")
+		var cluster []string
+		if nodes > 1 {
+			name, store = childName("nats", strconv.Itoa(i)), filepath.Join(opt.RunDir, "jetstream-"+strconv.Itoa(i))
+			cluster = []string{"--name", "hams-nats-" + strconv.Itoa(i), "--cluster", routePorts[i], "--routes", strings.Join(routes, ",")}
+		}
+		sec := []string{"--insecure"}
+		if d.pki != nil {
+			ta, err := d.tlsArgs(name, pki.Identity{Role: pki.RoleNATS, Instance: strconv.Itoa(i)})
+			if err != nil {
+				return err
+			}
+			sec = append([]string{"--nats-auth", d.natsAuth}, ta...)
+		}
+		args := func(listen string) []string {
+			a := append([]string{"nats", "--listen", listen, "--store", store, "--log-level", opt.LogLevel}, cluster...)
+			return append(a, sec...)
+		}
+		wg.Go(func() {
+			r, err := d.sup.Start(ctx, launch.Spec{Name: name, Args: args("127.0.0.1:-1"), Restart: func(last launch.Ready) []string {
+				listen := "127.0.0.1:-1"
+				if u, err := url.Parse(last.String("nats")); err == nil && u.Host != "" {
+					listen = u.Host
+				}
+				return args(listen)
+			}})
+			if err != nil {
+				errs[i] = fmt.Errorf("start %s: %w", name, err)
+				return
+			}
+			urls[i] = r.String("nats")
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	d.NATS = strings.Join(urls, ",")
+	return nil
+}
+
+// freeLoopbackPorts reserves n loopback TCP ports (listen, note, close).
+func freeLoopbackPorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }

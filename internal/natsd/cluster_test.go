@@ -53,6 +53,12 @@ type testNode struct {
 
 func (n *testNode) start(t *testing.T) {
 	t.Helper()
+	n.startNoWait(t)
+	waitReady(t, n.s)
+}
+
+func (n *testNode) startNoWait(t *testing.T) {
+	t.Helper()
 	s, err := New(n.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +66,6 @@ func (n *testNode) start(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.s, n.cancel, n.done = s, cancel, make(chan error, 1)
 	go func() { n.done <- s.Run(ctx) }()
-	waitReady(t, s)
 }
 
 // stop shuts the node down (the in-process kill) and waits for it.

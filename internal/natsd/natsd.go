@@ -205,6 +205,29 @@ func Start(cfg Config) (*server.Server, string, error) {
 	return srv, ClientURL(srv), nil
 }
 
+// waitMeta waits (at most readyTimeout) until a cluster node is current
+// with a JetStream meta leader: before that every JetStream request
+// (creating the coordination streams) goes unanswered until it times
+// out, and the first election of a new cluster takes seconds. A node
+// whose peers are all down stays unready that long and then serves
+// anyway (it answers JetStream requests once a quorum is back).
+func waitMeta(ctx context.Context, srv *server.Server, log *slog.Logger) {
+	deadline := time.NewTimer(readyTimeout)
+	defer deadline.Stop()
+	poll := time.NewTicker(50 * time.Millisecond) // nats-server has no notification for it
+	defer poll.Stop()
+	for !srv.JetStreamIsCurrent() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			log.Warn("no JetStream meta leader yet; serving anyway (JetStream answers once a quorum of the cluster is up)", "waited", readyTimeout)
+			return
+		case <-poll.C:
+		}
+	}
+}
+
 // ClientURL is the server's client URL with an unspecified listen host
 // replaced by loopback, so it can be dialled as printed.
 func ClientURL(srv *server.Server) string {
@@ -265,7 +288,8 @@ func New(cfg Config) (*Server, error) {
 	return &Server{cfg: cfg, ready: make(chan struct{})}, nil
 }
 
-// Ready is closed once the server accepts connections.
+// Ready is closed once the server accepts connections and, in a cluster,
+// knows its JetStream meta leader (waitMeta).
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 // URL is the nats:// URL clients dial; valid once Ready is closed. It
@@ -345,6 +369,9 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.srv = srv
 	s.mu.Unlock()
+	if cfg.Cluster != nil {
+		waitMeta(ctx, srv, s.cfg.Logger)
+	}
 	s.url = url
 	close(s.ready)
 	log := s.cfg.Logger
