@@ -27,13 +27,15 @@ import (
 
 // roleFlags are the flags every long-running role shares.
 type roleFlags struct {
-	fs        *flag.FlagSet
-	config    string
-	listen    string
-	metrics   string
-	logLevel  string
-	logFormat string
-	tls       tlsFlags
+	fs      *flag.FlagSet
+	config  string
+	listen  string
+	metrics string
+	// metricsDefault is the role's default --metrics (defaultMetricsAddr).
+	metricsDefault string
+	logLevel       string
+	logFormat      string
+	tls            tlsFlags
 	// plain: a role without internal TLS flags (test stubs of outside
 	// servers: clipper-stub).
 	plain bool
@@ -80,11 +82,33 @@ func newFlagSet(name string) *flag.FlagSet {
 	return fs
 }
 
+// defaultMetricsAddr are the roles' default --metrics addresses: a fixed,
+// documented block (docs/operations.md), so that a role run by hand is
+// scraped where Prometheus expects it. `hams up|demo|chaos|bench` pass
+// --metrics 127.0.0.1:0 to their children (they start many of one role on
+// a host) and list the addresses in their ready lines instead.
+var defaultMetricsAddr = map[string]string{
+	"manager":      "127.0.0.1:9410",
+	"frontend":     "127.0.0.1:9411",
+	"sidecar":      "127.0.0.1:9412",
+	"modelserver":  "127.0.0.1:9413",
+	"clipper-stub": "127.0.0.1:9414",
+}
+
+// metricsFlag registers --metrics with the role's default address.
+func (r *roleFlags) metricsFlag(name string) {
+	r.metricsDefault = defaultMetricsAddr[name]
+	if r.metricsDefault == "" {
+		r.metricsDefault = "127.0.0.1:0"
+	}
+	r.fs.StringVar(&r.metrics, "metrics", r.metricsDefault, "Prometheus /metrics listen address (empty: none; port 0: a free one); the default is this role's fixed port (docs/operations.md), a second instance on the host needs another")
+}
+
 func newRoleFlags(name string) *roleFlags {
 	r := &roleFlags{fs: newFlagSet(name)}
 	r.fs.StringVar(&r.config, "config", "", "deployment YAML file (required)")
 	r.fs.StringVar(&r.listen, "listen", "127.0.0.1:0", "gRPC listen address")
-	r.fs.StringVar(&r.metrics, "metrics", "127.0.0.1:0", "Prometheus /metrics listen address (empty: none)")
+	r.metricsFlag(name)
 	r.fs.StringVar(&r.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	r.fs.StringVar(&r.logFormat, "log-format", "json", "log format on stderr: json or text")
 	r.tls.register(r.fs)
@@ -97,7 +121,7 @@ func newPlainRoleFlags(name string) *roleFlags {
 	r := &roleFlags{fs: newFlagSet(name), plain: true}
 	r.fs.StringVar(&r.config, "config", "", "deployment YAML file (required)")
 	r.fs.StringVar(&r.listen, "listen", "127.0.0.1:0", "listen address")
-	r.fs.StringVar(&r.metrics, "metrics", "127.0.0.1:0", "Prometheus /metrics listen address (empty: none)")
+	r.metricsFlag(name)
 	r.fs.StringVar(&r.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	r.fs.StringVar(&r.logFormat, "log-format", "json", "log format on stderr: json or text")
 	return r
@@ -192,6 +216,9 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 	if rf.metrics != "" {
 		if r.mlis, err = net.Listen("tcp", rf.metrics); err != nil {
 			r.grpc.Close()
+			if rf.metrics == rf.metricsDefault {
+				return nil, fmt.Errorf("listen %s (metrics, the default port of hams %s; another instance on this host needs --metrics ADDR, e.g. 127.0.0.1:0): %w", rf.metrics, name, err)
+			}
 			return nil, fmt.Errorf("listen %s (metrics): %w", rf.metrics, err)
 		}
 		r.fields["metrics"] = r.mlis.Addr().String()

@@ -28,6 +28,22 @@ type upReady struct {
 	// clients), FrontendsInternal every frontend's.
 	FrontendInternal  string   `json:"frontend_internal,omitempty"`
 	FrontendsInternal []string `json:"frontends_internal,omitempty"`
+	// Metrics maps every child process (its supervisor name: manager-0,
+	// frontend-0, sidecar:MODEL, modelserver:MODEL, ...) to its Prometheus
+	// /metrics address (docs/operations.md).
+	Metrics map[string]string `json:"metrics"`
+}
+
+// metricsAddrs maps every running child of d to the /metrics address of
+// its ready line.
+func (d *deployment) metricsAddrs() map[string]string {
+	out := map[string]string{}
+	for _, name := range d.sup.Names() {
+		if r, ok := d.sup.Ready(name); ok && r.String("metrics") != "" {
+			out[name] = r.String("metrics")
+		}
+	}
+	return out
 }
 
 // prepareAudit creates the audit directory and returns its absolute path
@@ -139,7 +155,7 @@ func runUp(args []string) error {
 	tfs, ks := compatEndpoints(ctx, d.FrontendGRPC)
 	b, _ := json.Marshal(upReady{FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
 		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers,
-		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals})
+		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals, Metrics: d.metricsAddrs()})
 	fmt.Println(string(b))
 	<-ctx.Done()
 	fmt.Fprintln(os.Stderr, "hams up: stopping")
