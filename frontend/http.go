@@ -88,6 +88,9 @@ func (f *Frontend) httpHandler() http.Handler {
 	mux.HandleFunc("GET /v1/services", f.httpAuth(f.handleList, func(*http.Request) (string, bool) { return "", false }))
 	mux.HandleFunc("GET /healthz", f.handleHealth)
 	mux.Handle("GET /metrics", grpcx.MetricsHandler(f.cfg.Registry))
+	// The REST dialects of TF Serving and KServe v2 (rest_*.go).
+	f.tfRESTRoutes(mux)
+	f.kserveRESTRoutes(mux)
 	return mux
 }
 
