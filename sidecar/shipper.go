@@ -444,14 +444,20 @@ func (sh *shipper) run(ctx context.Context) error {
 			}
 			var applied bool
 			t0 := time.Now()
+			// A send to a backup that stopped answering (stopped,
+			// descheduled: declared dead and replaced) would block until
+			// shipTimeout; it is given up as soon as the topology names
+			// another backup (docs/recovery.md, "False suspicion").
+			sctx, stopWatch := sh.untilBackupMoves(ctx, addr)
 			if bulkPayload(sn) >= bulkMinBytes {
-				applied, err = sh.sendBulk(ctx, addr, sn)
+				applied, err = sh.sendBulk(sctx, addr, sn)
 				if err == nil {
 					s.metrics.shipBulk.Inc()
 				}
 			} else {
-				applied, err = sh.send(ctx, cc, sn)
+				applied, err = sh.send(sctx, cc, sn)
 			}
+			stopWatch()
 			s.metrics.shipSend.Observe(time.Since(t0).Seconds())
 			if err == nil {
 				sh.recordAck(sn, addr, applied)
@@ -497,6 +503,35 @@ func (sh *shipper) run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// untilBackupMoves returns a context of ctx that is cancelled when the
+// topology resolves the backup to another address than addr (or to none);
+// stop ends the watch and waits for it.
+func (sh *shipper) untilBackupMoves(ctx context.Context, addr string) (context.Context, func()) {
+	res := sh.s.cfg.Resolver
+	if res == nil {
+		return ctx, func() {}
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			changed := res.Changed()
+			if a, _, ok := sh.s.cfg.BackupResolver.ResolveBackup(sh.s.cfg.Model); !ok || a != addr {
+				sh.s.log.Info("backup moved while a snapshot was being shipped; giving the shipment up", "backup", addr, "now", a)
+				cancel()
+				return
+			}
+			select {
+			case <-changed:
+			case <-sctx.Done():
+				return
+			}
+		}
+	}()
+	return sctx, func() { cancel(); <-done }
 }
 
 // backoff waits d before the next attempt, or less when the topology
