@@ -132,7 +132,7 @@ func runNATS(args []string) error {
 		ready["name"] = *name
 	}
 	printReady(ready)
-	log.Info("serving", "nats", srv.URL(), "store", *store, "tls", serverTLS != nil, "auth", auth != nil, "cluster", *cluster, "name", *name)
+	log.Info("serving", "fields", ready)
 	if err := g.Wait(); err != nil {
 		log.Error("stopped with error", "err", err)
 		return err

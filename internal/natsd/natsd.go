@@ -441,14 +441,23 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Logger maps nats-server's log levels to slog: notices are Debug (a
-// healthy server is silent at Info), warnings and errors keep their
-// level, traces are dropped.
+// healthy server is silent at Info) except a new JetStream meta leader,
+// warnings and errors keep their level, traces are dropped.
 type Logger struct {
 	L          *slog.Logger
 	storeFault func()
 }
 
-func (n Logger) Noticef(format string, v ...any) { n.L.Debug(fmt.Sprintf(format, v...)) }
+func (n Logger) Noticef(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if strings.Contains(msg, "metadata leader") {
+		// Who leads the cluster's JetStream meta group: rare, and what
+		// an operator looks for after a node failure.
+		n.L.Info(msg)
+		return
+	}
+	n.L.Debug(msg)
+}
 func (n Logger) Warnf(format string, v ...any) {
 	if strings.HasPrefix(format, routeInsecureWarning) {
 		// RouteTLS verifies chain and identity itself.
