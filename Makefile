@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # concurrent request path).
 RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/... ./protocol/...
 
-.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler fuzz chaos-net docker clean
+.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler fuzz chaos-net chaos-nats docker clean
 
 all: build
 
@@ -126,6 +126,14 @@ fuzz:
 # case of integration/partition_test.go, with its stall table.
 chaos-net:
 	HAMS_CHAOS_NET=1 $(GO) test ./integration -run 'TestPartitions' -count=1 -v -timeout 20m
+
+# NATS cluster node kills (three servers, every stream R3): in process
+# (internal/natsd, graceful shutdown of a follower, the meta leader, the
+# durability stream's leader) and `hams up --nats-cluster 3` under checked
+# load (SIGKILL of each); the disk-full case needs root (a tmpfs).
+chaos-nats:
+	HAMS_CHAOS_NATS=1 $(GO) test ./internal/natsd -run 'TestClusterNodeKills|TestDiskFullRecovers' -count=1 -v -timeout 5m
+	HAMS_CHAOS_NATS=1 $(GO) test ./integration -run 'TestNATSClusterNodeKills' -count=1 -v -timeout 10m
 
 clean:
 	rm -rf $(BIN)
