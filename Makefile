@@ -107,7 +107,7 @@ netem-straggler: build
 FUZZTIME     ?= 30s
 FUZZMINIMIZE ?= 10s
 FUZZ_TARGETS := \
-	./frontend:FuzzHTTPPredictJSON ./frontend:FuzzPassRaw \
+	./frontend:FuzzHTTPPredictJSON ./frontend:FuzzPassRaw ./frontend:FuzzRESTJSON \
 	./internal/wire:FuzzTensorProto ./internal/wire:FuzzKServeInfer \
 	./sidecar:FuzzBulkStream ./sidecar:FuzzSnapshotHeader \
 	./internal/coord:FuzzRequestRecord ./internal/coord:FuzzCheckpoint \

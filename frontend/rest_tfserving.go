@@ -453,8 +453,12 @@ func shapeText(s []int64) string {
 // fillTFTensor appends the values of the dense JSON tensor raw to tp (of
 // tp.Dtype) and returns its shape; left is the byte budget.
 func fillTFTensor(raw json.RawMessage, tp *tfpb.TensorProto, left *int64) ([]int64, error) {
-	return walkTensor(raw, walkOpts{dense: true, b64: tp.Dtype == tfpb.DataType_DT_STRING, maxDepth: tfRESTMaxDepth},
+	shape, err := walkTensor(raw, walkOpts{dense: true, b64: tp.Dtype == tfpb.DataType_DT_STRING, maxDepth: tfRESTMaxDepth},
 		func(v any) error { return tfAppend(tp, v, left) })
+	if errors.Is(err, errRESTJSON) {
+		return nil, status.Error(codes.InvalidArgument, strings.TrimPrefix(err.Error(), errRESTJSON.Error()+": "))
+	}
+	return shape, err
 }
 
 // tfDTypeName is DataTypeString of TF.
