@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"reflect"
@@ -18,6 +20,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/hams-go/hams/adapters/reference"
+	"github.com/hams-go/hams/adapters/refserver"
+	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -565,4 +573,103 @@ func TestRESTOutputFormats(t *testing.T) {
 			t.Fatalf("%v: %s, want %s", tc.v, got, tc.want)
 		}
 	}
+}
+
+// TestRESTRefserverSamePredictions: the retrofit's Fashion-MNIST
+// classifier, a real reference model server behind the fake sidecar,
+// answers two images the same through gRPC Predict and ModelInfer and
+// through TF Serving REST (row and columnar) and KServe REST (JSON and
+// binary), within the low-bit drift of its parallel reductions.
+func TestRESTRefserverSamePredictions(t *testing.T) {
+	e, _, _ := refserverEnv(t)
+	tf, _, ks := e.compatClients()
+	ctx := ctxT(t, 20*time.Second)
+	img := make([]float32, 2*784)
+	for i := range img {
+		img[i] = float32(math.Mod(float64(i)*0.013, 1))
+	}
+	images := tensor.FromFloat32("images", []int64{2, 784}, img)
+	tp, _ := wire.ToTensorProto(images)
+	g, err := tf.Predict(ctx, &tfapis.PredictRequest{ModelSpec: tfSpec("fashion"), Inputs: map[string]*tfpb.TensorProto{"images": tp}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tpF32(t, g.GetOutputs()["scores"])
+	kg, err := ks.ModelInfer(ctx, &inference.ModelInferRequest{ModelName: "fashion", Inputs: []*inference.ModelInferRequest_InferInputTensor{wire.InferInput(images)}, RawInputContents: [][]byte{images.Data}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "gRPC ModelInfer", ksF32(t, kg, "scores"), want)
+
+	rows, _ := json.Marshal([][]float32{img[:784], img[784:]})
+	for _, tc := range []struct{ body, key string }{
+		{`{"instances": ` + string(rows) + `}`, "predictions"},
+		{`{"signature_name": "serving_default", "inputs": {"images": ` + string(rows) + `}}`, "outputs"},
+	} {
+		r := e.rest("POST", "/v1/models/fashion:predict", nil, []byte(tc.body))
+		if r.code != http.StatusOK {
+			t.Fatalf("TF REST %s: %d %s", tc.key, r.code, r.body)
+		}
+		var got map[string][][]float32
+		if err := json.Unmarshal(r.body, &got); err != nil || len(got[tc.key]) != 2 {
+			t.Fatalf("TF REST %s: %s: %v", tc.key, r.body, err)
+		}
+		closeTo(t, "TF REST "+tc.key, append(got[tc.key][0], got[tc.key][1]...), want)
+	}
+	flat, _ := json.Marshal(img)
+	r := e.rest("POST", "/v2/models/fashion/infer", nil, []byte(`{"inputs":[{"name":"images","shape":[2,784],"datatype":"FP32","data":`+string(flat)+`}],"outputs":[{"name":"scores"}]}`))
+	var kr struct {
+		Outputs []struct {
+			Name  string    `json:"name"`
+			Shape []int64   `json:"shape"`
+			Data  []float32 `json:"data"`
+		} `json:"outputs"`
+	}
+	if err := json.Unmarshal(r.body, &kr); r.code != http.StatusOK || err != nil || len(kr.Outputs) != 1 || !reflect.DeepEqual(kr.Outputs[0].Shape, []int64{2, 10}) {
+		t.Fatalf("KServe REST: %d %s %v", r.code, r.body, err)
+	}
+	closeTo(t, "KServe REST JSON", kr.Outputs[0].Data, want)
+	head := `{"inputs":[{"name":"images","shape":[2,784],"datatype":"FP32","parameters":{"binary_data_size":6272}}],"outputs":[{"name":"scores","parameters":{"binary_data":true}}]}`
+	r = e.rest("POST", "/v2/models/fashion/infer", map[string]string{headerInferenceHeaderLength: strconv.Itoa(len(head))}, append([]byte(head), images.Data...))
+	n, _ := strconv.Atoi(r.header.Get(headerInferenceHeaderLength))
+	if r.code != http.StatusOK || n <= 0 || len(r.body)-n != 2*10*4 {
+		t.Fatalf("KServe REST binary: %d %q", r.code, r.body)
+	}
+	got, _ := tensor.Float32(&hamsv1.Tensor{Datatype: tensor.FP32, Shape: []int64{2, 10}, Data: r.body[n:]})
+	closeTo(t, "KServe REST binary", got, want)
+}
+
+// refserverEnv is the retrofit deployment whose fake sidecar of
+// "fashion" calls a real reference model server in-process (as
+// TestCompatRefserverSamePredictions sets it up).
+func refserverEnv(t *testing.T) (*env, *refserver.Server, *grpc.ClientConn) {
+	t.Helper()
+	dep, err := config.Parse([]byte(retrofitYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := refserver.New(refserver.Config{Deployment: dep, Models: []string{"fashion"}, GRPCListener: lis, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan struct{})
+	go func() { defer close(rdone); _ = rs.Run(rctx) }()
+	t.Cleanup(func() { rcancel(); <-rdone })
+	rcc, err := grpcx.Dial(lis.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rcc.Close() })
+	be := reference.New(rcc, "fashion", 5*time.Second)
+	infer := func(ctx context.Context, ins []*hamsv1.Tensor) ([]*hamsv1.Tensor, error) {
+		resp, err := be.Infer(ctx, &hamsv1.BatchRequest{Inputs: ins, Rows: []uint32{uint32(tensor.Rows(ins[0]))}, StreamIds: []string{"s"}})
+		return resp.GetOutputs(), err
+	}
+	e := newEnvWith(t, envOpts{yaml: retrofitYAML, infer: map[string]func(context.Context, []*hamsv1.Tensor) ([]*hamsv1.Tensor, error){"fashion": infer}})
+	return e, rs, rcc
 }
