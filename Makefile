@@ -135,5 +135,12 @@ chaos-nats:
 	HAMS_CHAOS_NATS=1 $(GO) test ./internal/natsd -run 'TestClusterNodeKills|TestDiskFullRecovers' -count=1 -v -timeout 5m
 	HAMS_CHAOS_NATS=1 $(GO) test ./integration -run 'TestNATSClusterNodeKills' -count=1 -v -timeout 10m
 
+# The soak: 30 minutes of every fault kind under load (SIGKILL of every
+# process kind and of NATS, freezes, partitions; root for partitions),
+# then the global consistency check: zero lost, zero conflicting replies.
+SOAK ?= 30m
+soak: build
+	$(BIN)/hams chaos --service ap --duration $(SOAK) --seed 18 --kinds primary,backup,stateless,frontend,manager,nats,freeze,partition --json soak.json
+
 clean:
 	rm -rf $(BIN)

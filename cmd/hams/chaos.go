@@ -20,6 +20,7 @@ import (
 	"github.com/hams-go/hams/integration/consistency"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/netfault"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -122,6 +123,11 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 // coordination engine, restarted in place) can be asked for too.
 var chaosKinds = []string{"primary", "backup", "stateless", "frontend", "manager"}
 
+// chaosFaultKinds are the --kinds that are not process kinds but faults
+// applied to one: freeze (SIGSTOP, then SIGCONT) and partition (the
+// process cut off the network, then healed), each for a drawn time.
+var chaosFaultKinds = []string{"freeze", "partition"}
+
 func runChaos(args []string) error {
 	fs := newFlagSet("chaos")
 	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+") or all; with --config, a service of that file or all of them (the default with --config)")
@@ -137,7 +143,7 @@ func runChaos(args []string) error {
 	settle := fs.Duration("settle", time.Second, "quiet time after a recovery before the next kill (the kill comes at a random time in [settle, 2*settle])")
 	maxRecovery := fs.Duration("max-recovery", 20*time.Second, "give up waiting for a kill's recovery after this long (no more kills then)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
-	kinds := fs.String("kinds", strings.Join(chaosKinds, ","), "kinds of kill targets to draw from ("+strings.Join(chaosKinds, ", ")+"; manager: the active one)")
+	kinds := fs.String("kinds", strings.Join(chaosKinds, ","), "kinds to draw from: process kinds SIGKILLed ("+strings.Join(chaosKinds, ", ")+"; manager: the active one; nats: the coordination engine), and faults applied to one of the listed process kinds (all, when none is listed) for half to three suspicion timeouts: freeze (SIGSTOP, SIGCONT), partition (cut off the network, then healed; root)")
 	var cf controlFlags
 	cf.register(fs)
 	var tf taskFlags
@@ -197,18 +203,45 @@ func runChaos(args []string) error {
 	opt := cf.options(*mode)
 	nFrontends, nManagers := opt.counts(*mode)
 	cands := chaosTargets(dep, dep.Mode != "bare", nFrontends)
-	var pool []string
+	// pool: the kinds drawn from; a target kind is SIGKILLed, a fault
+	// kind (freeze, partition) hits a target of one of the pool's
+	// process kinds (not nats) for a drawn time.
+	var pool, targetKinds []string
 	for _, k := range splitList(*kinds) {
-		if !slices.Contains(chaosKinds, k) && k != "nats" {
-			return usageErr("chaos: --kinds: unknown kind %q (%s)", k, strings.Join(chaosKinds, ", "))
+		if !slices.Contains(chaosKinds, k) && k != "nats" && !slices.Contains(chaosFaultKinds, k) {
+			return usageErr("chaos: --kinds: unknown kind %q (%s, nats, %s)", k, strings.Join(chaosKinds, ", "), strings.Join(chaosFaultKinds, ", "))
+		}
+		if slices.Contains(chaosFaultKinds, k) {
+			pool = append(pool, k)
+			continue
 		}
 		if len(cands[k]) > 0 {
 			pool = append(pool, k)
+			if k != "nats" {
+				targetKinds = append(targetKinds, k)
+			}
 		}
 	}
-	if len(pool) == 0 {
+	for _, k := range pool {
+		if slices.Contains(chaosFaultKinds, k) && len(targetKinds) == 0 {
+			// Faults without a target kind hit any process kind.
+			for _, tk := range chaosKinds {
+				if len(cands[tk]) > 0 {
+					targetKinds = append(targetKinds, tk)
+				}
+			}
+			break
+		}
+	}
+	if len(pool) == 0 || len(targetKinds) == 0 && slices.ContainsFunc(pool, func(k string) bool { return slices.Contains(chaosFaultKinds, k) }) {
 		return usageErr("chaos: no kill targets of kinds %s in service %s (mode %s)", *kinds, *service, *mode)
 	}
+	if slices.Contains(pool, "partition") {
+		if err := netfault.Supported(); err != nil {
+			return usageErr("chaos: --kinds partition: %v", err)
+		}
+	}
+	faultBase := suspicionFor(*suspicion)
 
 	ctx, stop := signalContext()
 	defer stop()
@@ -262,6 +295,15 @@ func runChaos(args []string) error {
 				return
 			}
 			kind := pool[rng.IntN(len(pool))]
+			fault, faultDur := faultKill, time.Duration(0)
+			if slices.Contains(chaosFaultKinds, kind) {
+				fault = map[string]faultKind{"freeze": faultFreeze, "partition": faultPartition}[kind]
+				// Half to three times the suspicion timeout: some faults
+				// end before the manager suspects anything, others are
+				// falsely suspected and the process comes back deposed.
+				faultDur = faultBase/2 + time.Duration(rng.Int64N(int64(faultBase)*5/2+1))
+				kind = targetKinds[rng.IntN(len(targetKinds))]
+			}
 			tg := cands[kind][rng.IntN(len(cands[kind]))]
 			kr := &killReport{Target: tg.role, Kind: tg.kind, RecoveryMs: -1, RestartMs: -1, RestoredMs: -1, services: services}
 			if tg.model != "" {
@@ -272,7 +314,7 @@ func runChaos(args []string) error {
 			}
 			recovered := kt.add(kr)
 			wctx, cancel := context.WithTimeout(runCtx, *maxRecovery)
-			waits := d.killNow(wctx, kt, kr, tg.role, tg.model, loadStart)
+			waits := d.faultNow(wctx, kt, kr, tg.role, tg.model, loadStart, fault, faultDur)
 			kt.mu.Lock()
 			fmt.Fprintf(os.Stderr, "hams chaos: %7.0f ms  kill %s (%s, %s%s)%s\n", kr.AtMs, kr.Target, kr.Process, kr.Kind, map[bool]string{true: ", " + kr.Note}[kr.Note != ""],
 				map[bool]string{true: ": " + kr.Error}[kr.Error != ""])

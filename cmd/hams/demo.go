@@ -30,6 +30,9 @@ type killSpec struct {
 	// Freeze: SIGSTOP for this long instead of SIGKILL (kills.go,
 	// freeze:ROLE:MODEL@AFTER+DURATION).
 	Freeze time.Duration
+	// Partition: cut off the network for Freeze instead of SIGSTOP
+	// (partition:ROLE:MODEL@AFTER+DURATION).
+	Partition bool
 }
 
 func (k killSpec) target() string {
@@ -37,7 +40,10 @@ func (k killSpec) target() string {
 	if k.Model != "" {
 		t += ":" + k.Model
 	}
-	if k.Freeze > 0 {
+	switch {
+	case k.Partition:
+		t = partitionPrefix + t
+	case k.Freeze > 0:
 		t = freezePrefix + t
 	}
 	return t
@@ -46,6 +52,14 @@ func (k killSpec) target() string {
 func parseKill(s string) (killSpec, error) {
 	if strings.HasPrefix(s, freezePrefix) {
 		return parseFreeze(s)
+	}
+	if rest, ok := strings.CutPrefix(s, partitionPrefix); ok {
+		k, err := parseFreeze(freezePrefix + rest)
+		if err != nil {
+			return killSpec{}, fmt.Errorf("%s (partition: as freeze)", err)
+		}
+		k.Partition = true
+		return k, nil
 	}
 	target, after, ok := strings.Cut(s, "@")
 	if !ok {
@@ -208,7 +222,7 @@ func runDemo(args []string) error {
 	service := fs.String("service", "ap", "example service ("+strings.Join(examples.Names(), ", ")+"), all, or parm (a ParM-protected Fashion-MNIST classifier pool with a straggling replica)")
 	duration := fs.Duration("duration", 10*time.Second, "how long to drive load")
 	var kills killList
-	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s; freeze:ROLE:MODEL@AFTER+DURATION: SIGSTOP it for DURATION instead (a false suspicion when longer than the suspicion timeout), e.g. freeze:sidecar:ap-motion@5s+3s")
+	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s; freeze:ROLE:MODEL@AFTER+DURATION: SIGSTOP it for DURATION instead (a false suspicion when longer than the suspicion timeout), e.g. freeze:sidecar:ap-motion@5s+3s; partition:ROLE:MODEL@AFTER+DURATION: cut it off the network for DURATION (root)")
 	jsonPath := fs.String("json", "", "write the JSON report to this file")
 	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay")
 	ckptEvery := fs.Int("checkpoint-every", 0, "replay mode: checkpoint interval in batches (0: the deployment's replay.checkpoint_every)")
@@ -417,7 +431,10 @@ func runDemo(args []string) error {
 			kr := kreports[i]
 			var waits chan struct{}
 			verb := "killed"
-			if k.Freeze > 0 {
+			if k.Partition {
+				waits = d.partitionNow(runCtx, kt, kr, k.Role, k.Model, loadStart, k.Freeze)
+				verb = "partitioned (cut off the network for " + k.Freeze.String() + ")"
+			} else if k.Freeze > 0 {
 				waits = d.freezeNow(runCtx, kt, kr, k.Role, k.Model, loadStart, k.Freeze)
 				verb = "froze (SIGSTOP for " + k.Freeze.String() + ")"
 			} else {

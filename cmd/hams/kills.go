@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,7 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hams-go/hams/internal/launch"
 	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/netfault"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -59,6 +63,11 @@ type killReport struct {
 	// as active when the control plane was whole again (a standby that
 	// took the lease over, or the killed one restarted).
 	NewActive string `json:"new_active,omitempty"`
+	// Fault is how the target failed: kill (SIGKILL, the default),
+	// freeze (SIGSTOP for DurationMs, then SIGCONT) or partition (cut off
+	// the network for DurationMs, then healed).
+	Fault      string  `json:"fault,omitempty"`
+	DurationMs float64 `json:"duration_ms,omitempty"`
 
 	killAt   time.Time
 	model    string
@@ -155,8 +164,61 @@ func (d *deployment) freezeNow(ctx context.Context, kt *killTracker, kr *killRep
 	return d.signalNow(ctx, kt, kr, role, model, loadStart, freeze)
 }
 
+// partitionNow cuts the target process off the network (every packet it
+// sends, every packet for its ports: internal/netfault) for dur, then
+// heals it; recovery is tracked as for a kill.
+func (d *deployment) partitionNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, dur time.Duration) (waits chan struct{}) {
+	return d.faultNow(ctx, kt, kr, role, model, loadStart, faultPartition, dur)
+}
+
+// faultKind is how a chaos target fails.
+type faultKind uint8
+
+const (
+	faultKill faultKind = iota
+	faultFreeze
+	faultPartition
+)
+
+func (f faultKind) String() string {
+	return [...]string{"kill", "freeze", "partition"}[f]
+}
+
 // signalNow is killNow (freeze 0: SIGKILL) and freezeNow.
 func (d *deployment) signalNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
+	if freeze > 0 {
+		return d.faultNow(ctx, kt, kr, role, model, loadStart, faultFreeze, freeze)
+	}
+	return d.faultNow(ctx, kt, kr, role, model, loadStart, faultKill, 0)
+}
+
+// readyPorts are the TCP ports a child's ready line names (its listeners).
+func readyPorts(r launch.Ready) []int {
+	var out []int
+	for _, k := range []string{"grpc", "internal", "http", "metrics", "nats"} {
+		a := r.String(k)
+		if a == "" {
+			continue
+		}
+		if u, err := url.Parse(a); err == nil && u.Host != "" {
+			a = u.Host
+		}
+		if _, p, err := net.SplitHostPort(a); err == nil {
+			if n, err := strconv.Atoi(p); err == nil && n > 0 {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// faultNow applies fault to the target (for dur, but a kill) and tracks
+// its recovery.
+func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, fault faultKind, dur time.Duration) (waits chan struct{}) {
+	freeze := time.Duration(0)
+	if fault == faultFreeze {
+		freeze = dur
+	}
 	waits = make(chan struct{})
 	rt, err := d.resolveTarget(ctx, role, model)
 	if err != nil {
@@ -168,15 +230,32 @@ func (d *deployment) signalNow(ctx context.Context, kt *killTracker, kr *killRep
 	}
 	before, _ := d.sup.Ready(rt.Child)
 	at := time.Now()
-	sig := syscall.SIGKILL
-	if freeze > 0 {
-		sig = syscall.SIGSTOP
+	var kerr error
+	var iso *netfault.Isolation
+	switch fault {
+	case faultPartition:
+		pid, ok := d.sup.Pid(rt.Child)
+		if !ok {
+			kerr = fmt.Errorf("partition %s: no such process", rt.Child)
+		} else {
+			iso, kerr = netfault.Isolate(pid, readyPorts(before)...)
+		}
+	case faultFreeze:
+		_, kerr = d.sup.Kill(rt.Child, syscall.SIGSTOP)
+	default:
+		_, kerr = d.sup.Kill(rt.Child, syscall.SIGKILL)
 	}
-	_, kerr := d.sup.Kill(rt.Child, sig)
 	kt.mu.Lock()
 	kr.Kind, kr.Process, kr.Note = rt.Kind, rt.Child, rt.Note
+	kr.Fault = fault.String()
+	if fault != faultKill {
+		kr.DurationMs = float64(dur) / float64(time.Millisecond)
+	}
 	if freeze > 0 {
-		kr.Note = strings.TrimPrefix(kr.Note+", frozen "+freeze.String(), ", ")
+		kr.Note = strings.TrimPrefix(kr.Note+", frozen "+freeze.Round(time.Millisecond).String(), ", ")
+	}
+	if iso != nil {
+		kr.Note = strings.TrimPrefix(kr.Note+", partitioned "+dur.Round(time.Millisecond).String(), ", ")
 	}
 	kr.killAt, kr.AtMs = at, msSince(loadStart, at)
 	kr.model = model
@@ -194,10 +273,27 @@ func (d *deployment) signalNow(ctx context.Context, kt *killTracker, kr *killRep
 		close(waits)
 		return waits
 	}
-	inPlace := (rt.Inst == nil || !d.protected()) && freeze == 0
+	inPlace := (rt.Inst == nil || !d.protected()) && fault == faultKill
 	go func() {
 		defer close(waits)
 		var wg sync.WaitGroup
+		if iso != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Heal after dur (also when the run ends first: the
+				// rules must not outlive the run).
+				t := time.NewTimer(dur)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+				}
+				if err := iso.Heal(); err != nil {
+					d.log.Warn("heal partitioned child", "child", rt.Child, "err", err)
+				}
+			}()
+		}
 		if freeze > 0 {
 			wg.Add(1)
 			go func() {
@@ -317,6 +413,10 @@ func killRoleList() string {
 // freeze:ROLE[:MODEL]@AFTER+DURATION (SIGSTOP at AFTER, SIGCONT DURATION
 // later), e.g. freeze:sidecar:ap-motion@5s+3s.
 const freezePrefix = "freeze:"
+
+// partitionPrefix marks a --kill spec that cuts the process off the
+// network instead: partition:ROLE[:MODEL]@AFTER+DURATION (root).
+const partitionPrefix = "partition:"
 
 // parseFreeze parses a freeze:ROLE[:MODEL]@AFTER+DURATION spec (s with
 // its prefix); ROLE[:MODEL]@AFTER is parsed as a kill's.
