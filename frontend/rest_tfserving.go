@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -897,6 +898,10 @@ func (f *Frontend) tfRESTMetadata(r *http.Request, spec *tfapis.ModelSpec) ([]by
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "Failed to convert signature def proto to json. Error: %v", err)
 	}
-	out := fmt.Appendf(nil, "{\n\"model_spec\": %s,\n\"metadata\": {\"signature_def\": %s}\n}\n", ms, sd)
-	return out, nil
+	var out bytes.Buffer
+	if err := json.Indent(&out, fmt.Appendf(nil, `{"model_spec": %s, "metadata": {"signature_def": %s}}`, ms, sd), "", " "); err != nil {
+		return nil, status.Errorf(codes.Internal, "Failed to convert proto to json. Error: %v", err)
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), nil
 }
