@@ -673,3 +673,37 @@ func refserverEnv(t *testing.T) (*env, *refserver.Server, *grpc.ClientConn) {
 	e := newEnvWith(t, envOpts{yaml: retrofitYAML, infer: map[string]func(context.Context, []*hamsv1.Tensor) ([]*hamsv1.Tensor, error){"fashion": infer}})
 	return e, rs, rcc
 }
+
+// TestRESTPassThrough: a pass-through model's REST calls go to its
+// backend as the gRPC calls they decode to (model name rewritten, REST
+// parameters left out), and its answers come back in REST form.
+func TestRESTPassThrough(t *testing.T) {
+	e, bt := passEnv(t)
+	r := e.rest("GET", "/v1/models/tfm", nil, nil)
+	sameJSON(t, "status", r.body, json.RawMessage(`{"model_version_status":[{"version":"1","state":"AVAILABLE","status":{"error_code":"OK","error_message":""}}]}`))
+	if c, ok := bt.Last("GetModelStatus"); !ok || c.Req.(*tfapis.GetModelStatusRequest).GetModelSpec().GetName() != "tf_model" {
+		t.Fatalf("GetModelStatus reached the backend as %+v", c)
+	}
+	r = e.rest("GET", "/v1/models/tfm/metadata", nil, nil)
+	if r.code != http.StatusOK || !bytes.Contains(r.body, []byte(`"name": "tfm"`)) || !bytes.Contains(r.body, []byte("tensorflow/serving/predict")) {
+		t.Fatalf("metadata: %d %s", r.code, r.body)
+	}
+	// The backend's signature lists no inputs: nothing to type the JSON by.
+	r = e.rest("POST", "/v1/models/tfm:predict", nil, []byte(`{"instances": [1.0]}`))
+	if r.code != http.StatusBadRequest || !bytes.Contains(r.body, []byte("Failed to get input map for signature: DEFAULT")) {
+		t.Fatalf("predict: %d %s", r.code, r.body)
+	}
+	r = e.rest("POST", "/v2/models/ksm/infer", nil, []byte(`{"id":"7","inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1.5,2]}],"outputs":[{"name":"y","parameters":{"binary_data":false}}]}`))
+	if r.code != http.StatusOK {
+		t.Fatalf("infer: %d %s", r.code, r.body)
+	}
+	sameJSON(t, "infer", r.body, json.RawMessage(`{"model_name":"ksm","model_version":"1","id":"7","outputs":[{"name":"y","datatype":"FP32","shape":[1,2],"data":[1.5,2]}]}`))
+	c, ok := bt.Last("ModelInfer")
+	req, _ := c.Req.(*inference.ModelInferRequest)
+	if !ok || req.GetModelName() != "ks_model" || req.GetModelVersion() != "3" || len(req.GetOutputs()) != 1 || req.GetOutputs()[0].GetParameters() != nil {
+		t.Fatalf("ModelInfer reached the backend as %+v", c)
+	}
+	if r := e.rest("GET", "/v2/models/ksm/ready", nil, nil); r.code != http.StatusOK {
+		t.Fatalf("ready: %d %s", r.code, r.body)
+	}
+}
