@@ -49,6 +49,8 @@ type chaosJSON struct {
 		Process    string  `json:"process"`
 		Note       string  `json:"note"`
 		NewActive  string  `json:"new_active"`
+		Fault      string  `json:"fault"`
+		DurationMs float64 `json:"duration_ms"`
 	} `json:"kills"`
 	Requests        *int `json:"requests"`
 	Replies         *int `json:"replies"`

@@ -328,8 +328,14 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 		go func() {
 			defer wg.Done()
 			// Let the manager notice the death first: until then the
-			// topology still lists the dead instance as alive.
-			if !sleepCtx(ctx, 50*time.Millisecond) {
+			// topology still lists the dead instance as alive. A freeze
+			// or a partition is judged once it has ended: the process
+			// then serves again, or was replaced.
+			wait := 50 * time.Millisecond
+			if fault != faultKill {
+				wait = time.Until(at.Add(dur)) + 50*time.Millisecond
+			}
+			if !sleepCtx(ctx, wait) {
 				return
 			}
 			for {
@@ -339,7 +345,7 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 					restarted = ok && r.Generation > before.Generation
 				}
 				if t, err := d.topology(ctx); err == nil && restarted && len(d.missing(t)) == 0 && d.controlRestored(ctx, t, rt.Kind) {
-					if rt.Inst == nil || !aliveID(t, rt.Inst.ID) || !d.protected() {
+					if fault != faultKill || rt.Inst == nil || !aliveID(t, rt.Inst.ID) || !d.protected() {
 						now := time.Now()
 						newActive := ""
 						if rt.Kind == "manager" {
