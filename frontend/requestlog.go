@@ -571,7 +571,7 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 // joinLogged makes call c (not logged: its key was taken) an attempt of
 // the logged request existing: c takes existing's req_id, or joins the
 // call this frontend has for it, and its answer is looked up in case it is
-// recorded already.
+// recorded already; a leader injects it when it is not.
 func (f *Frontend) joinLogged(ctx context.Context, c *call, existing *coord.LoggedRequest) (*hamsv1.PredictResponse, error) {
 	f.mu.Lock()
 	delete(f.calls, c.reqID)
@@ -590,8 +590,17 @@ func (f *Frontend) joinLogged(ctx context.Context, c *call, existing *coord.Logg
 	}
 	f.mu.Unlock()
 	f.log.Debug("request joins an attempt logged before", "req_id", existing.ReqID, "logged_by", existing.Frontend)
-	if rec, err := f.cfg.Log.LookupReply(ctx, existing.ReqID); err == nil {
+	rec, err := f.cfg.Log.LookupReply(ctx, existing.ReqID)
+	switch {
+	case err == nil:
 		f.onReplyRecord(rec, nil)
+	case errors.Is(err, coord.ErrNoRecord):
+		// Unanswered: a leader injects it now (adopt does nothing while
+		// following, or when it is injected already). A client retrying
+		// the request of a dead leader on a frontend restarted in its
+		// place would otherwise wait until the log consumer reached the
+		// record at the end of its backlog.
+		f.adopt(existing)
 	}
 	return f.wait(ctx, c)
 }
