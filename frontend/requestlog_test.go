@@ -785,3 +785,51 @@ func TestTakeoverInjectsMirroredRequestsWithoutRescan(t *testing.T) {
 		t.Fatalf("retry on the survivor: %v %v", retry, err)
 	}
 }
+
+// blindLog is a request log whose watch delivers nothing (a consumer
+// still deep in its backlog).
+type blindLog struct{ RequestLog }
+
+func (blindLog) WatchRequests(ctx context.Context, _ time.Time, _ func(*coord.LoggedRequest, bool)) error {
+	<-ctx.Done()
+	return nil
+}
+
+// TestJoinedAttemptInjectedByLeader: a client retries the request of a
+// dead leader on the new leader, whose log consumer has not reached the
+// record yet: the retry joins the logged attempt and the leader injects it
+// at once (its answer is not recorded), with the original req_id.
+func TestJoinedAttemptInjectedByLeader(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "fe-a" }})
+	fb := e.addFrontend(t, yaml, func(c *Config) { c.Log = blindLog{co}; c.Name = "fe-b" })
+	eventually(t, "leadership settled", func() bool { return e.fe.isLeader() && !fb.fe.isLeader() })
+	req := &hamsv1.PredictRequest{Service: "echo", RequestId: "j-1", StreamId: "hold:a", Inputs: echoInputs(1, 5)}
+	first := e.predictAsync(ctxT(t, 10*time.Second), req)
+	eventually(t, "request injected by the leader", func() bool { return len(e.fe.pendingIDs()) == 1 })
+	orig := e.fe.pendingIDs()[0]
+	e.stop()
+	if r := await(t, "dead leader's answer", first); status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("call on the stopped leader: %v", r.err)
+	}
+	e.res.set(config.Frontend, fb.addr)
+	eventually(t, "b leads", fb.fe.isLeader)
+	if n := len(fb.fe.pendingIDs()); n != 0 {
+		t.Fatalf("b injected %d requests without a log consumer", n)
+	}
+	retry := make(chan result, 1)
+	go func() {
+		resp, err := fb.client.Predict(ctxT(t, 10*time.Second), req)
+		retry <- result{resp, err}
+	}()
+	eventually(t, "b injected the joined attempt", func() bool {
+		ids := fb.fe.pendingIDs()
+		return len(ids) == 1 && ids[0] == orig
+	})
+	close(e.models["a"].gate)
+	r := await(t, "retry on b", retry)
+	if r.err != nil || r.resp.GetReqId() != orig {
+		t.Fatalf("retry on the new leader: %v %v, want req_id %d", r.resp, r.err, orig)
+	}
+}
