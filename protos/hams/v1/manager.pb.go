@@ -145,6 +145,9 @@ type RegisterRequest struct {
 	// Address of the backend the sidecar drives.
 	BackendAddress string `protobuf:"bytes,6,opt,name=backend_address,json=backendAddress,proto3" json:"backend_address,omitempty"`
 	Pid            int32  `protobuf:"varint,7,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Prometheus /metrics listen address (host:port) of the component's
+	// process, empty when it serves none (the manager's dashboard scrapes it).
+	MetricsAddress string `protobuf:"bytes,8,opt,name=metrics_address,json=metricsAddress,proto3" json:"metrics_address,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -226,6 +229,13 @@ func (x *RegisterRequest) GetPid() int32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *RegisterRequest) GetMetricsAddress() string {
+	if x != nil {
+		return x.MetricsAddress
+	}
+	return ""
 }
 
 type RegisterResponse struct {
@@ -733,7 +743,7 @@ var File_hams_v1_manager_proto protoreflect.FileDescriptor
 
 const file_hams_v1_manager_proto_rawDesc = "" +
 	"\n" +
-	"\x15hams/v1/manager.proto\x12\ahams.v1\"\xdb\x01\n" +
+	"\x15hams/v1/manager.proto\x12\ahams.v1\"\x84\x02\n" +
 	"\x0fRegisterRequest\x12*\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x16.hams.v1.ComponentKindR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -741,7 +751,8 @@ const file_hams_v1_manager_proto_rawDesc = "" +
 	"\x04role\x18\x04 \x01(\x0e2\r.hams.v1.RoleR\x04role\x12\x18\n" +
 	"\aaddress\x18\x05 \x01(\tR\aaddress\x12'\n" +
 	"\x0fbackend_address\x18\x06 \x01(\tR\x0ebackendAddress\x12\x10\n" +
-	"\x03pid\x18\a \x01(\x05R\x03pid\"u\n" +
+	"\x03pid\x18\a \x01(\x05R\x03pid\x12'\n" +
+	"\x0fmetrics_address\x18\b \x01(\tR\x0emetricsAddress\"u\n" +
 	"\x10RegisterResponse\x12-\n" +
 	"\btopology\x18\x01 \x01(\v2\x11.hams.v1.TopologyR\btopology\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\rR\x13heartbeatIntervalMs\"\x89\x01\n" +
