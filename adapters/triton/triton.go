@@ -195,7 +195,8 @@ func declares(md *inference.ModelMetadataResponse, input string) bool {
 // request builds a ModelInferRequest of the batch: tensors as raw
 // contents; stream ids as the BYTES input hams_stream_ids (one per row)
 // when the model declares it, else as the sequence_id parameter when the
-// batch holds one stream.
+// batch holds one stream, else not at all: a model that declares no
+// hams_stream_ids never needs them.
 func (b *Backend) request(ctx context.Context, req *hamsv1.BatchRequest) (*inference.ModelInferRequest, error) {
 	md, err := b.metadata(ctx)
 	if err != nil {
@@ -264,7 +265,13 @@ func (b *Backend) request(ctx context.Context, req *hamsv1.BatchRequest) (*infer
 	}
 	for _, id := range ids {
 		if id != ids[0] {
-			return nil, status.Errorf(codes.FailedPrecondition, "triton %s: a batch of several streams, and the model declares no %q input (batch size 1 per stream, or one sequence per request)", b.cfg.Model, wire.StreamIDsInput)
+			// A model without a hams_stream_ids input keeps no per-stream
+			// state the adapter could route to (a stateless model, or
+			// explicit state that is one whole tensor): the rows of several
+			// streams are one batch, with no stream identity. Every request
+			// has a stream id (the frontend defaults it to the request's),
+			// so failing here failed every batch of a concurrent load.
+			return r, nil
 		}
 	}
 	r.Parameters = map[string]*inference.InferParameter{wire.ParamSequenceID: wire.StrParam(ids[0])}

@@ -265,9 +265,18 @@ func TestStatelessRawAndTyped(t *testing.T) {
 	wantCode(t, "ghost describe", err, codes.NotFound, "ghost")
 	_, err = ghost.Infer(ctx, req)
 	wantCode(t, "ghost infer", err, codes.NotFound, "ghost")
-	// one request cannot carry several streams to a model without hams_stream_ids
-	_, err = b.Infer(ctx, &hamsv1.BatchRequest{Inputs: []*hamsv1.Tensor{in}, Rows: []uint32{1, 2}, StreamIds: []string{"a", "b"}})
-	wantCode(t, "mixed streams", err, codes.FailedPrecondition, wire.StreamIDsInput)
+	// a batch of several streams to a model without hams_stream_ids is one
+	// batch with no stream identity: a stateless model never needs ids
+	var sent *inference.ModelInferRequest
+	p.before = func(_ context.Context, r *inference.ModelInferRequest) error { sent = r; return nil }
+	mixed, err := b.Infer(ctx, &hamsv1.BatchRequest{Inputs: []*hamsv1.Tensor{in}, Rows: []uint32{1, 2}, StreamIds: []string{"a", "b"}})
+	p.before = nil
+	if err != nil || !bytes.Equal(mixed.Outputs[0].Data, raw.Outputs[0].Data) {
+		t.Fatalf("mixed streams: %v %v", mixed, err)
+	}
+	if sent == nil || sent.GetParameters()[wire.ParamSequenceID] != nil || len(sent.GetInputs()) != 1 {
+		t.Fatalf("mixed streams sent %v", sent)
+	}
 	_, err = b.Infer(ctx, &hamsv1.BatchRequest{Inputs: []*hamsv1.Tensor{in}, Rows: []uint32{1, 2}, StreamIds: []string{"a"}})
 	wantCode(t, "stream id count", err, codes.InvalidArgument, "stream ids")
 	if _, err := b.Infer(ctx, &hamsv1.BatchRequest{Inputs: []*hamsv1.Tensor{in}, Rows: []uint32{1, 2}, StreamIds: []string{"a", "a"}}); err != nil {
