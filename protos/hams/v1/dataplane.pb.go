@@ -59,8 +59,13 @@ type Item struct {
 	// value an expired one. The only deadline that travels between
 	// processes (hosts' clocks may be skewed; see docs/coordination.md).
 	DeadlineRemainingNano int64 `protobuf:"varint,12,opt,name=deadline_remaining_nano,json=deadlineRemainingNano,proto3" json:"deadline_remaining_nano,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// W3C trace context of the request (keys "traceparent" and, when set,
+	// "tracestate"; docs/tracing.md): the span this item was sent from.
+	// Per item, since a Forward stream batches items of many requests.
+	// Empty when tracing is off or the request is not sampled.
+	TraceContext  map[string]string `protobuf:"bytes,13,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Item) Reset() {
@@ -175,6 +180,13 @@ func (x *Item) GetDeadlineRemainingNano() int64 {
 		return x.DeadlineRemainingNano
 	}
 	return 0
+}
+
+func (x *Item) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
 }
 
 type ForwardBatch struct {
@@ -330,7 +342,7 @@ var File_hams_v1_dataplane_proto protoreflect.FileDescriptor
 
 const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"\n" +
-	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xa7\x03\n" +
+	"\x17hams/v1/dataplane.proto\x12\ahams.v1\x1a\x14hams/v1/tensor.proto\"\xae\x04\n" +
 	"\x04Item\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\x04R\x05reqId\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x1b\n" +
@@ -346,7 +358,11 @@ const file_hams_v1_dataplane_proto_rawDesc = "" +
 	"error_code\x18\n" +
 	" \x01(\x05R\terrorCode\x12 \n" +
 	"\vapproximate\x18\v \x01(\bR\vapproximate\x126\n" +
-	"\x17deadline_remaining_nano\x18\f \x01(\x03R\x15deadlineRemainingNano\"\xa5\x01\n" +
+	"\x17deadline_remaining_nano\x18\f \x01(\x03R\x15deadlineRemainingNano\x12D\n" +
+	"\rtrace_context\x18\r \x03(\v2\x1f.hams.v1.Item.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x01\n" +
 	"\fForwardBatch\x12\x1d\n" +
 	"\n" +
 	"from_model\x18\x01 \x01(\tR\tfromModel\x12\x19\n" +
@@ -375,25 +391,27 @@ func file_hams_v1_dataplane_proto_rawDescGZIP() []byte {
 	return file_hams_v1_dataplane_proto_rawDescData
 }
 
-var file_hams_v1_dataplane_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_hams_v1_dataplane_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_hams_v1_dataplane_proto_goTypes = []any{
 	(*Item)(nil),         // 0: hams.v1.Item
 	(*ForwardBatch)(nil), // 1: hams.v1.ForwardBatch
 	(*ForwardAck)(nil),   // 2: hams.v1.ForwardAck
-	(*Tensor)(nil),       // 3: hams.v1.Tensor
-	(*LineageEntry)(nil), // 4: hams.v1.LineageEntry
+	nil,                  // 3: hams.v1.Item.TraceContextEntry
+	(*Tensor)(nil),       // 4: hams.v1.Tensor
+	(*LineageEntry)(nil), // 5: hams.v1.LineageEntry
 }
 var file_hams_v1_dataplane_proto_depIdxs = []int32{
-	3, // 0: hams.v1.Item.tensors:type_name -> hams.v1.Tensor
-	4, // 1: hams.v1.Item.lineage:type_name -> hams.v1.LineageEntry
-	0, // 2: hams.v1.ForwardBatch.items:type_name -> hams.v1.Item
-	1, // 3: hams.v1.Dataplane.Forward:input_type -> hams.v1.ForwardBatch
-	2, // 4: hams.v1.Dataplane.Forward:output_type -> hams.v1.ForwardAck
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 0: hams.v1.Item.tensors:type_name -> hams.v1.Tensor
+	5, // 1: hams.v1.Item.lineage:type_name -> hams.v1.LineageEntry
+	3, // 2: hams.v1.Item.trace_context:type_name -> hams.v1.Item.TraceContextEntry
+	0, // 3: hams.v1.ForwardBatch.items:type_name -> hams.v1.Item
+	1, // 4: hams.v1.Dataplane.Forward:input_type -> hams.v1.ForwardBatch
+	2, // 5: hams.v1.Dataplane.Forward:output_type -> hams.v1.ForwardAck
+	5, // [5:6] is the sub-list for method output_type
+	4, // [4:5] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_hams_v1_dataplane_proto_init() }
@@ -408,7 +426,7 @@ func file_hams_v1_dataplane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hams_v1_dataplane_proto_rawDesc), len(file_hams_v1_dataplane_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
