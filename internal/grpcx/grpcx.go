@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+
+	"github.com/hams-go/hams/internal/tracing"
 )
 
 // DefaultMaxMessageBytes is the message limit used when a component is given
@@ -89,7 +91,7 @@ func ServerOptions(log *slog.Logger, metrics *grpcprom.ServerMetrics, maxMsg int
 	dc := newDecodeCodec()
 	unary = append(unary, dc.unary)
 	stream = append(stream, dc.stream)
-	return []grpc.ServerOption{
+	return append(tracing.ServerOptions(), // otelgrpc when tracing is on (docs/tracing.md)
 		grpc.ForceServerCodecV2(dc),
 		grpc.MaxRecvMsgSize(maxMsg),
 		grpc.MaxSendMsgSize(maxMsg),
@@ -98,7 +100,7 @@ func ServerOptions(log *slog.Logger, metrics *grpcprom.ServerMetrics, maxMsg int
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(ConnWindow),
-	}
+	)
 }
 
 // NewServerMetrics creates gRPC server metrics registered on reg (with
@@ -135,7 +137,8 @@ func DialOptions(maxMsg int) []grpc.DialOption {
 
 // Dial creates a client connection (no I/O until first use).
 func Dial(addr string, maxMsg int, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-	cc, err := grpc.NewClient(addr, append(DialOptions(maxMsg), extra...)...)
+	opts := append(DialOptions(maxMsg), tracing.DialOptions()...) // otelgrpc when tracing is on
+	cc, err := grpc.NewClient(addr, append(opts, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
