@@ -846,7 +846,7 @@ func (s *Sidecar) fanOutTo(it *hamsv1.Item, sent []*hamsv1.Item) {
 			c = &hamsv1.Item{
 				ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
 				Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Error: it.Error, ErrorCode: it.ErrorCode,
-				Approximate: it.Approximate,
+				Approximate: it.Approximate, TraceContext: it.TraceContext,
 			}
 		}
 		if sent != nil {

@@ -649,7 +649,7 @@ func cloneItem(it *hamsv1.Item) *hamsv1.Item {
 	return &hamsv1.Item{
 		ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors, Lineage: it.Lineage,
 		EdgeSeq: it.EdgeSeq, DeadlineUnixNano: it.DeadlineUnixNano, FromModel: it.FromModel, Error: it.Error, ErrorCode: it.ErrorCode,
-		Approximate: it.Approximate, DeadlineRemainingNano: it.DeadlineRemainingNano,
+		Approximate: it.Approximate, DeadlineRemainingNano: it.DeadlineRemainingNano, TraceContext: it.TraceContext,
 	}
 }
 
