@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -133,6 +134,7 @@ type sender interface {
 // Frontend serves the client APIs and collects replies from the sink edges.
 type Frontend struct {
 	cfg      Config
+	traced   traceReqs // trace contexts of requests being admitted (tracing.go)
 	log      *slog.Logger
 	maxBytes int
 	timeout  time.Duration
@@ -252,6 +254,8 @@ type call struct {
 	// audited: the reply's audit record is written already (recorded
 	// answers are audited before they are released, requestlog.go).
 	audited bool
+	// gate: the frontend.gate span while the reply waits (tracing.go).
+	gate trace.Span
 }
 
 // New validates cfg and builds the frontend (no I/O).
@@ -399,7 +403,7 @@ func New(cfg Config) (*Frontend, error) {
 				f.closePass()
 				return nil, fmt.Errorf("frontend: edge to entry model %q: %w", e, err)
 			}
-			f.senders[e] = snd
+			f.senders[e] = f.traceSender(snd) // snd itself when tracing is off
 		}
 	}
 	m, err := newMetrics(cfg.Registry, f.pendingCount, f.cacheCount, f.heldCount)
@@ -697,6 +701,7 @@ func (f *Frontend) deliverLocked(from string, it *hamsv1.Item) {
 		res, comp := f.table.deliver(from, it)
 		switch res {
 		case completed:
+			f.traceGate(comp.reqID, it)
 			f.completeLocked(comp)
 		case partStored:
 			f.log.Debug("sink part arrived", "req_id", it.GetReqId(), "from", from)
@@ -776,6 +781,7 @@ func (f *Frontend) answerLocked(c *call, resp *hamsv1.PredictResponse, err error
 		return
 	default:
 	}
+	endGate(c, err)
 	c.resp, c.err = resp, err
 	close(c.done)
 	for _, l := range c.linked {
@@ -878,6 +884,8 @@ func (f *Frontend) predictAdmitted(ctx context.Context, req *hamsv1.PredictReque
 		return nil, status.Errorf(codes.NotFound, "unknown service %q", req.GetService())
 	}
 	svcLabel = svc.name
+	ctx, span, traceCtx := f.tracePredict(ctx, svc.name, req) // nil when tracing is off (tracing.go)
+	defer func() { f.endPredict(span, req, resp, err) }()
 	if err := svc.validateInputs(req.GetInputs(), f.maxDecoded); err != nil {
 		return nil, err
 	}
@@ -961,6 +969,7 @@ func (f *Frontend) predictAdmitted(ctx context.Context, req *hamsv1.PredictReque
 			StreamId:         streamID,
 			Tensors:          req.GetInputs(),
 			DeadlineUnixNano: deadline.UnixNano(),
+			TraceContext:     traceCtx,
 		}
 		c.items = append(c.items, it)
 		f.senders[e].Send(it)

@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/bigmem"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/internal/tracing"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/sidecar/nspb"
 )
@@ -58,6 +60,9 @@ type received struct {
 	// hash when installed (stateHash).
 	hash *stateHash
 	at   time.Time
+	// trace: the ShipSnapshot call that brought it (tracing.go; invalid
+	// when untraced).
+	trace trace.SpanContext
 }
 
 // backupState is a backup sidecar's state manager: it buffers snapshots
@@ -353,7 +358,7 @@ func (b *backupState) applier(ctx context.Context, alog *audit.Log) error {
 // in cur in batch order, its requests recorded (lineage index, kept
 // outputs, audit with the digest of the state after it), then the
 // writer is woken and the highest durable seq announced.
-func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *audit.Log) error {
+func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *audit.Log) (err error) {
 	s := b.s
 	var applies []*received
 	var last *nspb.Announce
@@ -379,6 +384,10 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	now := time.Now()
 	var maxSeq uint64
 	for _, r := range applies {
+		if sp := s.traceApply(r); sp != nil {
+			// Ends once the state is durable: applied and announced.
+			defer func() { tracing.EndErr(sp, err) }()
+		}
 		s.metrics.applyWait.Observe(now.Sub(r.at).Seconds())
 		h := r.header
 		start := time.Now()
@@ -930,6 +939,7 @@ func (b *backupState) shipSnapshot(stream hamsv1.Replication_ShipSnapshotServer)
 	if err != nil {
 		return err
 	}
+	r.trace = receivedTrace(stream.Context())
 	resp, err := b.accept(r)
 	if err != nil {
 		return err

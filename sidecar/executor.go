@@ -94,6 +94,8 @@ type request struct {
 	rows   uint32
 	// approximate: the backend answered with a reconstruction (ParM).
 	approximate bool
+	// trace: the outputs' trace context (tracing.go; nil when untraced).
+	trace map[string]string
 }
 
 // selectInputs picks the tensors the backend declares (all of them for
@@ -185,10 +187,16 @@ func (s *Sidecar) execute(ctx context.Context, batch []*Joined) error {
 // model is stateful (callOnce: the sidecar stops instead).
 func (s *Sidecar) run(ctx context.Context, reqs []request) error {
 	var outs [][]*hamsv1.Tensor
+	bt := s.traceBatch(reqs, 0) // nil when tracing is off
+	cctx := bt.callCtx(ctx)
 	err := s.backendCall()(ctx, "infer", func() (err error) {
-		outs, err = s.infer(ctx, reqs)
+		outs, err = s.infer(cctx, reqs)
 		return err
 	})
+	bt.callDone(err)
+	if err != nil {
+		bt.end(err)
+	}
 	if err != nil && ctx.Err() != nil {
 		// The role stage is stopping (shutdown, demotion, promotion):
 		// the requests are not failed; they come again by resend.
@@ -221,7 +229,9 @@ func (s *Sidecar) run(ctx context.Context, reqs []request) error {
 		}
 		return nil
 	}
+	bt.stamp(reqs)
 	s.finish(ctx, reqs, outs)
+	bt.end(nil)
 	return nil
 }
 
@@ -336,7 +346,7 @@ func (s *Sidecar) finish(ctx context.Context, reqs []request, outs [][]*hamsv1.T
 		s.fanOut(&hamsv1.Item{
 			ReqId: r.j.ReqID, Service: p0.GetService(), StreamId: p0.GetStreamId(),
 			Tensors: outs[i], Lineage: lineages[i], DeadlineUnixNano: r.j.Deadline,
-			Approximate: r.approximate || anyApproximate(r.j.Parts),
+			Approximate: r.approximate || anyApproximate(r.j.Parts), TraceContext: r.trace,
 		})
 	}
 }

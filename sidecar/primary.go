@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -66,6 +67,7 @@ type opDone struct {
 	attempt int
 	dur     time.Duration
 	err     error
+	tr      *batchTrace // evComputed: the batch's spans (tracing.go)
 }
 
 // computedBatch is a batch between its compute and the moment both its
@@ -81,6 +83,7 @@ type computedBatch struct {
 	// capture: the state the compute staged, and its version.
 	delta   []*hamsv1.StateRange
 	version uint64
+	tr      *batchTrace // nil: untraced (tracing.go)
 }
 
 // snapshot is <requests with lineage, state tensors, outputs> after one
@@ -103,6 +106,8 @@ type snapshot struct {
 	delta    []*hamsv1.StateRange
 	digest   string // on the wire: XXH64 of the state bytes (a delta's: of its data); set by the shipper
 	copiedAt time.Time
+	// links: the sidecar.batch spans of the traced requests it covers.
+	links []trace.Link
 }
 
 // isDelta reports whether sn carries ranges, not the full state.
@@ -300,8 +305,10 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 	s := p.s
 	// Read on the driver goroutine, which alone writes them.
 	stage, install := p.capture, p.pendingInstall
+	bt := s.traceBatch(reqs, id) // nil when tracing is off
 	p.spawn(ctx, func() opDone {
-		ev := opDone{kind: evComputed, batch: id, reqs: reqs}
+		ev := opDone{kind: evComputed, batch: id, reqs: reqs, tr: bt}
+		cctx := bt.callCtx(ctx)
 		req, err := s.batchRequest(reqs, id)
 		if err != nil {
 			ev.err = err
@@ -317,7 +324,7 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 		var resp *hamsv1.BatchResponse
 		err = s.retryBackend(ctx, "compute", func() (err error) {
 			start := time.Now()
-			resp, err = s.sbe.Compute(ctx, req)
+			resp, err = s.sbe.Compute(cctx, req)
 			ev.dur = time.Since(start)
 			s.metrics.backend.Observe(ev.dur.Seconds())
 			s.metrics.batches.Inc()
@@ -331,6 +338,10 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 			ev.resp = resp
 			ev.outs, err = splitOutputs(resp, len(reqs))
 		}
+		bt.callDone(err)
+		if err == nil {
+			bt.stamp(reqs)
+		}
 		ev.err = err
 		return ev
 	})
@@ -342,6 +353,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 	case evComputed:
 		p.busy = false
 		if ev.err != nil {
+			ev.tr.end(ev.err)
 			return p.computeFailed(ctx, ev)
 		}
 		if id := p.pipe.StartCompute(); id != ev.batch {
@@ -438,6 +450,7 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 		parts   [][]*hamsv1.Tensor
 		maxSeq  uint64
 		n       int
+		links   []trace.Link
 	)
 	for id := p.covered + 1; id <= last; id++ {
 		b := p.batches[id]
@@ -447,6 +460,7 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 		records = append(records, b.records...)
 		rows = append(rows, b.rows...)
 		parts = append(parts, b.outputs)
+		links = append(links, b.tr.links()...)
 		for _, r := range b.records {
 			maxSeq = max(maxSeq, r.GetSeq())
 		}
@@ -463,7 +477,7 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 			outputs, rows = nil, nil
 		}
 	}
-	return &snapshot{last: last, batches: n, seq: maxSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+	return &snapshot{last: last, batches: n, seq: maxSeq, state: state, copiedAt: time.Now(), links: links, header: &hamsv1.SnapshotHeader{
 		Model: s.cfg.Model, Epoch: s.epoch(), StateVersion: version,
 		Requests: records, StateTensors: specs, StateBytes: bytes, Outputs: outputs, OutputRows: rows,
 	}}
@@ -538,14 +552,15 @@ func (p *primary) record(ev opDone) *computedBatch {
 	s.logExecuted(parts, seqs)
 	b := &computedBatch{id: ev.batch, outputs: ev.resp.GetOutputs(), rows: ev.resp.GetRows(),
 		items: make([]*hamsv1.Item, len(ev.reqs)), records: make([]*hamsv1.RequestRecord, len(ev.reqs)),
-		delta: ev.resp.GetStateDelta(), version: ev.resp.GetNextStateVersion()}
+		delta: ev.resp.GetStateDelta(), version: ev.resp.GetNextStateVersion(), tr: ev.tr}
+	ev.tr.seqs(seqs)
 	for i, r := range ev.reqs {
 		p0 := r.j.Parts[0]
 		lin := lineages[i]
 		approx := r.approximate || anyApproximate(r.j.Parts)
 		b.items[i] = &hamsv1.Item{
 			ReqId: r.j.ReqID, Service: p0.GetService(), StreamId: p0.GetStreamId(),
-			Tensors: ev.outs[i], Lineage: lin, DeadlineUnixNano: r.j.Deadline, Approximate: approx,
+			Tensors: ev.outs[i], Lineage: lin, DeadlineUnixNano: r.j.Deadline, Approximate: approx, TraceContext: r.trace,
 		}
 		b.records[i] = &hamsv1.RequestRecord{
 			ReqId: r.j.ReqID, Seq: seqs[i], StreamId: p0.GetStreamId(), Lineage: lin,
@@ -619,6 +634,7 @@ func (p *primary) release(n uint64) {
 	}
 	b.released = true
 	b.items = nil
+	b.tr.end(nil)
 	_, items, bytes := s.outlog.Stats()
 	s.metrics.outlogItems.Set(float64(items))
 	s.metrics.outlogBytes.Set(float64(bytes))

@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/internal/tracing"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -178,10 +180,12 @@ func mergeSnapshots(sns []*snapshot) (*snapshot, error) {
 	parts := make([][]*hamsv1.Tensor, 0, len(sns))
 	batches := 0
 	var seq uint64
+	var links []trace.Link
 	for _, sn := range sns {
 		h.Requests = append(h.Requests, sn.header.GetRequests()...)
 		h.OutputRows = append(h.OutputRows, sn.header.GetOutputRows()...)
 		parts = append(parts, sn.header.GetOutputs())
+		links = append(links, sn.links...)
 		batches += sn.batches
 		seq = max(seq, sn.seq)
 	}
@@ -191,7 +195,7 @@ func mergeSnapshots(sns []*snapshot) (*snapshot, error) {
 	}
 	h.Outputs = outs
 	m := *top
-	m.header, m.seq, m.batches = h, seq, batches
+	m.header, m.seq, m.batches, m.links = h, seq, batches, links
 	m.copiedAt = sns[0].copiedAt
 	if top.isDelta() {
 		// Each delta holds what changed since the one before: together,
@@ -572,6 +576,10 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 		default:
 			stateSum = xxhash.New()
 		}
+	}
+	ctx, span := sh.s.traceShip(ctx, sn) // nil when untraced (tracing.go)
+	if span != nil {
+		defer func() { tracing.EndErr(span, err) }()
 	}
 	ctx, cancel := context.WithTimeout(ctx, shipTimeout)
 	defer cancel()
