@@ -22,6 +22,7 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/pki"
+	"github.com/hams-go/hams/manager/dashboard/timeline"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -96,6 +97,9 @@ type Config struct {
 	// each with its role's subject permissions, over mutual TLS when TLS
 	// is set (natsserver.go). Nil: NATS without authentication.
 	NATSAuth *NATSAuth
+	// Events, when set, receives recovery and membership events (the
+	// dashboard's timeline); Emit must not block.
+	Events timeline.Sink
 }
 
 // Manager holds the deployment state of one deployment in a JetStream KV
@@ -439,9 +443,14 @@ func (m *Manager) setActive(active bool) {
 			if _, ok := m.regs[p.GetComponentId()]; !ok {
 				m.seedPlacementLocked(p, now)
 			}
-			// Epoch above 1: recovery changed the model; keep its roles
-			// even when a component re-registers with its initial role.
-			if p.GetEpoch() > 1 {
+			// The persisted roles are recovery's decisions (a promoted
+			// backup at a new epoch, but also a spare made the backup
+			// at the same epoch): keep them even when a component
+			// re-registers here with the role it started with. A spare
+			// made backup that re-registered as a standby left its
+			// model without a backup, and its primary's replies were
+			// never durable again.
+			if p.GetRole() != hamsv1.Role_ROLE_UNSPECIFIED {
 				if a, ok := m.assigned[p.GetComponentId()]; !ok || a.epoch < p.GetEpoch() {
 					m.assigned[p.GetComponentId()] = assignment{role: p.GetRole(), epoch: p.GetEpoch()}
 				}
@@ -497,6 +506,7 @@ func (m *Manager) setActive(active bool) {
 		m.metrics.active.Set(0)
 	}
 	m.active.Store(active)
+	m.emit(timeline.Event{Kind: map[bool]timeline.Kind{true: timeline.Active, false: timeline.Standby}[active], Component: m.cfg.ID})
 }
 
 // takeoverGrace is how much longer than a suspicion timeout a manager

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/manager/dashboard/timeline"
 	"github.com/hams-go/hams/manager/recovery"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -76,6 +78,7 @@ func (m *Manager) suspect(id, model string, role hamsv1.Role, why string) {
 		return
 	}
 	m.log.Info("recovery: suspect", "id", id, "model", model, "why", why)
+	m.emit(timeline.Event{Kind: timeline.Suspicion, Model: model, Component: id, Role: roleName(role), Detail: why})
 	ev := func(r *recovery.Machine) ([]recovery.Action, error) {
 		return r.Suspect(model, role, id), nil
 	}
@@ -185,9 +188,11 @@ func (d *driver) perform(acts []recovery.Action) {
 				m.metrics.recoveryTime.Observe(el.Seconds())
 				m.metrics.recoveries.Inc()
 				m.log.Info("recovery: rewired", "models", a.Models, "elapsed", el)
+				m.emit(timeline.Event{Kind: timeline.Failover, Model: strings.Join(a.Models, ","), Duration: el})
 			case recovery.Unrecoverable:
 				m.metrics.unrecoverable.Inc()
 				m.log.Error("recovery: model cannot be recovered", "model", a.Model, "reason", a.Reason)
+				m.emit(timeline.Event{Kind: timeline.Unrecoverable, Model: a.Model, Detail: a.Reason})
 			case recovery.Retire:
 				m.retire(a)
 			case recovery.Readmit:
@@ -241,6 +246,7 @@ func (d *driver) perform(acts []recovery.Action) {
 				pto = max(to, ReplayPromoteTimeout)
 			}
 			d.async(pto, func(ctx context.Context) recEvent {
+				t0 := time.Now()
 				if !d.m.cfg.Deployment.Model(a.Model).Stateful {
 					ctx = metadata.AppendToOutgoingContext(ctx, StartSeqMetadata, strconv.FormatUint(a.StartSeq, 10))
 				}
@@ -248,6 +254,7 @@ func (d *driver) perform(acts []recovery.Action) {
 					ctx = metadata.AppendToOutgoingContext(ctx, ReplayAfterMetadata, succ+"="+strconv.FormatUint(a.ReplayAfter[succ], 10))
 				}
 				_, err := cl.Promote(ctx, &hamsv1.PromoteRequest{Model: a.Model, Epoch: a.Epoch})
+				m.emitDone(a, t0, err)
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.Rollback:
@@ -265,7 +272,9 @@ func (d *driver) perform(acts []recovery.Action) {
 			})
 		case recovery.Demote, recovery.SyncBackup:
 			d.async(to, func(ctx context.Context) recEvent {
+				t0 := time.Now()
 				_, err := cl.Demote(ctx, &hamsv1.DemoteRequest{Model: a.Model, Epoch: a.Epoch, PrimaryAddress: a.PrimaryAddress})
+				m.emitDone(a, t0, err)
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.StartInstance:
@@ -273,7 +282,9 @@ func (d *driver) perform(acts []recovery.Action) {
 				if m.cfg.Starter == nil {
 					return done(a.ID, ErrNoStarter)
 				}
+				t0 := time.Now()
 				err := m.cfg.Starter.StartInstance(ctx, a.Model, a.Role)
+				m.emitDone(a, t0, err)
 				if err != nil {
 					m.log.Warn("recovery: start instance", "model", a.Model, "role", a.Role.String(), "err", err)
 				}

@@ -78,6 +78,7 @@ func (m *Manager) validateRegistration(req *hamsv1.RegisterRequest) (*hamsv1.Reg
 		Address:        req.GetAddress(),
 		BackendAddress: req.GetBackendAddress(),
 		Pid:            req.GetPid(),
+		MetricsAddress: req.GetMetricsAddress(),
 	}
 	if kind == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND {
 		r.Model, r.Role = "", hamsv1.Role_ROLE_UNSPECIFIED
