@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/hams-go/hams/manager"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -106,4 +109,85 @@ func TestLeaseReleasedOnStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "successor active", 4*time.Second, func() bool { return metricValue(t, r2.reg, "hams_manager_active") == 1 })
+}
+
+// A spare that recovery made its model's backup keeps that role across a
+// manager takeover although it re-registers with the role it started
+// with (standby) and its model's epoch did not change: the persisted
+// topology is recovery's decision. (Before, the spare fell back to
+// standby at the new manager and the primary's replies were never
+// durable again: a backup kill followed by a manager kill stalled the
+// deployment for good.)
+func TestTakeoverKeepsSpareMadeBackup(t *testing.T) {
+	url := startNATS(t)
+	const ttl = 400 * time.Millisecond
+	r1 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "crash:m1" }, nil)
+	r2 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "m2" }, nil)
+	ctx := waitCtx(t)
+	spare := sidecarReg("sidecar/a/standby", "a", "127.0.0.1:7003")
+	spare.Role = hamsv1.Role_ROLE_STANDBY
+	// Components register with every manager (the standby learns them
+	// before any takeover).
+	c := startClient(t, r1.addr, spare)
+	if err := c.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return placement(tp, "sidecar/a/standby") != nil }); err != nil {
+		t.Fatal(err)
+	}
+	c2 := startClient(t, r2.addr, spare)
+	if err := c2.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return placement(tp, "sidecar/a/standby") != nil }); err != nil {
+		t.Fatal(err)
+	}
+	// What recovery's spare promotion writes: the spare is the backup,
+	// at the model's unchanged epoch 1.
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, manager.BucketName(testDeployment(t).Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, manager.TopologyKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := manager.DecodeTopology(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := placement(tp, "sidecar/a/standby")
+	p.Role, p.Epoch = hamsv1.Role_ROLE_BACKUP, 1
+	tp.Revision = 0
+	b, err := proto.Marshal(tp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, manager.TopologyKey, b, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the standby manager to see the backup", 5*time.Second, func() bool {
+		p := placement(r2.m.Topology(), "sidecar/a/standby")
+		return p != nil && p.GetRole() == hamsv1.Role_ROLE_BACKUP
+	})
+
+	// The active manager crashes; the spare re-registers at the new one
+	// with its initial role.
+	if err := r1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	c.stop()
+	waitFor(t, "standby to become active", 3*ttl, func() bool { return metricValue(t, r2.reg, "hams_manager_active") == 1 })
+	// Another registration makes the new active manager write the
+	// topology from its registrations.
+	fe := startClient(t, r2.addr, frontendReg("frontend/0", "127.0.0.1:7000"))
+	if err := fe.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return len(tp.GetFrontends()) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if got := placement(r2.m.Topology(), "sidecar/a/standby").GetRole(); got != hamsv1.Role_ROLE_BACKUP {
+		t.Fatalf("after the takeover the spare made backup is %v (topology %v)", got, r2.m.Topology())
+	}
 }
