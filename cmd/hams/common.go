@@ -79,6 +79,7 @@ func (t *tlsFlags) load(name string, log *slog.Logger) (*pki.Source, error) {
 func newFlagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("hams "+name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
+	registerTraceFlags(name, fs) // --otlp, --trace-ratio (tracing.go)
 	return fs
 }
 
@@ -201,6 +202,9 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 		return nil, &exitError{code: 2, err: err}
 	}
 	r := &role{name: name, log: log.With("role", name), dep: dep, reg: newRegistry(), fields: map[string]any{"role": name}}
+	if err := startRoleTracing(name, rf.fs, dep, r.log); err != nil { // before any gRPC server or dial (tracing.go)
+		return nil, err
+	}
 	if !rf.plain {
 		if r.tls, err = rf.tls.load("hams "+name, r.log); err != nil {
 			return nil, err

@@ -250,6 +250,8 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 	ctx, cancel := context.WithTimeout(ctx, opt.ReadyTimeout)
 	defer cancel()
 	d.common = []string{"--config", d.cfgPath, "--log-level", opt.LogLevel, "--metrics", "127.0.0.1:0"} // free metrics ports: many of one role per host (the roles' defaults are fixed)
+	// --otlp, --trace-ratio when set (tracing.go).
+	d.common = append(d.common, traceArgs()...)
 	d.startedPools = map[string]bool{}
 	if opt.Insecure {
 		d.log.Warn("INSECURE: internal RPCs run in plaintext without identities or authorization (--insecure)")

@@ -68,6 +68,7 @@ func main() {
 }
 
 func dispatch(args []string) int {
+	defer stopTracing() // flush the spans of a role (tracing.go)
 	if len(args) == 0 {
 		usage(os.Stderr)
 		return 2

@@ -89,8 +89,8 @@ type Config struct {
 	// default). Neither set: tracing stays off.
 	Endpoint string
 	// Ratio is the fraction of new traces sampled (parent-based: a
-	// request whose caller sampled it is always traced). Outside (0, 1]
-	// it is 1.
+	// request whose caller sampled it is always traced): 0 starts no
+	// new trace; outside [0, 1] it is 1.
 	Ratio float64
 	// Service is the resource's service.name (hams-<role>).
 	Service string
@@ -163,7 +163,7 @@ func describeEndpoint(ep string) string {
 }
 
 func ratioOf(r float64) float64 {
-	if r <= 0 || r > 1 {
+	if r < 0 || r > 1 {
 		return 1
 	}
 	return r
