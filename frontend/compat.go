@@ -96,7 +96,8 @@ func (f *Frontend) serviceUnresolved(s *serviceInfo) []string {
 			out = append(out, e)
 		}
 	}
-	return out
+	down, _ := f.hw.down(s.models) // backends known down (health.go)
+	return append(out, down...)
 }
 
 // flatOutputs names a reply's tensors as the compatibility APIs answer
@@ -367,7 +368,12 @@ func (s *tfModelServer) GetModelStatus(ctx context.Context, req *tfapis.GetModel
 		return nil, err
 	}
 	st := &tfapis.ModelVersionStatus{Version: svc.version, State: tfapis.ModelVersionStatus_AVAILABLE, Status: &tfapis.StatusProto{}}
-	if missing := s.f.serviceUnresolved(svc); len(missing) > 0 {
+	if err := s.f.backendsDown(svc); err != nil {
+		// As TF Serving reports a version that cannot serve (its load
+		// failed): END, with the error.
+		st.State = tfapis.ModelVersionStatus_END
+		st.Status = &tfapis.StatusProto{ErrorCode: int32(codes.Unavailable), ErrorMessage: status.Convert(err).Message()}
+	} else if missing := s.f.serviceUnresolved(svc); len(missing) > 0 {
 		st.State = tfapis.ModelVersionStatus_LOADING
 		st.Status = &tfapis.StatusProto{ErrorCode: int32(codes.Unavailable),
 			ErrorMessage: fmt.Sprintf("service %q: entry models without a live instance: %s", svc.name, strings.Join(missing, ", "))}

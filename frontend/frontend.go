@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -134,7 +135,8 @@ type sender interface {
 // Frontend serves the client APIs and collects replies from the sink edges.
 type Frontend struct {
 	cfg      Config
-	traced   traceReqs // trace contexts of requests being admitted (tracing.go)
+	traced   traceReqs      // trace contexts of requests being admitted (tracing.go)
+	hw       *healthTracker // backend health (health.go)
 	log      *slog.Logger
 	maxBytes int
 	timeout  time.Duration
@@ -441,6 +443,7 @@ func New(cfg Config) (*Frontend, error) {
 	f.internal = grpc.NewServer(append(grpcx.ServerOptions(f.log, srvMetrics, f.maxBytes), cfg.InternalServerOptions...)...)
 	hamsv1.RegisterDataplaneServer(f.internal, f.receiver)
 	hamsv1.RegisterReplicationServer(f.internal, &replicationServer{f: f})
+	f.registerHealth()
 	srvMetrics.InitializeMetrics(f.internal)
 	f.http = f.httpHandler()
 	return f, nil
@@ -505,6 +508,7 @@ func (f *Frontend) Run(ctx context.Context) error {
 		start("edge to "+name, func() error { return s.Run(ctx) })
 	}
 	start("expiry loop", func() error { f.expiryLoop(ctx); return nil })
+	start("backend health", func() error { f.hw.run(ctx); return nil })
 	if f.holds != nil {
 		start("durability watch", func() error { f.watchDurability(ctx); return nil })
 	}
@@ -940,6 +944,10 @@ func (f *Frontend) predictAdmitted(ctx context.Context, req *hamsv1.PredictReque
 			return nil, status.Errorf(codes.Unavailable, "service %q: entry model %q is backlogged", svc.name, e)
 		}
 	}
+	if err := f.backendsDown(svc); err != nil {
+		f.mu.Unlock()
+		return nil, err
+	}
 	if f.cfg.Log != nil {
 		f.mu.Unlock()
 		return f.predictLogged(ctx, svc, req, key, deadline)
@@ -1052,8 +1060,9 @@ func (f *Frontend) unresolved() []string {
 			out = append(out, e)
 		}
 	}
+	out = append(out, f.notReady()...) // backends known down (health.go)
 	sort.Strings(out)
-	return out
+	return slices.Compact(out)
 }
 
 // frontendServer adapts the Frontend to hamsv1.FrontendServer.

@@ -210,7 +210,7 @@ func TestPassThroughRawMethods(t *testing.T) {
 		{"no model", "/inference.GRPCInferenceService/ModelStatistics", nil, codes.InvalidArgument, "no model"},
 		{"wrong API", "/tensorflow.serving.PredictionService/Regress", pbMsg(nil, 1, pbStr(nil, 1, "ksm")), codes.Unimplemented, "KServe"},
 		{"server-wide", "/inference.GRPCInferenceService/RepositoryIndex", nil, codes.Unimplemented, "RepositoryIndex"},
-		{"other service", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", nil, codes.Unimplemented, "not served"},
+		{"other service", "/grpc.channelz.v1.Channelz/GetTopChannels", nil, codes.Unimplemented, "not served"},
 		{"two models", "/tensorflow.serving.PredictionService/MultiInference",
 			pbMsg(pbMsg(nil, 1, pbMsg(nil, 1, pbStr(nil, 1, "tfm"))), 1, pbMsg(nil, 1, pbStr(nil, 1, "tfs"))), codes.InvalidArgument, "one model"},
 		{"malformed", "/inference.GRPCInferenceService/ModelConfig", []byte{0x0a, 0x05, 'k'}, codes.Internal, ""},

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/hamsmd"
@@ -45,6 +48,42 @@ func unhealthy(err error, hung bool) bool {
 	return hung
 }
 
+// grpc.health.v1 on the sidecar's port: the service "" is the sidecar
+// itself (SERVING while it runs, NOT_SERVING once it stops), and the
+// service named by the model is its backend as the health loop last saw
+// it. Before the first check the model's status is SERVICE_UNKNOWN (a
+// frontend treats that as no news). A check that fails as unhealthy
+// makes it NOT_SERVING when nothing will replace the instance for it: the
+// loop is not armed (the backend never answered, so it never fails
+// stop), or the mode is bare (no failover). An armed sidecar of a
+// protected mode stays SERVING until it fails stop (watchHealth) and the
+// manager fails it over: clients then wait for the failover rather than
+// fail fast in its window. Frontends watch the model's status
+// (frontend/health.go): a model whose backend is NOT_SERVING answers
+// Unavailable at once and is not ready.
+func (s *Sidecar) registerHealth(srv *grpc.Server) {
+	s.health = health.NewServer()
+	s.health.SetServingStatus(s.cfg.Model, healthpb.HealthCheckResponse_SERVICE_UNKNOWN)
+	healthpb.RegisterHealthServer(srv, s.health)
+	go func() {
+		<-s.done
+		s.health.Shutdown()
+	}()
+}
+
+// setBackendServing publishes the backend's health (nil health server:
+// Run has not registered it, e.g. in tests that drive the loop alone).
+func (s *Sidecar) setBackendServing(ok bool) {
+	if s.health == nil {
+		return
+	}
+	st := healthpb.HealthCheckResponse_SERVING
+	if !ok {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	s.health.SetServingStatus(s.cfg.Model, st)
+}
+
 // watchHealth is the health loop (Run owns it). Checks run without the
 // Run context's batch identity (hamsmd.Source): a probe is no request.
 func (s *Sidecar) watchHealth(ctx context.Context) error {
@@ -77,6 +116,7 @@ func (s *Sidecar) watchHealth(ctx context.Context) error {
 			}
 			since, fails = time.Time{}, 0
 			s.metrics.backendHealthy.Set(1)
+			s.setBackendServing(true)
 			continue
 		}
 		s.metrics.backendHealthy.Set(0)
@@ -86,6 +126,9 @@ func (s *Sidecar) watchHealth(ctx context.Context) error {
 		}
 		fails++
 		protected := s.mode != nspb.Bare || s.cfg.Deployment.Mode == "replay"
+		if !armed || !protected {
+			s.setBackendServing(false)
+		}
 		if armed && protected && fails >= healthFailures && time.Since(since) >= s.backendLostAfter {
 			return fmt.Errorf("%w: unhealthy for %v (%d checks in a row): %w", errBackendLost, time.Since(since).Round(time.Millisecond), fails, err)
 		}

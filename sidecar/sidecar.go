@@ -14,6 +14,7 @@ import (
 	"github.com/soheilhy/cmux"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/authz"
@@ -210,6 +211,8 @@ type Sidecar struct {
 	backendLostAfter time.Duration
 	// healthInterval: Config.HealthInterval or its default (<0: off).
 	healthInterval time.Duration
+	// health is the grpc.health.v1 server of the sidecar's port (health.go).
+	health *health.Server
 
 	// State manager (replicated stateful models only).
 	role       string // guarded by mu once Run started
@@ -500,6 +503,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if s.receiver != nil {
 		hamsv1.RegisterDataplaneServer(srv, s.receiver)
 	}
+	s.registerHealth(srv)
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 64)
