@@ -232,6 +232,7 @@ func runDemo(args []string) error {
 	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
 	rows := fs.Int("rows", 1, "rows per request")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
+	dash := fs.String("dashboard", defaultDashboard, "listen address of the first manager's live dashboard while the demo runs (plain HTTP; empty: none; docs/dashboard.md)")
 	var cf controlFlags
 	cf.register(fs)
 	var tf taskFlags
@@ -268,7 +269,7 @@ func runDemo(args []string) error {
 		defer stop()
 		opt := cf.options(*mode)
 		opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
-		opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
+		opt.SuspicionTimeout, opt.Audit, opt.Dashboard = suspicionFor(*suspicion), *audit, *dash
 		if *audit != "" {
 			if opt.Audit, err = prepareAudit(*audit); err != nil {
 				return err
@@ -322,7 +323,7 @@ func runDemo(args []string) error {
 	t0 := time.Now()
 	opt := cf.options(*mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
-	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
+	opt.SuspicionTimeout, opt.Audit, opt.Dashboard = suspicionFor(*suspicion), *audit, *dash
 	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err
@@ -330,6 +331,9 @@ func runDemo(args []string) error {
 	defer d.Close()
 	fmt.Fprintf(os.Stderr, "hams demo: deployment ready in %v (frontends %s, managers %s)\n", time.Since(t0).Round(time.Millisecond),
 		strings.Join(d.Frontends, " "), strings.Join(d.Managers, " "))
+	if u := dashboardURL(d.Dashboards, 0); u != "" {
+		fmt.Fprintf(os.Stderr, "hams demo: dashboard %s\n", u)
+	}
 	descs, err := describeAll(ctx, d)
 	if err != nil {
 		return err

@@ -95,6 +95,9 @@ type deployOptions struct {
 	// NATSReplicas of the coordination streams and buckets (0: 3 with
 	// several NATS URLs, else 1; cmd/hams natsReplicas).
 	NATSReplicas int
+	// Dashboard, if set, is the first manager's --dashboard address; the
+	// others serve theirs on a free port of the same host.
+	Dashboard string
 }
 
 // counts returns the number of frontends and managers opt asks for in a
@@ -137,7 +140,9 @@ type deployment struct {
 	// start), Managers all of them.
 	Manager  string
 	Managers []string
-	NATS     string
+	// Dashboards are the managers' dashboard addresses (opt.Dashboard).
+	Dashboards []string
+	NATS       string
 	// FrontendGRPC and FrontendHTTP are the first frontend's addresses;
 	// Frontends and FrontendHTTPs list every frontend's, in start order
 	// (child frontend:i is Frontends[i]).
@@ -326,7 +331,7 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 		if err != nil {
 			return nil, err
 		}
-		common := append(slices.Clone(mgrCommon), ta...)
+		common := append(append(slices.Clone(mgrCommon), ta...), dashboardArgs(opt.Dashboard, i)...)
 		r, err := d.sup.Start(ctx, launch.Spec{
 			Name:    name,
 			Args:    append([]string{"manager", "--id", managerID(i, 1, nManagers)}, common...),
@@ -336,6 +341,9 @@ func startDeployment(ctx context.Context, dep *config.Deployment, opt deployOpti
 			return nil, fmt.Errorf("start %s: %w", name, err)
 		}
 		d.Managers = append(d.Managers, r.String("grpc"))
+		if a := r.String("dashboard"); a != "" {
+			d.Dashboards = append(d.Dashboards, a)
+		}
 	}
 	d.Manager = d.Managers[0]
 	if d.mgrs, err = dialManagers(d.Managers, d.pki.supervisorSource()); err != nil {
@@ -444,7 +452,7 @@ func managerID(i, gen, n int) string {
 func restartManager(i, n int, common []string) func(launch.Ready) []string {
 	return func(last launch.Ready) []string {
 		args := append([]string{"manager", "--id", managerID(i, last.Generation+1, n)}, common...)
-		return relisten(args, "")(last)
+		return relisten(args, "dashboard")(last)
 	}
 }
 

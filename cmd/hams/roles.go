@@ -34,6 +34,7 @@ func runManager(args []string) error {
 	var na natsAuthFlags
 	na.register(rf.fs)
 	leaseTTL := rf.fs.Duration("lease-ttl", manager.DefaultLeaseTTL, "active-manager lease lifetime (a standby manager takes over after this much silence)")
+	dashAddr := rf.fs.String("dashboard", "", "serve the live, read-only dashboard (plain HTTP) on this address, e.g. 127.0.0.1:8080 (empty: none; docs/dashboard.md)")
 	if err := rf.parse(args); err != nil {
 		return err
 	}
@@ -59,7 +60,13 @@ func runManager(args []string) error {
 		host, _ := os.Hostname()
 		*id = host + "@" + r.grpc.Addr().String()
 	}
+	dash, err := newManagerDashboard(*dashAddr, r.log)
+	if err != nil {
+		r.close()
+		return err
+	}
 	m, err := manager.New(manager.Config{
+		Events:            dash.sink(),
 		Starter:           st,
 		ID:                *id,
 		LeaseTTL:          *leaseTTL,
@@ -76,12 +83,21 @@ func runManager(args []string) error {
 		TLS:               r.tls,
 		NATSAuth:          nauth,
 	})
+	var run func(context.Context) error
+	if err == nil {
+		run, err = dash.run(m, r.dep, *id, r.log)
+	}
 	if err != nil {
+		dash.close()
 		r.close()
 		return &exitError{code: 2, err: err}
 	}
-	return r.serve(m.Run, m.Ready(), func() map[string]any {
-		return map[string]any{"nats": m.NATSClientURL(), "deployment": r.dep.Name}
+	return r.serve(run, m.Ready(), func() map[string]any {
+		f := map[string]any{"nats": m.NATSClientURL(), "deployment": r.dep.Name}
+		if a := dash.addr(); a != "" {
+			f["dashboard"] = a
+		}
+		return f
 	})
 }
 
@@ -173,7 +189,7 @@ func runModelServer(args []string) error {
 			}
 			c, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 				Kind: hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER, Id: id, Model: n, Role: role,
-				Address: addr, Pid: int32(os.Getpid()),
+				Address: addr, Pid: int32(os.Getpid()), MetricsAddress: r.metricsAddr(),
 			}})
 			if err != nil {
 				r.close()
@@ -306,7 +322,7 @@ func runSidecar(args []string) error {
 	}
 	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, Id: *idF,
-		Model: *model, Role: roleV, Address: addr, BackendAddress: *backend, Pid: int32(os.Getpid()),
+		Model: *model, Role: roleV, Address: addr, BackendAddress: *backend, Pid: int32(os.Getpid()), MetricsAddress: r.metricsAddr(),
 	}})
 	if err != nil {
 		r.close()
@@ -440,7 +456,7 @@ func runFrontend(args []string) error {
 	// models' sidecars Forward to it, the manager calls Resend there.
 	addr := il.Addr().String()
 	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
-		Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: "frontend/" + addr, Address: addr, Pid: int32(os.Getpid()),
+		Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: "frontend/" + addr, Address: addr, Pid: int32(os.Getpid()), MetricsAddress: r.metricsAddr(),
 	}})
 	if err != nil {
 		closeAll()

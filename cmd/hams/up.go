@@ -32,6 +32,10 @@ type upReady struct {
 	// frontend-0, sidecar:MODEL, modelserver:MODEL, ...) to its Prometheus
 	// /metrics address (docs/operations.md).
 	Metrics map[string]string `json:"metrics"`
+	// Dashboard is the first manager's dashboard URL, Dashboards every
+	// manager's (docs/dashboard.md); absent with --dashboard "".
+	Dashboard  string   `json:"dashboard,omitempty"`
+	Dashboards []string `json:"dashboards,omitempty"`
 }
 
 // metricsAddrs maps every running child of d to the /metrics address of
@@ -106,6 +110,7 @@ func runUp(args []string) error {
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
 	feListen := fs.String("frontend-listen", "", "gRPC listen address of the first frontend (its own API, TF Serving and KServe v2), e.g. 0.0.0.0:8500 in a container (default: a free loopback port)")
 	feHTTP := fs.String("frontend-http", "", "HTTP/JSON listen address of the first frontend (default: a free loopback port)")
+	dash := fs.String("dashboard", defaultDashboard, "listen address of the first manager's live dashboard (plain HTTP; the other managers take a free port of the same host; empty: none; docs/dashboard.md)")
 	var cf controlFlags
 	cf.register(fs)
 	var tf taskFlags
@@ -146,7 +151,7 @@ func runUp(args []string) error {
 	opt := cf.options(dep.Mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, log
 	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
-	opt.FrontendListen, opt.FrontendHTTP = *feListen, *feHTTP
+	opt.FrontendListen, opt.FrontendHTTP, opt.Dashboard = *feListen, *feHTTP, *dash
 	d, err := startDeployment(ctx, dep, opt)
 	if err != nil {
 		return err
@@ -155,7 +160,8 @@ func runUp(args []string) error {
 	tfs, ks := compatEndpoints(ctx, d.FrontendGRPC)
 	b, _ := json.Marshal(upReady{FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
 		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers,
-		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals, Metrics: d.metricsAddrs()})
+		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals, Metrics: d.metricsAddrs(),
+		Dashboard: dashboardURL(d.Dashboards, 0), Dashboards: dashboardURLs(d.Dashboards)})
 	fmt.Println(string(b))
 	<-ctx.Done()
 	fmt.Fprintln(os.Stderr, "hams up: stopping")

@@ -78,6 +78,11 @@ type Instance struct {
 	Epoch   uint64 `json:"epoch,omitempty"`
 	Address string `json:"address,omitempty"`
 	Metrics string `json:"metrics,omitempty"`
+	Pid     int32  `json:"pid,omitempty"`
+	// Server is the model server the sidecar drives (registered with
+	// the manager), ServerAlive its liveness.
+	Server      string `json:"server,omitempty"`
+	ServerAlive bool   `json:"server_alive,omitempty"`
 	// Scraped: its /metrics answered in the last round.
 	Scraped bool `json:"scraped"`
 	// HealthUnknown: the manager does not track it (a pool's replicas
@@ -141,7 +146,7 @@ func (s *Server) State(now time.Time) State {
 	inst := func(id, kind, role string, alive bool, epoch uint64, addr string) Instance {
 		in := Instance{ID: id, Kind: kind, Role: role, Alive: alive, Epoch: epoch, Address: addr}
 		if r := regs[id]; r != nil {
-			in.Metrics = r.GetMetricsAddress()
+			in.Metrics, in.Pid = r.GetMetricsAddress(), r.GetPid()
 		}
 		if w, err := s.scr.windowOf(id); w.ok {
 			in.Scraped = true
@@ -162,19 +167,32 @@ func (s *Server) State(now time.Time) State {
 			m.Backend = "reference"
 		}
 		var wins []window
+		// A model server is shown with the sidecar that drives it (its
+		// backend address); one no sidecar drives is listed on its own.
+		servers := map[string]*hamsv1.Placement{}
 		for _, p := range byModel[cm.Name] {
-			kind := "sidecar"
-			addr := p.GetSidecarAddress()
-			if addr == "" {
-				kind, addr = "model-server", p.GetBackendAddress()
+			if p.GetSidecarAddress() == "" {
+				servers[p.GetBackendAddress()] = p
+			}
+		}
+		for _, p := range byModel[cm.Name] {
+			if p.GetSidecarAddress() == "" {
+				continue
 			}
 			m.Epoch = max(m.Epoch, p.GetEpoch())
-			in := inst(p.GetComponentId(), kind, roleOf(p.GetRole()), p.GetAlive(), p.GetEpoch(), addr)
+			in := inst(p.GetComponentId(), "sidecar", roleOf(p.GetRole()), p.GetAlive(), p.GetEpoch(), p.GetSidecarAddress())
+			if ms := servers[p.GetBackendAddress()]; ms != nil {
+				in.Server, in.ServerAlive = ms.GetComponentId(), ms.GetAlive()
+				delete(servers, p.GetBackendAddress())
+			}
 			m.Items = append(m.Items, in)
-			if kind == "sidecar" {
-				if w, _ := s.scr.windowOf(in.ID); w.ok {
-					wins = append(wins, w)
-				}
+			if w, _ := s.scr.windowOf(in.ID); w.ok {
+				wins = append(wins, w)
+			}
+		}
+		for _, p := range byModel[cm.Name] {
+			if p.GetSidecarAddress() == "" && servers[p.GetBackendAddress()] == p {
+				m.Items = append(m.Items, inst(p.GetComponentId(), "model-server", "model server", p.GetAlive(), p.GetEpoch(), p.GetBackendAddress()))
 			}
 		}
 		sort.SliceStable(m.Items, func(a, b int) bool {
@@ -229,7 +247,7 @@ func (s *Server) State(now time.Time) State {
 func roleOf(r hamsv1.Role) string {
 	switch r {
 	case hamsv1.Role_ROLE_UNSPECIFIED:
-		return "server"
+		return "none"
 	case hamsv1.Role_ROLE_ACTIVE:
 		return "primary"
 	}
@@ -244,7 +262,7 @@ func roleRank(r string) int {
 		return 1
 	case "standby":
 		return 2
-	case "server":
+	case "model server":
 		return 3
 	}
 	return 4

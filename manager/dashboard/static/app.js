@@ -53,7 +53,20 @@ function fmtLag(s) {
 
 function instClass(i) {
   if (i.health_unknown) return "unknown";
-  return i.alive ? "alive" : "dead";
+  return i.alive && (!i.server || i.server_alive) ? "alive" : "dead";
+}
+
+// instLabel: "backup/3 · pid 1234" (the id's part after the model), with
+// what is dead.
+function instLabel(i) {
+  const parts = i.id.split("/");
+  const rest = parts.length > 2 ? parts.slice(2).join("/") : i.id;
+  let s = rest === i.role ? i.role : `${i.role} (${rest})`;
+  if (i.kind === "model-server" || i.kind.startsWith("pool-")) s = `${i.role} ${rest}`;
+  if (!i.health_unknown && !i.alive) s += " dead";
+  else if (i.server && !i.server_alive) s += " server dead";
+  if (i.pid) s += ` · pid ${i.pid}`;
+  return s;
 }
 
 // ---- service graph -------------------------------------------------------
@@ -163,18 +176,11 @@ function renderGraph(service, models) {
       y += 15;
       const c = instClass(i);
       g.append(svg("circle", { cx: 14, cy: y - 4, r: 4, class: c }));
-      const label = `${i.role}${i.health_unknown ? "" : i.alive ? "" : " (dead)"}  ${shortID(i.id)}`;
-      g.append(svg("text", { x: 24, y, class: c === "dead" ? "dead" : "", "data-instance": i.id, "data-role": i.role, "data-alive": String(i.alive) }, label));
+      g.append(svg("text", { x: 24, y, class: c === "dead" ? "dead" : "", "data-instance": i.id, "data-role": i.role, "data-alive": String(i.alive) }, instLabel(i)));
     }
     root.append(g);
   }
   return root;
-}
-
-function shortID(id) {
-  // sidecar/ap-motion/backup/3 -> sidecar …/backup/3
-  const parts = id.split("/");
-  return parts.length > 2 ? parts[0] + " …/" + parts.slice(2).join("/") : id;
 }
 
 // ---- tables and timeline --------------------------------------------------
@@ -185,7 +191,8 @@ function renderModels(st) {
   for (const m of st.models) {
     const inst = el("td");
     for (const i of m.instances) {
-      inst.append(el("span", { class: `chip ${instClass(i)}`, title: i.id + (i.address ? " @ " + i.address : "") }, i.role + (i.epoch ? " e" + i.epoch : "")));
+      const title = i.id + (i.address ? " @ " + i.address : "") + (i.server ? ", model server " + i.server : "") + (i.metrics ? ", metrics " + i.metrics : "");
+      inst.append(el("span", { class: `chip ${instClass(i)}`, title }, i.role + (i.epoch ? " e" + i.epoch : "")));
     }
     const s = m.stats;
     let parm = "";
