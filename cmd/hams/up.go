@@ -32,6 +32,9 @@ type upReady struct {
 	// frontend-0, sidecar:MODEL, modelserver:MODEL, ...) to its Prometheus
 	// /metrics address (docs/operations.md).
 	Metrics map[string]string `json:"metrics"`
+	// BackendsNotReady lists the models whose backend did not answer its
+	// health check within backendWait (upbackends.go); absent when all did.
+	BackendsNotReady []string `json:"backends_not_ready,omitempty"`
 	// Dashboard is the first manager's dashboard URL, Dashboards every
 	// manager's (docs/dashboard.md); absent with --dashboard "".
 	Dashboard  string   `json:"dashboard,omitempty"`
@@ -158,7 +161,11 @@ func runUp(args []string) error {
 	}
 	defer d.Close()
 	tfs, ks := compatEndpoints(ctx, d.FrontendGRPC)
-	b, _ := json.Marshal(upReady{FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
+	notReady := waitBackends(ctx, d.FrontendGRPC, dep)
+	if len(notReady) > 0 {
+		log.Warn("backends not ready: their models answer Unavailable until their backends answer their health checks", "models", notReady)
+	}
+	b, _ := json.Marshal(upReady{BackendsNotReady: notReady, FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
 		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers,
 		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals, Metrics: d.metricsAddrs(),
 		Dashboard: dashboardURL(d.Dashboards, 0), Dashboards: dashboardURLs(d.Dashboards)})
