@@ -244,6 +244,9 @@ func TestWireItemCopiesEveryField(t *testing.T) {
 			l := m.Mutable(fd).List()
 			l.Append(l.NewElement())
 			continue
+		case fd.IsMap():
+			m.Mutable(fd).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString("v"))
+			continue
 		case fd.Kind() == protoreflect.StringKind:
 			v = protoreflect.ValueOfString("x")
 		case fd.Kind() == protoreflect.BoolKind:
