@@ -48,7 +48,7 @@ function fmtDur(ns) {
 
 function fmtLag(s) {
   if (s === null || s === undefined) return "–";
-  return fmtDur(s * 1e9) || "0";
+  return fmtDur(s * 1e9) || "0 ms";
 }
 
 function instClass(i) {
@@ -63,8 +63,8 @@ function instLabel(i) {
   const rest = parts.length > 2 ? parts.slice(2).join("/") : i.id;
   let s = rest === i.role ? i.role : `${i.role} (${rest})`;
   if (i.kind === "model-server" || i.kind.startsWith("pool-")) s = `${i.role} ${rest}`;
-  if (!i.health_unknown && !i.alive) s += " dead";
-  else if (i.server && !i.server_alive) s += " server dead";
+  if (!i.health_unknown && !i.alive) s = `dead (${rest})`;
+  else if (i.server && !i.server_alive) s += ", server dead";
   if (i.pid) s += ` · pid ${i.pid}`;
   return s;
 }
@@ -192,7 +192,8 @@ function renderModels(st) {
     const inst = el("td");
     for (const i of m.instances) {
       const title = i.id + (i.address ? " @ " + i.address : "") + (i.server ? ", model server " + i.server : "") + (i.metrics ? ", metrics " + i.metrics : "");
-      inst.append(el("span", { class: `chip ${instClass(i)}`, title }, i.role + (i.epoch ? " e" + i.epoch : "")));
+      const dead = !i.health_unknown && !i.alive;
+      inst.append(el("span", { class: `chip ${instClass(i)}`, title }, (dead ? "dead" : i.role) + (i.epoch ? " e" + i.epoch : "")));
     }
     const s = m.stats;
     let parm = "";

@@ -5,6 +5,7 @@
 package timeline
 
 import (
+	"strings"
 	"sync"
 	"time"
 )
@@ -21,7 +22,8 @@ const (
 	// order, FromFailure: since the model's suspicion).
 	Promotion Kind = "promotion"
 	// Failover: a recovery round rewired the topology (Duration: from
-	// the round's first suspicion to the rewire).
+	// the round's first suspicion to the rewire; Model: the models it
+	// recovered, comma-separated).
 	Failover Kind = "failover"
 	// RedundancyRestored: a new backup was synced or a new standby
 	// started (Duration: the order, FromFailure: since the model's
@@ -77,8 +79,14 @@ type Ring struct {
 	n       int
 	seq     uint64
 	changed chan struct{}
-	// suspected: model -> time of its newest suspicion.
-	suspected map[string]time.Time
+	// incidents: model -> its newest failure (the first suspicion since
+	// its last failover).
+	incidents map[string]*incident
+}
+
+type incident struct {
+	start time.Time
+	open  bool // no failover of the model since start
 }
 
 // NewRing returns a ring keeping the newest size events (size <= 0:
@@ -87,7 +95,7 @@ func NewRing(size int) *Ring {
 	if size <= 0 {
 		size = DefaultSize
 	}
-	return &Ring{buf: make([]Event, size), changed: make(chan struct{}), suspected: map[string]time.Time{}}
+	return &Ring{buf: make([]Event, size), changed: make(chan struct{}), incidents: map[string]*incident{}}
 }
 
 // Emit records e (At defaults to now) and wakes the Changed waiters.
@@ -99,8 +107,8 @@ func (r *Ring) Emit(e Event) {
 	defer r.mu.Unlock()
 	switch e.Kind {
 	case Suspicion:
-		if e.Model != "" {
-			r.suspected[e.Model] = e.At
+		if in := r.incidents[e.Model]; e.Model != "" && (in == nil || !in.open) {
+			r.incidents[e.Model] = &incident{start: e.At, open: true}
 		}
 		if last := r.lastLocked(); last != nil && last.Kind == Suspicion && last.Component == e.Component &&
 			e.At.Sub(last.At) < mergeWindow {
@@ -114,9 +122,15 @@ func (r *Ring) Emit(e Event) {
 			r.wakeLocked()
 			return
 		}
+	case Failover:
+		for _, m := range strings.Split(e.Model, ",") {
+			if in := r.incidents[m]; in != nil {
+				in.open = false
+			}
+		}
 	case Promotion, RedundancyRestored:
-		if t, ok := r.suspected[e.Model]; ok && e.FromFailure == 0 && !e.At.Before(t) {
-			e.FromFailure = e.At.Sub(t)
+		if in := r.incidents[e.Model]; in != nil && e.FromFailure == 0 && !e.At.Before(in.start) {
+			e.FromFailure = e.At.Sub(in.start)
 		}
 	}
 	r.seq++
