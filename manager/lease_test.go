@@ -1,6 +1,7 @@
 package manager_test
 
 import (
+	"net"
 	"testing"
 	"time"
 
@@ -190,4 +191,56 @@ func TestTakeoverKeepsSpareMadeBackup(t *testing.T) {
 	if got := placement(r2.m.Topology(), "sidecar/a/standby").GetRole(); got != hamsv1.Role_ROLE_BACKUP {
 		t.Fatalf("after the takeover the spare made backup is %v (topology %v)", got, r2.m.Topology())
 	}
+}
+
+// A NATS server restart (same port, same store) may leave a standby
+// manager's watch of the topology silent for good; the standby still
+// follows the deployment state (it reads the key besides its watch), so
+// a later takeover starts from the newest topology, not from what it saw
+// before the restart.
+func TestStandbyFollowsStateAcrossNATSRestart(t *testing.T) {
+	dir := t.TempDir()
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	url := srv.ClientURL()
+	port := srv.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	const ttl = 400 * time.Millisecond
+	r1 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "crash:m1" }, nil)
+	r2 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "m2" }, nil)
+	ctx := waitCtx(t)
+	c1 := startClient(t, r1.addr, sidecarReg("sidecar/a", "a", "127.0.0.1:7001"))
+	if err := c1.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return placement(tp, "sidecar/a") != nil }); err != nil {
+		t.Fatal(err)
+	}
+
+	// NATS restarts in place.
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	opts2 := *opts
+	opts2.Port = port
+	srv, err = server.NewServer(&opts2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready after restart")
+	}
+
+	// The active manager writes a change after the restart.
+	c3 := startClient(t, r1.addr, sidecarReg("sidecar/b", "a", "127.0.0.1:7002"))
+	if err := c3.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return placement(tp, "sidecar/b") != nil }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the standby to see the change made after the NATS restart", 10*time.Second, func() bool {
+		return placement(r2.m.Topology(), "sidecar/b") != nil
+	})
 }

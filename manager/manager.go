@@ -436,6 +436,11 @@ func frontendPlaceholder(addr string) string { return "frontend@" + addr }
 // every component one suspicion timeout from now to heartbeat here.
 func (m *Manager) setActive(active bool) {
 	if active {
+		// The newest persisted state, read now: the KV watch of a
+		// standby can lag or have stalled (a NATS restart), and a
+		// takeover from a stale topology brings back components the
+		// previous active manager had failed over.
+		m.refreshTopology(context.Background())
 		t, _ := m.hub.get()
 		now := time.Now()
 		m.mu.Lock()
@@ -767,6 +772,31 @@ func (m *Manager) watchKV(ctx context.Context) error {
 	}
 }
 
+// refreshInterval is how often a manager reads the topology key besides
+// its watch (a stalled watch is caught and re-created).
+const refreshInterval = time.Second
+
+// refreshTopology reads the topology key and offers it to the hub; it
+// reports whether that was newer than what the hub held (the watch
+// missed it).
+func (m *Manager) refreshTopology(ctx context.Context) bool {
+	if m.st == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	e, err := m.st.kv.Get(ctx, TopologyKey)
+	if err != nil {
+		return false
+	}
+	t, err := DecodeTopology(e)
+	if err != nil {
+		return false
+	}
+	m.st.remember(t)
+	return m.hub.offer(t)
+}
+
 func (m *Manager) followWatcher(ctx context.Context, w jetstream.KeyWatcher) {
 	defer func() {
 		_ = w.Stop()
@@ -785,10 +815,27 @@ func (m *Manager) followWatcher(ctx context.Context, w jetstream.KeyWatcher) {
 			}
 		}
 	}()
+	refresh := time.NewTicker(refreshInterval)
+	defer refresh.Stop()
+	behind := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-refresh.C:
+			// A watch that stopped delivering (its consumer lost with a
+			// restarted NATS server) does not close: reads that find a
+			// newer revision than the watch delivered, twice in a row
+			// (once may be a write the watch is about to deliver),
+			// re-create it. The hub has the newer revision either way.
+			if !m.refreshTopology(ctx) {
+				behind = 0
+				continue
+			}
+			if behind++; behind >= 2 {
+				m.log.Warn("deployment state watch fell behind; re-creating it")
+				return
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
