@@ -212,7 +212,9 @@ func TestStandbyFollowsStateAcrossNATSRestart(t *testing.T) {
 	url := srv.ClientURL()
 	port := srv.Addr().(*net.TCPAddr).Port
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	const ttl = 400 * time.Millisecond
+	// A lease long enough that the restart does not move it: the
+	// standby must stay the standby.
+	const ttl = 10 * time.Second
 	r1 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "crash:m1" }, nil)
 	r2 := startManager(t, func(c *manager.Config) { c.NATSURL, c.LeaseTTL, c.ID = url, ttl, "m2" }, nil)
 	ctx := waitCtx(t)
