@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hams-go/hams/internal/launch"
 	"github.com/hams-go/hams/internal/pki"
 )
 
@@ -62,15 +63,7 @@ func (p *deployPKI) source(name string, id pki.Identity) (*pki.Source, error) {
 }
 
 // certFileName makes a child name (role:model.i) a file name.
-func certFileName(name string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-			return r
-		}
-		return '_'
-	}, name)
-}
+func certFileName(name string) string { return launch.FileName(name) }
 
 // files issues (once per name) the certificate of id and returns its
 // files. The deployment is filled in.

@@ -171,10 +171,12 @@ func (s *Supervisor) emit(ev Event) {
 
 // LogPath is the stderr log file of the named child.
 func (s *Supervisor) LogPath(name string) string {
-	return filepath.Join(s.cfg.RunDir, sanitize(name)+".log")
+	return filepath.Join(s.cfg.RunDir, FileName(name)+".log")
 }
 
-func sanitize(name string) string {
+// FileName makes a child name a file name (characters outside
+// [A-Za-z0-9._-] become '_'): its log's, and its certificate's.
+func FileName(name string) string {
 	return strings.Map(func(r rune) rune {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
