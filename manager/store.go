@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/coord"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -25,19 +25,7 @@ const maxCASAttempts = 64
 // BucketName returns the KV bucket that holds the state of the deployment
 // called name: "hams_" followed by name with every character outside
 // [A-Za-z0-9_-] replaced by '_'.
-func BucketName(name string) string {
-	var b strings.Builder
-	b.WriteString("hams_")
-	for _, r := range name {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	return b.String()
-}
+func BucketName(name string) string { return coord.TopologyBucket(name) }
 
 // MaxTopologyBytes bounds a stored topology: a larger value is not
 // decoded (a deployment's topology is a few KiB).

@@ -33,6 +33,23 @@ type Coord struct {
 	badRecords atomic.Uint64
 }
 
+// TopologyBucket is the KV bucket that holds the state of the deployment
+// called dep (the manager's topology key and lease): "hams_" followed by
+// dep with every character outside [A-Za-z0-9_-] replaced by '_'.
+func TopologyBucket(dep string) string {
+	var b strings.Builder
+	b.WriteString("hams_")
+	for _, r := range dep {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
 func streamName(dep, what string) string {
 	r := strings.NewReplacer(".", "_", "-", "_", " ", "_", "*", "_", ">", "_")
 	return "HAMS_" + r.Replace(dep) + "_" + what

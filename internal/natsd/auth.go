@@ -153,22 +153,9 @@ func (id Identity) InboxPrefix() string {
 }
 
 // TopologyBucket is the manager's KV bucket of deployment dep (the
-// topology key and the manager lease): manager.BucketName, repeated here
-// because the manager imports this package (a manager test checks that
-// the two agree).
-func TopologyBucket(dep string) string {
-	var b strings.Builder
-	b.WriteString("hams_")
-	for _, r := range dep {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	return b.String()
-}
+// topology key and the manager lease): coord.TopologyBucket, the one
+// definition manager.BucketName uses too.
+func TopologyBucket(dep string) string { return coord.TopologyBucket(dep) }
 
 // perms accumulates allowed subjects.
 type perms struct{ pub, sub []string }
