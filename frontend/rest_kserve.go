@@ -479,17 +479,7 @@ func ksAppend(b []byte, dt string, v any, room *int64) ([]byte, error) {
 	return bad()
 }
 
-func appendLE(b []byte, v uint64, size int) []byte {
-	switch size {
-	case 1:
-		return append(b, byte(v))
-	case 2:
-		return binary.LittleEndian.AppendUint16(b, uint16(v))
-	case 4:
-		return binary.LittleEndian.AppendUint32(b, uint32(v))
-	}
-	return binary.LittleEndian.AppendUint64(b, v)
-}
+func appendLE(b []byte, v uint64, size int) []byte { return wire.AppendLE(b, v, size) }
 
 func (f *Frontend) handleKSInfer(w http.ResponseWriter, r *http.Request) {
 	name, version := r.PathValue("name"), r.PathValue("version")

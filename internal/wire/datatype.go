@@ -89,6 +89,10 @@ func shapeSize(name, dt string, shape []int64) (n, size int64, err error) {
 	return n, n * es, nil
 }
 
+// AppendLE appends the low size bytes (1, 2, 4 or 8) of v little-endian:
+// a tensor element of that width.
+func AppendLE(b []byte, v uint64, size int) []byte { return appendUint(b, v, size) }
+
 func appendUint(b []byte, v uint64, size int) []byte {
 	switch size {
 	case 1:
