@@ -144,3 +144,19 @@ soak: build
 
 clean:
 	rm -rf $(BIN)
+
+# The per-role docker compose deployment (docs/docker.md): hams-go plus the
+# compose helper. compose-gen rewrites docker-compose.yml from examples/ap.yaml.
+.PHONY: compose-image compose-gen compose-chaos
+compose-image: docker
+	mkdir -p $(BIN)/compose
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/compose/hams-compose ./deploy/compose/hamscompose
+	docker build -t hams-go-compose:latest -f deploy/compose/Dockerfile $(BIN)/compose
+
+compose-gen:
+	$(GO) run ./deploy/compose/hamscompose gen --config examples/ap.yaml --out docker-compose.yml
+
+# The compose chaos test: the per-role deployment under load, one fault per
+# case (kills, a pause, a partition), the checker over the audit logs.
+compose-chaos: compose-image
+	HAMS_COMPOSE_CHAOS=1 $(GO) test ./integration -run TestComposeChaos -count=1 -v -timeout 30m
