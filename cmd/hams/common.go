@@ -78,7 +78,7 @@ func (t *tlsFlags) load(name string, log *slog.Logger) (*pki.Source, error) {
 
 func newFlagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("hams "+name, flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
+	fs.SetOutput(stderr)
 	registerTraceFlags(name, fs) // --otlp, --trace-ratio (tracing.go)
 	return fs
 }
@@ -128,10 +128,33 @@ func newPlainRoleFlags(name string) *roleFlags {
 	return r
 }
 
-// parse parses args; -h gives a zero-code exit.
+// parseFlags parses args; -h prints the command's help (description,
+// examples, flags) on stdout and gives a zero-code exit.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	if capturing { // shell completion reads the flags (commands.go)
+		captureFlags = fs
+		return &exitError{code: 0}
+	}
+	help := false
+	fs.Usage = func() {
+		if !help {
+			fmt.Fprintf(fs.Output(), "Run '%s -h' for the flags.\n", fs.Name())
+		}
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		help = help || isHelpArg(a)
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			if c := lookupCmd(fs.Name()); c != nil {
+				printCommandHelp(stdout, c, fs)
+			} else {
+				fs.SetOutput(stdout)
+				fs.PrintDefaults()
+			}
 			return &exitError{code: 0}
 		}
 		return &exitError{code: 2, err: fmt.Errorf("%s: %v", fs.Name(), err)}
