@@ -560,39 +560,12 @@ func msSince(from, to time.Time) float64 {
 
 func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
 
-// progress draws one updating status line until done.
+// progress draws one updating status line until done (progress.go).
 func progress(w io.Writer, rec *loadgen.Recorder, total time.Duration, done <-chan struct{}) {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			tty = true
-		}
-	}
-	every := 250 * time.Millisecond
-	if !tty {
-		every = time.Second
-	}
-	start := time.Now()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	draw := func() {
+	loadBar(w, total, done, func() string {
 		s := rec.Stats()
-		el := time.Since(start)
-		frac := min(float64(el)/float64(total), 1)
-		const width = 24
-		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))
-		fmt.Fprintf(w, "\r[%s] %5.1fs/%v  replies %d  errors %d  p50 %.2fms   ", bar, el.Seconds(), total, s.Replies, s.Errors, s.P50Ms)
-	}
-	for {
-		select {
-		case <-t.C:
-			draw()
-		case <-done:
-			draw()
-			fmt.Fprintln(w)
-			return
-		}
-	}
+		return fmt.Sprintf("replies %d  errors %d  p50 %.2fms", s.Replies, s.Errors, s.P50Ms)
+	})
 }
 
 func printDemoSummary(w io.Writer, r demoReport, firstBad string) {

@@ -100,39 +100,16 @@ type parmDemoOptions struct {
 }
 
 // parmProgress draws one status line (replies, approximate, p99.9 so far)
-// until done.
+// until done (progress.go).
 func parmProgress(w io.Writer, last *atomic.Pointer[parmload.Result], total time.Duration, done <-chan struct{}) {
-	every := time.Second
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			every = 250 * time.Millisecond
-		}
-	}
-	start := time.Now()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	draw := func() {
+	loadBar(w, total, done, func() string {
 		var s parmload.Summary
 		if r := last.Load(); r != nil {
 			s = r.Summary()
 		}
-		el := time.Since(start)
-		frac := min(float64(el)/float64(total), 1)
-		const width = 24
-		bar := strings.Repeat("#", int(frac*width)) + strings.Repeat(".", width-int(frac*width))
-		fmt.Fprintf(w, "\r[%s] %5.1fs/%v  replies %d  approximate %d (%.1f%%)  errors %d  p50 %.2fms  p99.9 %.2fms   ",
-			bar, el.Seconds(), total, s.Replies, s.ApproxReplies, 100*s.Approximate, s.Errors, s.P50Ms, s.P999Ms)
-	}
-	for {
-		select {
-		case <-t.C:
-			draw()
-		case <-done:
-			draw()
-			fmt.Fprintln(w)
-			return
-		}
-	}
+		return fmt.Sprintf("replies %d  approximate %d (%.1f%%)  errors %d  p50 %.2fms  p99.9 %.2fms",
+			s.Replies, s.ApproxReplies, 100*s.Approximate, s.Errors, s.P50Ms, s.P999Ms)
+	})
 }
 
 func printParmSummary(w io.Writer, r parmDemoReport) {
