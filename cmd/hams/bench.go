@@ -760,23 +760,23 @@ func printTLSCost(w io.Writer, rows []benchRow) {
 			plain[k] = r
 		}
 	}
-	header := false
+	tb := newTable(2, "service", "mode", "p50_ms_diff", "p99_ms_diff", "p50_us_per_hop")
 	for _, k := range order {
 		t, p := tls[k], plain[k]
 		if t == nil || p == nil || k.mode == "direct" {
 			continue
 		}
-		if !header {
-			fmt.Fprintf(w, "\nmutual TLS cost (tls - insecure, same run):\n%-12s %-7s %12s %12s %14s\n", "service", "mode", "p50_ms_diff", "p99_ms_diff", "p50_us_per_hop")
-			header = true
-		}
 		hops := float64(t.Hops + 1)
-		fmt.Fprintf(w, "%-12s %-7s %12.3f %12.3f %14.1f\n", k.service, k.mode, t.P50Ms-p.P50Ms, t.P99Ms-p.P99Ms, (t.P50Ms-p.P50Ms)*1000/hops)
+		tb.AppendRow([]any{k.service, k.mode, f3(t.P50Ms - p.P50Ms), f3(t.P99Ms - p.P99Ms), fmt.Sprintf("%.1f", (t.P50Ms-p.P50Ms)*1000/hops)})
+	}
+	if tb.Length() > 0 {
+		fmt.Fprintf(w, "\nmutual TLS cost (tls - insecure, same run):\n")
+		render(w, tb, "")
 	}
 }
 
 func printBench(w io.Writer, rows []benchRow) {
-	fmt.Fprintf(w, "\n%-12s %-14s %6s %9s %9s %9s %9s %11s %7s %9s %9s\n", "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b", "gate_ms")
+	tb := newTable(2, "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b", "gate_ms")
 	for _, r := range rows {
 		lin, gate := "-", "-"
 		if r.LineageMsPerBatch != nil {
@@ -789,8 +789,10 @@ func printBench(w io.Writer, rows []benchRow) {
 		if r.Transport == "insecure" {
 			mode += "/insecure"
 		}
-		fmt.Fprintf(w, "%-12s %-14s %6d %9d %9.3f %9.3f %9.3f %11.1f %7d %9s %9s\n", r.Service, mode, r.Batch, r.Requests, r.P50Ms, r.P99Ms, r.MeanMs, r.ThroughputRPS, r.Errors, lin, gate)
+		tb.AppendRow([]any{r.Service, mode, r.Batch, r.Requests, f3(r.P50Ms), f3(r.P99Ms), f3(r.MeanMs), fmt.Sprintf("%.1f", r.ThroughputRPS), r.Errors, lin, gate})
 	}
+	fmt.Fprintln(w)
+	render(w, tb, "")
 	// Sidecar overhead per hop: (bare p50 - direct p50) / (hops + 1).
 	type pair struct{ direct, bare *benchRow }
 	by := map[string]*pair{}
@@ -810,20 +812,23 @@ func printBench(w io.Writer, rows []benchRow) {
 			p.bare = r
 		}
 	}
-	header := false
+	hop := newTable(1, "service", "hops", "direct_p50", "bare_p50", "added_p50_ms", "added_p50/hop_ms")
 	for _, s := range order {
 		p := by[s]
 		if p.direct == nil || p.bare == nil {
 			continue
 		}
-		if !header {
-			fmt.Fprintf(w, "\n%-12s %5s %11s %11s %13s %16s\n", "service", "hops", "direct_p50", "bare_p50", "added_p50_ms", "added_p50/hop_ms")
-			header = true
-		}
 		per := (p.bare.P50Ms - p.direct.P50Ms) / float64(p.bare.Hops+1)
-		fmt.Fprintf(w, "%-12s %5d %11.3f %11.3f %13.3f %16.3f\n", s, p.bare.Hops, p.direct.P50Ms, p.bare.P50Ms, p.bare.P50Ms-p.direct.P50Ms, per)
+		hop.AppendRow([]any{s, p.bare.Hops, f3(p.direct.P50Ms), f3(p.bare.P50Ms), f3(p.bare.P50Ms - p.direct.P50Ms), f3(per)})
+	}
+	if hop.Length() > 0 {
+		fmt.Fprintln(w)
+		render(w, hop, "")
 	}
 }
+
+// f3 formats a number of milliseconds as the tables print them.
+func f3(x float64) string { return fmt.Sprintf("%.3f", x) }
 
 // serviceArg is the value of --service in args ("" when absent).
 func serviceArg(args []string) string {

@@ -38,34 +38,36 @@ func printOverheads(w io.Writer, rows []benchRow) {
 	if !slices.Contains(modes, "bare") || len(modes) < 2 {
 		return
 	}
-	fmt.Fprintf(w, "\np50 latency (ms) and overhead over bare, one run (the shape of the HAMS paper's Table I)\n%-8s %5s", "service", "batch")
+	header := []any{"service", "batch"}
 	for _, m := range modes {
-		fmt.Fprintf(w, " %18s", m)
+		header = append(header, m)
 	}
-	fmt.Fprintln(w)
+	tb := newTable(1, header...)
 	for _, k := range keys {
-		fmt.Fprintf(w, "%-8s %5d", k.service, k.batch)
+		row := []any{k.service, k.batch}
 		bare, ok := byKey[k]["bare"]
 		for _, m := range modes {
 			r, has := byKey[k][m]
 			switch {
 			case !has:
-				fmt.Fprintf(w, " %18s", "-")
+				row = append(row, "-")
 			case m == "bare" || !ok || bare.P50Ms <= 0:
-				fmt.Fprintf(w, " %18.2f", r.P50Ms)
+				row = append(row, fmt.Sprintf("%.2f", r.P50Ms))
 			default:
-				fmt.Fprintf(w, " %9.2f (%+5.1f%%)", r.P50Ms, 100*(r.P50Ms/bare.P50Ms-1))
+				row = append(row, fmt.Sprintf("%.2f (%+5.1f%%)", r.P50Ms, 100*(r.P50Ms/bare.P50Ms-1)))
 			}
 		}
-		fmt.Fprintln(w)
+		tb.AppendRow(row)
 	}
+	fmt.Fprintf(w, "\np50 latency (ms) and overhead over bare, one run (the shape of the HAMS paper's Table I)\n")
+	render(w, tb, "")
 }
 
 // printShipping prints, per replicated model and mode, what a snapshot
 // costs and the shipping throughput next to this machine's memcpy
 // bandwidth.
 func printShipping(w io.Writer, rows []benchRow, memcpyMBs float64) {
-	header := false
+	tb := newTable(3, "service", "mode", "model", "state_bytes", "bytes/snap", "snapshots", "copy_ms", "delivery_ms", "ship_MB/s", "x_memcpy")
 	for _, r := range rows {
 		names := make([]string, 0, len(r.State))
 		for n := range r.State {
@@ -74,18 +76,17 @@ func printShipping(w io.Writer, rows []benchRow, memcpyMBs float64) {
 		sort.Strings(names)
 		for _, n := range names {
 			st := r.State[n]
-			if !header {
-				fmt.Fprintf(w, "\nstate shipping (memcpy on this machine: %.0f MB/s)\n%-8s %-8s %-14s %11s %12s %10s %9s %12s %11s %9s\n", memcpyMBs,
-					"service", "mode", "model", "state_bytes", "bytes/snap", "snapshots", "copy_ms", "delivery_ms", "ship_MB/s", "x_memcpy")
-				header = true
-			}
 			x := "-"
 			if memcpyMBs > 0 && st.ShipMBs > 0 {
 				x = fmt.Sprintf("%.3f", st.ShipMBs/memcpyMBs)
 			}
-			fmt.Fprintf(w, "%-8s %-8s %-14s %11.0f %12.0f %10.0f %9.4f %12.3f %11.1f %9s\n", r.Service, r.Mode, n, st.StateBytes, st.BytesPerSnapshot,
-				st.Snapshots, st.CopyMsMean, st.DeliveryMsMean, st.ShipMBs, x)
+			tb.AppendRow([]any{r.Service, r.Mode, n, fmt.Sprintf("%.0f", st.StateBytes), fmt.Sprintf("%.0f", st.BytesPerSnapshot),
+				fmt.Sprintf("%.0f", st.Snapshots), fmt.Sprintf("%.4f", st.CopyMsMean), f3(st.DeliveryMsMean), fmt.Sprintf("%.1f", st.ShipMBs), x})
 		}
+	}
+	if tb.Length() > 0 {
+		fmt.Fprintf(w, "\nstate shipping (memcpy on this machine: %.0f MB/s)\n", memcpyMBs)
+		render(w, tb, "")
 	}
 }
 

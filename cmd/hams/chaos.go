@@ -442,9 +442,13 @@ func runChaos(args []string) error {
 		rep.RecoveryMaxMs = recs[len(recs)-1]
 	}
 	fmt.Printf("\nHAMS-Go chaos: service %s, mode %s, seed %d, %.1fs, %d kills\n", rep.Service, rep.Mode, rep.Seed, rep.DurationS, len(rep.Kills))
-	for _, k := range rep.Kills {
-		fmt.Printf("  %8.0f ms  %-28s %-9s %-9s recovery %6.0f ms  restored %6.0f ms%s%s\n", k.AtMs, k.Target, k.Kind, k.Note, k.RecoveryMs, k.RestoredMs,
-			map[bool]string{true: "  (now active: " + k.NewActive + ")"}[k.NewActive != ""], map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])
+	if len(rep.Kills) > 0 {
+		tb := newTableAlign("rlllrrl", "at_ms", "target", "kind", "note", "recovery_ms", "restored_ms", "")
+		for _, k := range rep.Kills {
+			tb.AppendRow([]any{fmt.Sprintf("%.0f", k.AtMs), k.Target, k.Kind, k.Note, fmt.Sprintf("%.0f", k.RecoveryMs), fmt.Sprintf("%.0f", k.RestoredMs),
+				strings.TrimSpace(map[bool]string{true: "(now active: " + k.NewActive + ")"}[k.NewActive != ""] + map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])})
+		}
+		render(os.Stdout, tb, "  ")
 	}
 	fmt.Printf("  requests %d  replies %d  errors %d  recovery p50 %.0f ms  max %.0f ms\n", rep.Requests, rep.Replies, rep.Errors, rep.RecoveryP50Ms, rep.RecoveryMaxMs)
 	if rep.Approximate > 0 {

@@ -337,13 +337,14 @@ func parmBenchDeployment(arms []parmArm, replicas int, straggle string, fillAfte
 }
 
 func printParmBench(w io.Writer, rows []parmBenchRow) {
-	fmt.Fprintf(w, "\n%-6s %-10s %2s %6s %5s %5s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n", "batch", "redundancy", "k", "D ms", "data", "par",
-		"p50 ms", "p99 ms", "p99.9 ms", "max ms", "rps", "approx", "acc", "acc.ex", "acc.ap")
+	tb := newTableAlign("rlrrrrrrrrrrrrr", "batch", "redundancy", "k", "D ms", "data", "par", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "rps", "approx", "acc", "acc.ex", "acc.ap")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-6d %-10s %2d %6.1f %5d %5d %9.2f %9.2f %9.2f %9.2f %9.1f %7.2f%% %8s %8s %8s\n", r.Batch, r.Redundancy, r.K,
-			r.DecodeAfterMs, r.DataInstances, r.ParityInstances, r.P50Ms, r.P99Ms, r.P999Ms, r.MaxMs, r.ThroughputRPS, 100*r.Approximate,
-			pctOrNA(r.Accuracy), pctOrNA(r.AccuracyExact), pctOrNA(r.AccuracyApprox))
+		tb.AppendRow([]any{r.Batch, r.Redundancy, r.K, fmt.Sprintf("%.1f", r.DecodeAfterMs), r.DataInstances, r.ParityInstances,
+			fmt.Sprintf("%.2f", r.P50Ms), fmt.Sprintf("%.2f", r.P99Ms), fmt.Sprintf("%.2f", r.P999Ms), fmt.Sprintf("%.2f", r.MaxMs),
+			fmt.Sprintf("%.1f", r.ThroughputRPS), fmt.Sprintf("%.2f%%", 100*r.Approximate), pctOrNA(r.Accuracy), pctOrNA(r.AccuracyExact), pctOrNA(r.AccuracyApprox)})
 	}
+	fmt.Fprintln(w)
+	render(w, tb, "")
 	// Ratios against er at the same (k, batch): the paper's comparison.
 	fmt.Fprintln(w, "\nagainst er at the same k and batch (one run):")
 	for _, r := range rows {

@@ -86,17 +86,17 @@ func printRecoveryTable(w io.Writer, reps []chaosReport) {
 		cell[[2]string{r.Service, r.Mode}] = r
 	}
 	sort.Strings(services)
-	fmt.Fprintf(w, "recovery time at the client, p50 ms over the kills (kills recovered/made; conflicts, lost) - the shape of the HAMS paper's Table II\n%-8s", "service")
+	header := []any{"service"}
 	for _, m := range modes {
-		fmt.Fprintf(w, " %30s", m)
+		header = append(header, m)
 	}
-	fmt.Fprintln(w)
+	tb := newTable(1, header...)
 	for _, s := range services {
-		fmt.Fprintf(w, "%-8s", s)
+		row := []any{s}
 		for _, m := range modes {
 			r, ok := cell[[2]string{s, m}]
 			if !ok {
-				fmt.Fprintf(w, " %30s", "-")
+				row = append(row, "-")
 				continue
 			}
 			// The p50 is the run's own (recovery_p50_ms), so the table
@@ -111,8 +111,10 @@ func printRecoveryTable(w io.Writer, reps []chaosReport) {
 			if recovered > 0 {
 				p50 = fmt.Sprintf("%.0f", r.RecoveryP50Ms)
 			}
-			fmt.Fprintf(w, " %30s", fmt.Sprintf("%s (%d/%d; %d, %d)", p50, recovered, len(r.Kills), r.Conflicts, r.Lost))
+			row = append(row, fmt.Sprintf("%s (%d/%d; %d, %d)", p50, recovered, len(r.Kills), r.Conflicts, r.Lost))
 		}
-		fmt.Fprintln(w)
+		tb.AppendRow(row)
 	}
+	fmt.Fprintln(w, "recovery time at the client, p50 ms over the kills (kills recovered/made; conflicts, lost) - the shape of the HAMS paper's Table II")
+	render(w, tb, "")
 }
