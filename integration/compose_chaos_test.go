@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -387,6 +388,21 @@ func TestComposeChaos(t *testing.T) {
 			t.Fatalf("docker %s: %v %s", strings.Join(args, " "), err, out)
 		}
 	}
+	// crash SIGKILLs a container's process, as a crash or the OOM killer
+	// does: the engine restarts it by its policy. (`docker kill` is a
+	// manual stop to the engine, which then does not restart the
+	// container.)
+	crash := func(id string) {
+		t.Helper()
+		pid, err := docker(30*time.Second, "inspect", "-f", "{{.State.Pid}}", id)
+		n, _ := strconv.Atoi(pid)
+		if err != nil || n <= 0 {
+			t.Fatalf("pid of %s: %q %v", id, pid, err)
+		}
+		if err := syscall.Kill(n, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill %s (pid %d): %v", id, n, err)
+		}
+	}
 	network := composeProject + "_default"
 	var rows []composeCase
 	for _, kase := range []string{"kill primary sidecar", "kill model server", "kill NATS node", "kill active manager", "pause backup 3s", "partition stateful primary 3s"} {
@@ -397,19 +413,19 @@ func TestComposeChaos(t *testing.T) {
 		case "kill primary sidecar":
 			c.target = serviceOfComponent(holder(top, "ap-motion", hamsv1.Role_ROLE_PRIMARY))
 			fault = time.Now()
-			mustDocker("kill", containerOf(t, c.target))
+			crash(containerOf(t, c.target))
 		case "kill model server":
 			c.target = strings.TrimSuffix(serviceOfComponent(holder(top, "ap-route", hamsv1.Role_ROLE_PRIMARY)), "-sidecar")
 			fault = time.Now()
-			mustDocker("kill", containerOf(t, c.target))
+			crash(containerOf(t, c.target))
 		case "kill NATS node":
 			c.target = "nats-1"
 			fault = time.Now()
-			mustDocker("kill", containerOf(t, c.target))
+			crash(containerOf(t, c.target))
 		case "kill active manager":
 			c.target = mgr
 			fault = time.Now()
-			mustDocker("kill", containerOf(t, c.target))
+			crash(containerOf(t, c.target))
 		case "pause backup 3s":
 			c.target = serviceOfComponent(holder(top, "ap-motion", hamsv1.Role_ROLE_BACKUP))
 			id := containerOf(t, c.target)
