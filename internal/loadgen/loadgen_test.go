@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,6 +182,31 @@ func TestPercentileAndStats(t *testing.T) {
 	Summarize(nil, &empty)
 	if empty.P50Ms != 0 {
 		t.Fatal("empty stats")
+	}
+}
+
+// Percentile (gonum's empirical quantile) is the nearest-rank percentile
+// the reports have always used: the sample of 1-based rank ceil(p/100*n).
+func TestPercentileNearestRank(t *testing.T) {
+	nearestRank := func(sorted []time.Duration, p float64) time.Duration {
+		k := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+		return sorted[min(max(k, 0), len(sorted)-1)]
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 2, 3, 7, 10, 99, 100, 101, 1000, 4567} {
+		lat := make([]time.Duration, n)
+		for i := range lat {
+			lat[i] = time.Duration(rng.Int64N(int64(50 * time.Millisecond)))
+		}
+		slices.Sort(lat)
+		for _, p := range []float64{0, 1, 25, 50, 90, 99, 99.9, 100} {
+			if got, want := Percentile(lat, p), nearestRank(lat, p); got != want {
+				t.Fatalf("n %d p%v: %v, nearest rank %v", n, p, got, want)
+			}
+		}
+	}
+	if got := Percentile([]time.Duration{1, 2, 3, 4}, 50); got != 2 {
+		t.Fatalf("p50 of 1..4: %v, want 2 (rank ceil(0.5*4) = 2)", got)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"gonum.org/v1/gonum/stat"
 )
 
 // Stats is a summary of recorded latencies.
@@ -115,14 +117,19 @@ func Summarize(lat []time.Duration, s *Stats) {
 	s.MeanMs = round3(ms(sum / time.Duration(len(lat))))
 }
 
-// Percentile is the nearest-rank p-th percentile of sorted latencies.
+// Percentile is the nearest-rank p-th percentile (0 <= p <= 100) of
+// sorted latencies: the smallest sample with at least p% of the samples at
+// or below it, the 1-based rank ceil(p/100*n). It is gonum's stat.Quantile
+// with stat.Empirical, which is that definition (no interpolation).
 func Percentile(sorted []time.Duration, p float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	k := int(math.Ceil(p/100*float64(len(sorted)))) - 1
-	k = min(max(k, 0), len(sorted)-1)
-	return sorted[k]
+	x := make([]float64, len(sorted))
+	for i, d := range sorted {
+		x[i] = float64(d)
+	}
+	return time.Duration(stat.Quantile(min(max(p/100, 0), 1), stat.Empirical, x, nil))
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
