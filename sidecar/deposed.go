@@ -46,8 +46,10 @@ func (s *Sidecar) deposedBy() (addr string, epoch uint64, deposed bool) {
 	return addr, epoch, true
 }
 
-// checkDeposed fences this primary if the topology names a newer one.
+// checkDeposed fences this primary if the topology names a newer one,
+// and demotes a deposed primary the topology lists as its model's backup.
 func (s *Sidecar) checkDeposed() {
+	defer s.demoteIfListedBackup()
 	if s.Role() != RolePrimary {
 		return
 	}
@@ -67,4 +69,33 @@ func (s *Sidecar) checkDeposed() {
 	if err != nil && status.Code(err) != codes.Unavailable {
 		s.log.Warn("deposed: stop acting as primary", "err", err)
 	}
+}
+
+// demoteIfListedBackup: a deposed primary that the topology lists as its
+// model's backup (a failover of an upstream stateful model rolled this
+// model back: its backup was promoted and the manager re-roled this
+// instance as the new backup) becomes that backup at once, as the
+// manager's Demote would make it (same epoch, same primary; a Demote that
+// still arrives finds a backup and is a no-op). Without it, a recovery
+// round that did not get to its Demote left the new primary's snapshots
+// refused here ("the deposed sidecar, not a backup") and no reply was
+// released again.
+func (s *Sidecar) demoteIfListedBackup() {
+	if s.Role() != RoleDeposed || s.cfg.BackupResolver == nil {
+		return
+	}
+	addr, bepoch, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model)
+	if !ok || addr != s.cfg.GRPCListener.Addr().String() {
+		return
+	}
+	primary, pepoch, deposed := s.deposedBy()
+	if !deposed {
+		return
+	}
+	epoch := max(bepoch, pepoch)
+	if err := s.demote(epoch, primary); err != nil {
+		s.log.Warn("deposed primary listed as its model's backup: demote", "epoch", epoch, "primary", primary, "err", err)
+		return
+	}
+	s.log.Info("deposed primary listed as its model's backup: demoted itself", "epoch", epoch, "primary", primary)
 }

@@ -92,3 +92,38 @@ func TestDeposedPrimaryStopsActingAsPrimary(t *testing.T) {
 		return s == 40 && be1.Digest() == be2.Digest()
 	})
 }
+
+// A deposed primary that the topology lists as its model's backup (the
+// manager re-roled it, as after an upstream failover that rolled this
+// model back) demotes itself without waiting for the Demote RPC: the new
+// primary's snapshots are taken, replies flow, and the Demote that comes
+// later is a no-op.
+func TestDeposedPrimaryListedAsBackupDemotesItself(t *testing.T) {
+	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+	be1, be2 := newCounter(8), newCounter(8)
+	b2 := r.start("a", be2, RoleBackup, 1, false, nil)
+	b1 := r.start("a", be1, RolePrimary, 1, true, nil)
+	r.send(1, 20)
+	waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
+	waitFor(t, "backup durable", func() bool { s, _ := b2.sc.bk.MaxSeq(); return s == 20 })
+	ctx := context.Background()
+	if _, err := r.client(b2.addr).Promote(ctx, &hamsv1.PromoteRequest{Model: "a", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// The rewire: b2 serves a at epoch 2, b1 is its backup.
+	r.setBackup("a", b1.addr)
+	r.res.Set("a", b2.addr, 2)
+	waitFor(t, "the old primary a backup without a Demote", func() bool { return b1.sc.Role() == RoleBackup })
+	r.send(21, 40)
+	waitFor(t, "replies to all 40 requests", func() bool { return r.sink.distinct() == 40 })
+	waitFor(t, "the self-demoted primary in sync", func() bool {
+		s, _ := b1.sc.backupNow().MaxSeq()
+		return s == 40 && be1.Digest() == be2.Digest()
+	})
+	if _, err := r.client(b1.addr).Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
+		t.Fatalf("a late Demote: %v", err)
+	}
+	if b1.sc.Role() != RoleBackup {
+		t.Fatalf("after a late Demote: %s", b1.sc.Role())
+	}
+}
