@@ -73,19 +73,16 @@ func (f *Frontend) startLog(ctx context.Context) error {
 
 // runLog runs the loops of the request log until ctx ends: the reply
 // watcher (answers recorded by other frontends), the recorder (this
-// frontend's answers, recorded before release), the consumer of the log
-// (followers mirror it, the leader injects from it) and the leadership
-// loop.
+// frontend's answers, recorded before release) and the leadership loop.
 func (f *Frontend) runLog(ctx context.Context) error {
-	mir := newLogMirror(f.timeout + takeoverSlack)
 	var wg sync.WaitGroup
-	wg.Add(5)
+	wg.Add(4)
 	go func() { defer wg.Done(); f.sweepLoop(ctx) }()
 	go func() {
 		defer wg.Done()
 		backoff := minBackoff
 		for {
-			err := f.cfg.Log.WatchReplies(ctx, func(r *coord.LoggedReply) { f.onReplyRecord(r, mir) })
+			err := f.cfg.Log.WatchReplies(ctx, f.onReplyRecord)
 			if ctx.Err() != nil {
 				return
 			}
@@ -97,8 +94,7 @@ func (f *Frontend) runLog(ctx context.Context) error {
 		}
 	}()
 	go func() { defer wg.Done(); f.recorderLoop(ctx) }()
-	go func() { defer wg.Done(); f.consumeLog(ctx, mir) }()
-	go func() { defer wg.Done(); f.leadershipLoop(ctx, mir) }()
+	go func() { defer wg.Done(); f.leadershipLoop(ctx) }()
 	wg.Wait()
 	return nil
 }
@@ -140,7 +136,7 @@ func (f *Frontend) sweepLoop(ctx context.Context) {
 		for _, id := range ids {
 			rec, err := f.cfg.Log.LookupReply(ctx, id)
 			if err == nil {
-				f.onReplyRecord(rec, nil)
+				f.onReplyRecord(rec)
 			}
 		}
 	}
@@ -149,12 +145,11 @@ func (f *Frontend) sweepLoop(ctx context.Context) {
 // leadershipLoop follows the topology: the frontend the Resolver names for
 // config.Frontend receives every sink edge, so it is the one frontend that
 // injects requests (two frontends sending on frontend -> entry edges would
-// fence each other off at the entry models' receivers). On taking over it
-// injects the open requests its log mirror holds (the previous leader's
-// unanswered ones, and those the others logged meanwhile) and asks the
-// sink models to resend what they keep for the frontend; while it leads,
-// the log consumer injects every new record (onLogged).
-func (f *Frontend) leadershipLoop(ctx context.Context, mir *logMirror) {
+// fence each other off at the entry models' receivers). While leading, it
+// consumes the request log (the other frontends' requests, and on taking
+// over the unanswered requests of the previous leader) and asks the sink
+// models to resend what they keep for the frontend.
+func (f *Frontend) leadershipLoop(ctx context.Context) {
 	var (
 		cancelLead context.CancelFunc
 		leadWG     sync.WaitGroup
@@ -166,7 +161,6 @@ func (f *Frontend) leadershipLoop(ctx context.Context, mir *logMirror) {
 			cancelLead = nil
 			f.mu.Lock()
 			f.leader = false
-			mir.follow()
 			f.mu.Unlock()
 			f.log.Info("frontend no longer leads: the topology names another frontend")
 		}
@@ -178,7 +172,6 @@ func (f *Frontend) leadershipLoop(ctx context.Context, mir *logMirror) {
 		lead := ok && addr == f.cfg.Address
 		switch {
 		case lead && cancelLead == nil:
-			t0 := time.Now()
 			f.mu.Lock()
 			f.leader = true
 			// Entry receivers follow the newest sender incarnation of the
@@ -188,33 +181,14 @@ func (f *Frontend) leadershipLoop(ctx context.Context, mir *logMirror) {
 			for _, snd := range f.senders {
 				snd.Resend(edge.ResendSpec{After: ^uint64(0)})
 			}
-			// Under mu: a record the consumer delivers from now on finds
-			// leader set and is injected by onLogged; the ones before are
-			// in the mirror. This process's calls that wait now were
-			// logged (or are being logged) while it followed: their
-			// records, when they come, are injected too.
-			var waiting []uint64
-			for id, c := range f.calls {
-				if !c.injected && !c.recording && f.ownReqIDLocked(id) {
-					waiting = append(waiting, id)
-				}
-			}
-			open := mir.take(f.now(), waiting)
 			f.mu.Unlock()
-			f.log.Info("frontend leads: injecting the open requests of the log", "open", len(open))
+			since := f.now().Add(-f.timeout - takeoverSlack)
+			f.log.Info("frontend leads: injecting logged requests", "since", since)
 			lctx, cancel := context.WithCancel(ctx)
 			cancelLead = cancel
 			leadWG.Add(2)
-			go func() {
-				defer leadWG.Done()
-				n := f.adoptOpen(lctx, open, mir)
-				f.log.Info("takeover: open requests injected", "injected", n, "open", len(open), "elapsed", time.Since(t0))
-			}()
-			go func() {
-				defer leadWG.Done()
-				f.resendSinks(lctx)
-				f.log.Info("takeover: sink resends done", "elapsed", time.Since(t0))
-			}()
+			go func() { defer leadWG.Done(); f.consumeLog(lctx, since) }()
+			go func() { defer leadWG.Done(); f.resendSinks(lctx) }()
 		case !lead && cancelLead != nil:
 			stop()
 		}
@@ -247,22 +221,13 @@ func (f *Frontend) retakeEntry(e string) {
 	f.senders[e].Resend(edge.ResendSpec{After: ^uint64(0)})
 }
 
-// takeoverLookups bounds the answer look-ups a new leader runs at once.
-const takeoverLookups = 16
-
-// consumeLog consumes the request log until ctx ends, restarting the
-// watch with backoff; a watch starts one request timeout (plus slack)
-// back, and what it replays is looked up before it is injected.
-func (f *Frontend) consumeLog(ctx context.Context, mir *logMirror) {
-	var lookups sync.WaitGroup
-	defer lookups.Wait()
-	sem := make(chan struct{}, takeoverLookups)
+// consumeLog injects logged requests until ctx ends, restarting the watch
+// with backoff (a restart replays from since; injected requests are
+// skipped).
+func (f *Frontend) consumeLog(ctx context.Context, since time.Time) {
 	backoff := minBackoff
 	for {
-		since := f.now().Add(-f.timeout - takeoverSlack)
-		err := f.cfg.Log.WatchRequests(ctx, since, func(r *coord.LoggedRequest, backlog bool) {
-			f.onLogged(ctx, r, backlog, mir, sem, &lookups)
-		})
+		err := f.cfg.Log.WatchRequests(ctx, since, func(r *coord.LoggedRequest, backlog bool) { f.onLogged(ctx, r, backlog) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -278,157 +243,58 @@ func (f *Frontend) consumeLog(ctx context.Context, mir *logMirror) {
 func (f *Frontend) ownReqID(reqID uint64) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.ownReqIDLocked(reqID)
-}
-
-func (f *Frontend) ownReqIDLocked(reqID uint64) bool {
 	shift := 64 - coord.IncarnationBits
 	return reqID>>shift == f.table.next>>shift
 }
 
-// onLogged handles one logged request. A request past its deadline, one
-// this frontend injected or answers already, and one of its own whose
-// call is over are ignored. A follower keeps the rest in its log mirror,
-// to inject them if it takes over; the answer of a backlog record (logged
-// before the watch started) is looked up meanwhile. The leader injects
-// it (its own requests only when they waited at the takeover: predict
-// injects the others): a new record at once, a backlog record after its
-// answer was looked up (an earlier leader may have answered it), on a
-// goroutine (lookupLater), so new records wait for look-ups only while
-// takeoverLookups of them are in flight.
-func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog bool, mir *logMirror, sem chan struct{}, wg *sync.WaitGroup) {
-	now := f.now()
-	if !now.Before(r.Deadline) {
-		return
-	}
-	f.mu.Lock()
-	c := f.calls[r.ReqID]
-	own := f.ownReqIDLocked(r.ReqID)
-	if f.closed || (c != nil && (c.injected || c.recording)) || (own && c == nil) {
-		f.mu.Unlock()
-		return
-	}
-	if !f.leader {
-		kept := mir.logged(r, now)
-		f.mu.Unlock()
-		if kept && backlog {
-			// Logged before this watch started (this frontend just
-			// started, or the watch restarted): its answer may have been
-			// recorded before the reply watch could see it. Look it up
-			// now, while following, so a takeover finds only open
-			// requests in the mirror.
-			f.lookupLater(ctx, r, mir, sem, wg, false)
-		}
-		return
-	}
-	if own && !backlog && !mir.claimWaiting(r.ReqID) {
-		// predict injects it once the log acknowledged it (it saw this
-		// frontend lead).
-		f.mu.Unlock()
-		return
-	}
-	f.mu.Unlock()
-	if !backlog {
-		f.adopt(r)
-		return
-	}
-	f.lookupLater(ctx, r, mir, sem, wg, true)
-}
-
-// lookupLater looks up the answer of logged request r on a goroutine of
-// its own (at most cap(sem) at a time; it waits for a slot, so a long
-// backlog slows the consumer rather than piling up goroutines) and, when
-// there is none and inject is set, injects it.
-func (f *Frontend) lookupLater(ctx context.Context, r *coord.LoggedRequest, mir *logMirror, sem chan struct{}, wg *sync.WaitGroup, inject bool) {
-	select {
-	case sem <- struct{}{}:
-	case <-ctx.Done():
-		return
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer func() { <-sem }()
-		if !f.answered(ctx, r, mir) && inject {
-			f.adopt(r)
-		}
-	}()
-}
-
-// answered looks up the recorded answer of logged request r and applies
-// it; it reports whether there is one (a failed look-up counts as none:
-// the request is injected, and a second answer loses to the first).
-func (f *Frontend) answered(ctx context.Context, r *coord.LoggedRequest, mir *logMirror) bool {
-	rec, err := f.cfg.Log.LookupReply(ctx, r.ReqID)
-	if err == nil {
-		f.onReplyRecord(rec, mir)
-		return true
-	}
-	if !errors.Is(err, coord.ErrNoRecord) {
-		f.log.Warn("look up answer of a logged request; injecting it", "req_id", r.ReqID, "err", err)
-	}
-	return false
-}
-
-// adoptOpen injects, as the new leader, the open requests a follower's
-// mirror held: their answers are looked up first, all at once (at most
-// takeoverLookups in flight; the answers of a previous leader may have
-// escaped the reply watch), then the unanswered ones are injected in log
-// order. It returns how many were injected.
-func (f *Frontend) adoptOpen(ctx context.Context, open []*coord.LoggedRequest, mir *logMirror) int {
-	done := make([]bool, len(open))
-	sem := make(chan struct{}, takeoverLookups)
-	var wg sync.WaitGroup
-	for i, r := range open {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			done[i] = f.answered(ctx, r, mir)
-		}()
-	}
-	wg.Wait()
-	n := 0
-	for i, r := range open {
-		if !done[i] && ctx.Err() == nil && f.adopt(r) {
-			n++
-		}
-	}
-	return n
-}
-
-// adopt injects logged request r as the leader unless it is past its
-// deadline, injected or answered here already, or this frontend no longer
-// leads. A record is checked as predict checks a client's request (the
-// log is outside bytes too: another frontend's view of the deployment, or
-// a record nobody's frontend wrote); a refused one is answered with the
-// refusal, recorded like any answer, so a frontend waiting for it answers
-// its client. It reports whether r was injected.
-func (f *Frontend) adopt(r *coord.LoggedRequest) bool {
+// onLogged handles one logged request while leading: it injects it unless
+// it is injected already, answered, or past its deadline. Requests this
+// process logged after it began to lead were injected by predict; a
+// backlog record (logged before) is first looked up among the recorded
+// answers, since the previous leader may have answered it.
+func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog bool) {
 	if !f.now().Before(r.Deadline) {
-		return false
+		return
 	}
 	svc := f.services[r.Request.GetService()]
 	if svc == nil {
 		f.log.Warn("logged request names an unknown service; skipped", "req_id", r.ReqID, "service", r.Request.GetService())
-		return false
+		return
 	}
+	own := f.ownReqID(r.ReqID)
+	f.mu.Lock()
+	c := f.calls[r.ReqID]
+	skip := f.closed || (c != nil && (c.injected || c.recording)) || (own && (!backlog || c == nil))
+	f.mu.Unlock()
+	if skip {
+		return
+	}
+	// A record is checked as predict checks a client's request: the log
+	// is outside bytes too (another frontend's view of the deployment,
+	// or a record nobody's frontend wrote). A refused one is answered
+	// with the refusal, recorded like any answer, so a frontend waiting
+	// for it answers its client.
 	refused := f.checkLogged(svc, r.Request)
 	if refused != nil {
 		f.log.Warn("logged request refused", "req_id", r.ReqID, "logged_by", r.Frontend, "err", refused)
 	}
-	own := f.ownReqID(r.ReqID)
+	if backlog && refused == nil {
+		rec, err := f.cfg.Log.LookupReply(ctx, r.ReqID)
+		if err == nil {
+			f.onReplyRecord(rec)
+			return
+		}
+		if !errors.Is(err, coord.ErrNoRecord) {
+			f.log.Warn("look up answer of a logged request; injecting it", "req_id", r.ReqID, "err", err)
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed || !f.leader {
-		return false
+		return
 	}
-	c := f.calls[r.ReqID]
-	switch {
-	case c == nil && own:
-		return false // this process's call is over (answered or failed)
-	case c == nil:
+	c = f.calls[r.ReqID]
+	if c == nil {
 		key := idemKey{service: svc.name, requestID: r.Request.GetRequestId()}
 		c = &call{reqID: r.ReqID, service: svc.name, key: key, hasKey: key.requestID != "", done: make(chan struct{})}
 		if c.hasKey {
@@ -439,21 +305,20 @@ func (f *Frontend) adopt(r *coord.LoggedRequest) bool {
 			}
 		}
 		f.calls[c.reqID] = c
-	case c.injected || c.recording:
-		return false
+	} else if c.injected || c.recording {
+		return
 	}
 	c.req, c.deadline = r.Request, r.Deadline
 	if refused != nil {
 		c.injected = true // this frontend answers it, so it records the answer
 		f.finishLocked(c, nil, refused, true)
-		return false
+		return
 	}
 	if !own {
 		f.m.adopted.Inc()
 	}
-	f.log.Debug("logged request injected", "req_id", r.ReqID, "logged_by", r.Frontend)
+	f.log.Debug("logged request injected", "req_id", r.ReqID, "logged_by", r.Frontend, "backlog", backlog)
 	f.injectLocked(c, svc)
-	return true
 }
 
 // checkLogged checks a logged request as predict checks a client's.
@@ -542,15 +407,8 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 	lcancel()
 	f.m.logLatency.Observe(time.Since(t0).Seconds())
 	if err != nil {
-		f.mu.Lock()
-		if c.injected {
-			// The log consumer delivered the record (so it is stored)
-			// and this frontend, leading, injected it: only the
-			// acknowledgement was lost.
-			f.mu.Unlock()
-			return f.wait(ctx, c)
-		}
 		err = status.Errorf(codes.Unavailable, "service %q: request not accepted: request log: %v", svc.name, err)
+		f.mu.Lock()
 		f.answerLocked(c, nil, err, false, false)
 		f.mu.Unlock()
 		return nil, err
@@ -571,7 +429,7 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 // joinLogged makes call c (not logged: its key was taken) an attempt of
 // the logged request existing: c takes existing's req_id, or joins the
 // call this frontend has for it, and its answer is looked up in case it is
-// recorded already; a leader injects it when it is not.
+// recorded already.
 func (f *Frontend) joinLogged(ctx context.Context, c *call, existing *coord.LoggedRequest) (*hamsv1.PredictResponse, error) {
 	f.mu.Lock()
 	delete(f.calls, c.reqID)
@@ -590,32 +448,19 @@ func (f *Frontend) joinLogged(ctx context.Context, c *call, existing *coord.Logg
 	}
 	f.mu.Unlock()
 	f.log.Debug("request joins an attempt logged before", "req_id", existing.ReqID, "logged_by", existing.Frontend)
-	rec, err := f.cfg.Log.LookupReply(ctx, existing.ReqID)
-	switch {
-	case err == nil:
-		f.onReplyRecord(rec, nil)
-	case errors.Is(err, coord.ErrNoRecord):
-		// Unanswered: a leader injects it now (adopt does nothing while
-		// following, or when it is injected already). A client retrying
-		// the request of a dead leader on a frontend restarted in its
-		// place would otherwise wait until the log consumer reached the
-		// record at the end of its backlog.
-		f.adopt(existing)
+	if rec, err := f.cfg.Log.LookupReply(ctx, existing.ReqID); err == nil {
+		f.onReplyRecord(rec)
 	}
 	return f.wait(ctx, c)
 }
 
 // onReplyRecord applies an answer recorded by any frontend: a call of
 // this frontend waiting for that request gets it (and leaves the table or
-// the hold area), and the log mirror (mir, if not nil) forgets the
-// request. A call whose own answer is being recorded ignores it: the
-// recorder learns the winner.
-func (f *Frontend) onReplyRecord(r *coord.LoggedReply, mir *logMirror) {
+// the hold area). A call whose own answer is being recorded ignores it:
+// the recorder learns the winner.
+func (f *Frontend) onReplyRecord(r *coord.LoggedReply) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if mir != nil {
-		mir.answer(r.ReqID, f.now())
-	}
 	c := f.calls[r.ReqID]
 	if c == nil || c.recording {
 		return
@@ -736,190 +581,37 @@ func (f *Frontend) recordOne(ctx context.Context, r recording) {
 
 // resendSinks asks every sink model to resend to this frontend the items
 // it keeps for the frontend edge (acknowledged by the previous leader but
-// not completed): the requests this frontend takes over need them. The
-// sinks are asked all at once (each call dials its sink: a handshake per
-// sink). Failures are logged; the requests then complete from
-// re-execution or expire.
+// not completed): the requests this frontend takes over need them.
+// Failures are logged; the requests then complete from re-execution or
+// expire.
 func (f *Frontend) resendSinks(ctx context.Context) {
 	done := map[string]bool{}
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	for _, n := range f.svcOrder {
 		for _, sink := range f.services[n].sinks {
 			if done[sink] {
 				continue
 			}
 			done[sink] = true
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				f.resendSink(ctx, sink)
-			}()
+			addr, _, ok := f.cfg.Resolver.Resolve(sink)
+			if !ok {
+				continue
+			}
+			_, ep, _ := f.cfg.Resolver.Resolve(config.Frontend)
+			cc, err := grpcx.Dial(addr, f.maxBytes, f.cfg.DialOptions...)
+			if err != nil {
+				f.log.Warn("sink resend: dial", "model", sink, "addr", addr, "err", err)
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, sinkResendTimeout)
+			resp, err := hamsv1.NewReplicationClient(cc).Resend(cctx, &hamsv1.ResendRequest{
+				ToModel: config.Frontend, ToAddress: f.cfg.Address, AfterEdgeSeq: 0, Epoch: ep})
+			cancel()
+			_ = cc.Close()
+			if err != nil {
+				f.log.Info("sink resend not done", "model", sink, "addr", addr, "err", err)
+				continue
+			}
+			f.log.Info("sink resend", "model", sink, "resent", resp.GetResent())
 		}
 	}
-}
-
-// resendSink asks one sink model for its resend (see resendSinks).
-func (f *Frontend) resendSink(ctx context.Context, sink string) {
-	addr, _, ok := f.cfg.Resolver.Resolve(sink)
-	if !ok {
-		return
-	}
-	_, ep, _ := f.cfg.Resolver.Resolve(config.Frontend)
-	cc, err := grpcx.Dial(addr, f.maxBytes, f.cfg.DialOptions...)
-	if err != nil {
-		f.log.Warn("sink resend: dial", "model", sink, "addr", addr, "err", err)
-		return
-	}
-	defer cc.Close()
-	cctx, cancel := context.WithTimeout(ctx, sinkResendTimeout)
-	defer cancel()
-	resp, err := hamsv1.NewReplicationClient(cc).Resend(cctx, &hamsv1.ResendRequest{
-		ToModel: config.Frontend, ToAddress: f.cfg.Address, AfterEdgeSeq: 0, Epoch: ep})
-	if err != nil {
-		f.log.Info("sink resend not done", "model", sink, "addr", addr, "err", err)
-		return
-	}
-	f.log.Info("sink resend", "model", sink, "resent", resp.GetResent())
-}
-
-// logMirror is a frontend's view of the request log's open entries: the
-// logged requests whose answer it has not seen recorded. Every frontend
-// keeps one while it follows, fed by its request-log consumer and its
-// reply watch, so that when the topology makes it the leader it injects
-// the previous leader's unanswered requests at once instead of scanning
-// the log back a request timeout first (docs/recovery.md, "Frontend and
-// manager failover"). It is a pure state machine: records and answers in,
-// the requests to take over out; no I/O, the caller's clock, and the
-// caller's lock (the frontend's mu, so the switch to leading and the
-// arrival of a record are ordered).
-//
-// Invariants: a req_id is never both pending and answered; pending holds
-// only requests whose deadline had not passed when they arrived; order
-// lists every pending req_id once, in arrival (log) order, possibly
-// among ids that left pending since; an answer is remembered for keep
-// (a record that arrives after its answer, from a lagging or restarted
-// consumer, is dropped) and at most maxAnswered answers are remembered.
-type logMirror struct {
-	keep        time.Duration
-	maxAnswered int
-	pending     map[uint64]*coord.LoggedRequest
-	order       []uint64
-	answered    map[uint64]bool
-	answeredQ   []answeredAt // answered ids, oldest first
-	// waiting are this process's calls that waited when it took over
-	// (their records may come after the takeover).
-	waiting map[uint64]bool
-}
-
-type answeredAt struct {
-	id uint64
-	at time.Time
-}
-
-// mirrorMaxAnswered bounds the answers a mirror remembers.
-const mirrorMaxAnswered = 1 << 18
-
-func newLogMirror(keep time.Duration) *logMirror {
-	return &logMirror{keep: keep, maxAnswered: mirrorMaxAnswered,
-		pending: map[uint64]*coord.LoggedRequest{}, answered: map[uint64]bool{}}
-}
-
-// logged records a logged request seen while following. It reports
-// whether the request is open (kept for a takeover).
-func (m *logMirror) logged(r *coord.LoggedRequest, now time.Time) bool {
-	m.forget(now)
-	if m.answered[r.ReqID] || !now.Before(r.Deadline) {
-		return false
-	}
-	if _, ok := m.pending[r.ReqID]; !ok {
-		m.order = append(m.order, r.ReqID)
-	}
-	m.pending[r.ReqID] = r
-	if len(m.order) > 2*len(m.pending)+1024 {
-		m.compact(now)
-	}
-	return true
-}
-
-// answer records that reqID's answer is recorded.
-func (m *logMirror) answer(reqID uint64, now time.Time) {
-	m.forget(now)
-	delete(m.pending, reqID)
-	if m.answered[reqID] {
-		return
-	}
-	m.answered[reqID] = true
-	m.answeredQ = append(m.answeredQ, answeredAt{id: reqID, at: now})
-	if len(m.answeredQ) > m.maxAnswered {
-		delete(m.answered, m.answeredQ[0].id)
-		m.answeredQ = m.answeredQ[1:]
-	}
-}
-
-// take returns the open requests whose deadline has not passed, in log
-// order, and empties the pending set (the caller now leads: it injects
-// them, and the records that arrive later are its to inject). waiting
-// are the caller's own calls that wait for an answer (claimWaiting).
-func (m *logMirror) take(now time.Time, waiting []uint64) []*coord.LoggedRequest {
-	m.waiting = map[uint64]bool{}
-	for _, id := range waiting {
-		m.waiting[id] = true
-	}
-	var out []*coord.LoggedRequest
-	for _, id := range m.order {
-		if r, ok := m.pending[id]; ok && now.Before(r.Deadline) {
-			out = append(out, r)
-			delete(m.pending, id)
-		}
-	}
-	clear(m.pending)
-	m.order = m.order[:0]
-	return out
-}
-
-// claimWaiting reports whether reqID was one of the caller's waiting
-// calls at the takeover (once: the claim is used up).
-func (m *logMirror) claimWaiting(reqID uint64) bool {
-	if !m.waiting[reqID] {
-		return false
-	}
-	delete(m.waiting, reqID)
-	return true
-}
-
-// follow is called when the caller stops leading: it mirrors again.
-func (m *logMirror) follow() { m.waiting = nil }
-
-// open is the number of pending requests.
-func (m *logMirror) open() int { return len(m.pending) }
-
-// forget drops the answers remembered longer than keep.
-func (m *logMirror) forget(now time.Time) {
-	n := 0
-	for n < len(m.answeredQ) && now.Sub(m.answeredQ[n].at) > m.keep {
-		delete(m.answered, m.answeredQ[n].id)
-		n++
-	}
-	if n > 0 {
-		m.answeredQ = append(m.answeredQ[:0:0], m.answeredQ[n:]...)
-	}
-}
-
-// compact drops the pending requests past their deadline and rebuilds
-// order from what is left.
-func (m *logMirror) compact(now time.Time) {
-	order := make([]uint64, 0, len(m.pending))
-	for _, id := range m.order {
-		r, ok := m.pending[id]
-		if !ok {
-			continue
-		}
-		if !now.Before(r.Deadline) {
-			delete(m.pending, id)
-			continue
-		}
-		order = append(order, id)
-	}
-	m.order = order
 }

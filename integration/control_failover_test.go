@@ -23,6 +23,7 @@ import (
 // waits for the restarted one) or of the followers' log mirror (a scan
 // at takeover) shows here as a median over the bound.
 func TestControlPlaneKillStall(t *testing.T) {
+	t.Skip("the followers' log mirror was reverted (it injected answered requests whose records were still on their way, and a re-asked answered request then waited for sink outputs that never came: TestChaosFrontendKills failed 5 of 5 runs); a leading-frontend kill is back to 250-740 ms until the takeover waits for the reply records to catch up (docs/recovery.md)")
 	const boundMs = 250
 	out := filepath.Join(t.TempDir(), "out.json")
 	r := runHams(t, 120*time.Second, "demo", "--service", "ap", "--duration", "11s",
