@@ -52,7 +52,9 @@ func TestHealthBackendDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	ctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 10*time.Second) }
+	ctx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 10*time.Second)
+	}
 
 	c, cancel := ctx()
 	st, err := tfapis.NewModelServiceClient(cc).GetModelStatus(c, &tfapis.GetModelStatusRequest{ModelSpec: &tfapis.ModelSpec{Name: "fashion"}})
