@@ -62,6 +62,11 @@ func newNetLab(t *testing.T) *netLab {
 	n := labSeq.Add(1) + uint32(os.Getpid()%200)
 	l := &netLab{t: t, id: fmt.Sprintf("%d", n%250), hosts: map[string]*labHost{}, next: 10}
 	l.bridge = "hbr" + l.id
+	probe := "hamsprobe" + l.id
+	if err := run(t, "ip", "netns", "add", probe); err != nil {
+		t.Skipf("network lab: cannot create a network namespace: %v", err)
+	}
+	_ = run(t, "ip", "netns", "del", probe)
 	if err := run(t, "ip", "link", "add", l.bridge, "type", "bridge"); err != nil {
 		t.Skipf("network lab: cannot create a bridge: %v", err)
 	}
