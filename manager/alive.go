@@ -32,7 +32,7 @@ import (
 // holdsReturnLocked reports whether a return of the component registered
 // as r from the dead is recovery's decision (caller holds mu).
 func (m *Manager) holdsReturnLocked(r *hamsv1.RegisterRequest) bool {
-	return r != nil && r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR && m.cfg.Deployment.Mode != "bare"
+	return r != nil && r.GetKind() == hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR && m.cfg.Deployment.RunMode().Protected()
 }
 
 // errRetired answers a retired component's heartbeat or registration.

@@ -93,7 +93,7 @@ func (m *Manager) suspect(id, model string, role hamsv1.Role, why string) {
 // changes, suspicions and the answers of its actions, and performs the
 // actions (RPCs in their own goroutines, waited for before it returns).
 func (m *Manager) recoveryLoop(ctx context.Context) error {
-	rec, err := recovery.New(recovery.Config{Graph: recovery.NewGraph(m.cfg.Deployment), Replay: m.cfg.Deployment.Mode == "replay"})
+	rec, err := recovery.New(recovery.Config{Graph: recovery.NewGraph(m.cfg.Deployment), Replay: m.cfg.Deployment.RunMode().Replays()})
 	if err != nil {
 		return err
 	}

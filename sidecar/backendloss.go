@@ -37,7 +37,7 @@ var errNotRepeated = errors.New("not repeated")
 // backendDown reports whether err from the backend means the model server
 // is unreachable and a replacement will re-execute the requests.
 func (s *Sidecar) backendDown(err error) bool {
-	return (s.mode != nspb.Bare || s.cfg.Deployment.Mode == "replay") && status.Code(err) == codes.Unavailable
+	return (s.mode != nspb.Bare || s.cfg.Deployment.RunMode().Replays()) && status.Code(err) == codes.Unavailable
 }
 
 // retryBackend runs call until it succeeds, fails for another reason than

@@ -125,7 +125,7 @@ func (s *Sidecar) watchHealth(ctx context.Context) error {
 			s.log.Warn("backend unhealthy", "err", err)
 		}
 		fails++
-		protected := s.mode != nspb.Bare || s.cfg.Deployment.Mode == "replay"
+		protected := s.mode != nspb.Bare || s.cfg.Deployment.RunMode().Replays()
 		if !armed || !protected {
 			s.setBackendServing(false)
 		}

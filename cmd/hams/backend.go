@@ -25,7 +25,7 @@ import (
 // own rule, sidecar.replicationOf; replay's stateful models run as in bare
 // mode).
 func replicated(dep *config.Deployment, m *config.Model) bool {
-	return m != nil && m.Stateful && m.HA == "stateful" && dep.Mode != "" && dep.Mode != "bare" && dep.Mode != "replay"
+	return m != nil && m.Stateful && m.HA == "stateful" && dep.RunMode().Replicates()
 }
 
 // spared reports whether model m of dep runs in replay mode (stateful, ha

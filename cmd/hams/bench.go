@@ -439,7 +439,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		row.Transport = r.transport
 		if r.mode != "direct" {
 			m1 := scrapeMetrics(r.d.benchMetrics())
-			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && r.mode != "bare" {
+			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && config.Mode(r.mode).Protected() {
 				v := round3((m1["frontend"]["hams_frontend_gating_wait_seconds_sum"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_sum"]) / c * 1000)
 				row.GatingMsMean = &v
 			}

@@ -202,7 +202,7 @@ func runChaos(args []string) error {
 	}
 	opt := cf.options(*mode)
 	nFrontends, nManagers := opt.counts(*mode)
-	cands := chaosTargets(dep, dep.Mode != "bare", nFrontends)
+	cands := chaosTargets(dep, dep.RunMode().Protected(), nFrontends)
 	// pool: the kinds drawn from; a target kind is SIGKILLed, a fault
 	// kind (freeze, partition) hits a target of one of the pool's
 	// process kinds (not nats) for a drawn time.

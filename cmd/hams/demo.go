@@ -307,7 +307,7 @@ func runDemo(args []string) error {
 		if (k.Role == roleBackupSidecar || k.Role == roleBackupModelServer) && !hasBackup(dep, dep.Model(k.Model)) {
 			return usageErr("demo: --kill %s: model %q has no backup in mode %s", k.target(), k.Model, *mode)
 		}
-		if (k.Role == roleStandbySidecar || k.Role == roleStandbyModelSrv) && (dep.Model(k.Model).Stateful || *mode == "bare") {
+		if (k.Role == roleStandbySidecar || k.Role == roleStandbyModelSrv) && (dep.Model(k.Model).Stateful || !config.Mode(*mode).Protected()) {
 			return usageErr("demo: --kill %s: model %q has no hot standby in mode %s (stateless models have one in every mode but bare)", k.target(), k.Model, *mode)
 		}
 	}

@@ -103,7 +103,7 @@ type deployOptions struct {
 // counts returns the number of frontends and managers opt asks for in a
 // deployment of mode.
 func (opt deployOptions) counts(mode string) (frontends, managers int) {
-	protected := mode != "" && mode != "bare"
+	protected := config.Mode(mode).Protected()
 	frontends, managers = opt.Frontends, opt.Managers
 	if frontends <= 0 {
 		frontends = 1

@@ -48,7 +48,7 @@ type instance struct {
 // protected reports whether the deployment's mode recovers failed model
 // instances (every mode but bare): then instances are not restarted in
 // place and stateless models get a hot standby.
-func (d *deployment) protected() bool { return d.dep.Mode != "" && d.dep.Mode != "bare" }
+func (d *deployment) protected() bool { return d.dep.RunMode().Protected() }
 
 // instanceNames returns the child names of the sidecar and model server
 // of an instance.

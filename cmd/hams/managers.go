@@ -15,6 +15,7 @@ import (
 
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/launch"
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -145,7 +146,7 @@ func (c *controlFlags) register(fs *flag.FlagSet) {
 // protected modes even a lone frontend gets the request log (restarted
 // in place, it completes what it accepted).
 func (c controlFlags) options(mode string) deployOptions {
-	return deployOptions{Frontends: c.frontends, Managers: c.managers, RequestLog: mode != "bare", Insecure: c.insecure,
+	return deployOptions{Frontends: c.frontends, Managers: c.managers, RequestLog: config.Mode(mode).Protected(), Insecure: c.insecure,
 		NATS: c.nats, NATSCluster: c.natsCluster, NATSReplicas: c.natsReplicas}
 }
 

@@ -54,5 +54,5 @@ func (r *Replay) validate() []error {
 // stateful, deployment mode replay (a primary that logs its inputs and
 // checkpoints to JetStream, and a spare that replays them on failure).
 func (d *Deployment) Replays(m *Model) bool {
-	return m != nil && m.Stateful && m.HA == "stateful" && d.Mode == "replay"
+	return m != nil && m.Stateful && m.HA == "stateful" && d.RunMode().Replays()
 }

@@ -50,7 +50,7 @@ type layout struct {
 // standby per stateless model placed with one.
 func layoutOf(dep *config.Deployment) (*layout, error) {
 	l := &layout{dep: dep}
-	if dep.Mode == "bare" {
+	if !dep.RunMode().Protected() {
 		return nil, errors.New("mode bare has no backups or standbys: the compose deployment is for a protected mode")
 	}
 	for _, m := range dep.Models {
