@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/launch"
-	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
