@@ -14,37 +14,30 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hams-go/hams/internal/launch"
 	"github.com/hams-go/hams/internal/pki"
 )
 
-// deployPKI issues the certificates of a deployment this process starts.
+// deployPKI is the certificate issuer of a deployment this process
+// starts, with this process's own identities.
 type deployPKI struct {
-	dir        string
-	deployment string
-	ca         *pki.CA
-
-	mu     sync.Mutex
-	issued map[string]pki.Files
-
+	issuer *pki.Issuer
 	// supervisor is this process's identity towards the managers (failure
 	// reports, topology reads) and the manager's calls to its instance
-	// agent; admin its identity for operator calls (bench's direct model
-	// server calls).
+	// agent; admin its identity for operator calls (describe, warm-up).
 	supervisor, admin *pki.Source
 }
 
 // newDeployPKI creates (or reuses) the CA in dir and this process's own
 // certificates.
 func newDeployPKI(dir, deployment string) (*deployPKI, error) {
-	ca, err := pki.LoadOrCreateCA(dir, deployment, time.Now())
+	is, err := pki.NewIssuer(dir, deployment, []string{"127.0.0.1", "localhost", "::1"})
 	if err != nil {
 		return nil, err
 	}
-	p := &deployPKI{dir: dir, deployment: deployment, ca: ca, issued: map[string]pki.Files{}}
+	p := &deployPKI{issuer: is}
 	if p.supervisor, err = p.source("supervisor", pki.Identity{Role: pki.RoleSupervisor}); err != nil {
 		return nil, err
 	}
@@ -55,32 +48,16 @@ func newDeployPKI(dir, deployment string) (*deployPKI, error) {
 }
 
 func (p *deployPKI) source(name string, id pki.Identity) (*pki.Source, error) {
-	f, err := p.files(name, id)
-	if err != nil {
-		return nil, err
-	}
-	return pki.Load(f)
+	return p.issuer.Source(certFileName(name), id)
+}
+
+// files issues (once per name) the certificate of id for child name.
+func (p *deployPKI) files(name string, id pki.Identity) (pki.Files, error) {
+	return p.issuer.Files(certFileName(name), id)
 }
 
 // certFileName makes a child name (role:model.i) a file name.
 func certFileName(name string) string { return launch.FileName(name) }
-
-// files issues (once per name) the certificate of id and returns its
-// files. The deployment is filled in.
-func (p *deployPKI) files(name string, id pki.Identity) (pki.Files, error) {
-	id.Deployment = p.deployment
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if f, ok := p.issued[name]; ok {
-		return f, nil
-	}
-	f, err := p.ca.IssueFiles(p.dir, certFileName(name), id, []string{"127.0.0.1", "localhost", "::1"}, time.Now())
-	if err != nil {
-		return pki.Files{}, fmt.Errorf("certificate of %s: %w", name, err)
-	}
-	p.issued[name] = f
-	return f, nil
-}
 
 // supervisorSource is this process's supervisor identity (nil when
 // insecure).
