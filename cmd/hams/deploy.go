@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"gopkg.in/yaml.v3"
 
+	"github.com/hams-go/hams/internal/agent"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/launch"
@@ -169,7 +170,7 @@ type deployment struct {
 
 	opt     deployOptions
 	common  []string
-	agent   *agent
+	agent   *agent.Server
 	mgrs    *managerSet
 	closing atomic.Bool
 

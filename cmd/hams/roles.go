@@ -11,6 +11,7 @@ import (
 
 	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
+	"github.com/hams-go/hams/internal/agent"
 	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
@@ -49,7 +50,7 @@ func runManager(args []string) error {
 	}
 	var st manager.InstanceStarter
 	if *starter != "" {
-		hs, err := newHTTPStarter(*starter, r.tls)
+		hs, err := agent.NewClient(*starter, r.tls)
 		if err != nil {
 			r.close()
 			return usageErr("manager: --starter: %v", err)
