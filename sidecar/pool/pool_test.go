@@ -514,7 +514,11 @@ func TestParityModelPerJ(t *testing.T) {
 	data, ls := instances(w, 2)
 	gate := make(chan struct{})
 	defer close(gate)
-	ls[0].gate = gate // every group waits for a reconstruction: its parities run
+	// Both replicas hold their batches: no original ever arrives, so no
+	// group's parities can become useless before they run (with one
+	// replica answering, a group decoded from parity 0 before parity 1 was
+	// encoded drops parity 1, and the test raced).
+	ls[0].gate, ls[1].gate = gate, gate
 	np := &namedParity{linear: linear{w: w}, names: map[string]int{}}
 	p, stop := runPool(t, Config{Model: "m", Data: data, Parity: []sidecar.Backend{np, np}, ParityModels: []string{"m-parity", "m-parity-p1"},
 		Redundancy: parity.RedundancyParM, Code: parity.Code{K: 2, R: 2}, Encoder: parity.EncoderSum})
