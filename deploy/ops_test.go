@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"gopkg.in/yaml.v3"
 
-	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/manager"
+	"github.com/hams-go/hams/refserver"
 	"github.com/hams-go/hams/sidecar"
 	"github.com/hams-go/hams/sidecar/pool"
 )

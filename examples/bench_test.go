@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/models"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // BenchmarkExampleModels measures Infer (compute + update) per batch of

@@ -3,8 +3,8 @@ package examples
 import (
 	"testing"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // TestParmExample: parm.yaml is the contract's ParM pool (model fashion,

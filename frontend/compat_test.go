@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/adapters/reference"
-	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
@@ -26,6 +25,7 @@ import (
 	"github.com/hams-go/hams/protos/inference"
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+	"github.com/hams-go/hams/refserver"
 )
 
 // compatClients dials the frontend's gRPC port with the generated TF

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hams-go/hams/internal/run"
+
 	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -58,7 +60,7 @@ func (f *Frontend) watchDurability(ctx context.Context) {
 			backoff = minBackoff
 		}
 		f.log.Warn("durability watch ended; restarting", "err", err, "backoff", backoff)
-		if !sleepCtx(ctx, backoff) {
+		if !run.Sleep(ctx, backoff) {
 			return
 		}
 		backoff = min(2*backoff, maxBackoff)
@@ -205,7 +207,7 @@ func (f *Frontend) flushCompletions(ctx context.Context) bool {
 		}
 		f.m.completionErrors.Inc()
 		f.log.Warn("completion notice failed; retrying", "req_ids", n, "err", err, "backoff", backoff)
-		if !sleepCtx(ctx, backoff) {
+		if !run.Sleep(ctx, backoff) {
 			f.mu.Lock()
 			f.doneIDs = append(ids, f.doneIDs...)
 			f.mu.Unlock()
@@ -313,17 +315,5 @@ func signal(c chan struct{}) {
 	select {
 	case c <- struct{}{}:
 	default:
-	}
-}
-
-// sleepCtx waits d; it reports false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

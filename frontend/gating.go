@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
-	"github.com/hams-go/hams/sidecar/nspb"
 )
 
 // gatingModes are the modes whose primaries release outputs before their

@@ -2,7 +2,7 @@ package frontend
 
 import (
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/lineage"
+	"github.com/hams-go/hams/protocol/lineage"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 

@@ -14,6 +14,7 @@ import (
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/run"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -64,7 +65,7 @@ func (f *Frontend) startLog(ctx context.Context) error {
 			return nil
 		}
 		f.log.Warn("allocate frontend incarnation; retrying", "err", err, "backoff", backoff)
-		if !sleepCtx(ctx, backoff) {
+		if !run.Sleep(ctx, backoff) {
 			return fmt.Errorf("allocate incarnation: %w", err)
 		}
 		backoff = min(2*backoff, maxBackoff)
@@ -87,7 +88,7 @@ func (f *Frontend) runLog(ctx context.Context) error {
 				return
 			}
 			f.log.Warn("reply watch ended; restarting", "err", err, "backoff", backoff)
-			if !sleepCtx(ctx, backoff) {
+			if !run.Sleep(ctx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, maxBackoff)
@@ -232,7 +233,7 @@ func (f *Frontend) consumeLog(ctx context.Context, since time.Time) {
 			return
 		}
 		f.log.Warn("request log watch ended; restarting", "err", err, "backoff", backoff)
-		if !sleepCtx(ctx, backoff) {
+		if !run.Sleep(ctx, backoff) {
 			return
 		}
 		backoff = min(2*backoff, maxBackoff)
@@ -572,7 +573,7 @@ func (f *Frontend) recordOne(ctx context.Context, r recording) {
 			return
 		}
 		f.log.Warn("record answer; retrying", "req_id", r.c.reqID, "err", err, "backoff", backoff)
-		if !sleepCtx(ctx, backoff) {
+		if !run.Sleep(ctx, backoff) {
 			continue
 		}
 		backoff = min(2*backoff, maxBackoff)

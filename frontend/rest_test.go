@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/hams-go/hams/adapters/reference"
-	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
@@ -32,6 +31,7 @@ import (
 	"github.com/hams-go/hams/protos/inference"
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+	"github.com/hams-go/hams/refserver"
 )
 
 // restYAML serves the upstream documentation's example models:

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/cuda/cudatest"
 	"github.com/hams-go/hams/internal/wire"
 	"github.com/hams-go/hams/protos/inference"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // tritonCudaYAML is examples/triton-lstm.yaml with tl-seq's state in CUDA

@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hams-go/hams/manager/recovery"
+	"github.com/hams-go/hams/protocol/recovery"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 

@@ -42,7 +42,7 @@
 //
 // Membership deaths (after the liveness write) and ReportFailure feed
 // Suspect events to the recovery loop, which owns the pure state machine
-// of package manager/recovery and performs its actions: Replication RPCs
+// of package protocol/recovery and performs its actions: Replication RPCs
 // to sidecars (GetMaxSeq, GetLineageSummary, Promote, Rollback, Resend,
 // Demote; SyncBackup is a Demote of the new backup) with Config.RPCTimeout
 // each, StartInstance through Config.Starter, and Rewire as one CAS write

@@ -7,7 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hams-go/hams/manager/dashboard/timeline"
-	"github.com/hams-go/hams/manager/recovery"
+	"github.com/hams-go/hams/protocol/recovery"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 

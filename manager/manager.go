@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hams-go/hams/internal/run"
+
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -758,7 +760,7 @@ func (m *Manager) watchKV(ctx context.Context) error {
 				return nil
 			}
 			m.log.Warn("watch deployment state", "err", err, "retry_in", backoff)
-			if !sleepCtx(ctx, backoff) {
+			if !run.Sleep(ctx, backoff) {
 				return nil
 			}
 			backoff = min(backoff*2, time.Second)
@@ -855,16 +857,5 @@ func (m *Manager) followWatcher(ctx context.Context, w jetstream.KeyWatcher) {
 				m.log.Debug("topology changed", "revision", t.GetRevision())
 			}
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

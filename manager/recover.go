@@ -16,7 +16,7 @@ import (
 
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/manager/dashboard/timeline"
-	"github.com/hams-go/hams/manager/recovery"
+	"github.com/hams-go/hams/protocol/recovery"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hams-go/hams/sidecar/nspb"
+	"github.com/hams-go/hams/protocol/nspb"
 )
 
 // A model server and its sidecar are one failure unit (a "host"). When the

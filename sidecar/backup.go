@@ -17,10 +17,11 @@ import (
 
 	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/bigmem"
+	"github.com/hams-go/hams/internal/run"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/tracing"
+	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
-	"github.com/hams-go/hams/sidecar/nspb"
 )
 
 // maxSnapshotBytes bounds the state a backup accepts in one snapshot
@@ -460,7 +461,7 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 			return nil
 		}
 		s.log.Warn("durability announcement failed, retrying", "seq", n.DurableSeq, "err", err)
-		if !sleepCtx(ctx, backoff) {
+		if !run.Sleep(ctx, backoff) {
 			return ctx.Err()
 		}
 		backoff = min(2*backoff, time.Second)
@@ -669,7 +670,7 @@ func (b *backupState) writeInFlight(ctx, wctx context.Context) error {
 	s := b.s
 	var err error
 	for attempt := 0; attempt < stateOpAttempts; attempt++ {
-		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
+		if attempt > 0 && !run.Sleep(ctx, stateOpBackoff<<attempt) {
 			return ctx.Err()
 		}
 		b.mu.Lock()

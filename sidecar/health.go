@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/hamsmd"
-	"github.com/hams-go/hams/sidecar/nspb"
+	"github.com/hams-go/hams/protocol/nspb"
 )
 
 // Backend health. A model server can stay reachable and still be unable

@@ -7,14 +7,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hams-go/hams/internal/run"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
-	"github.com/hams-go/hams/sidecar/nspb"
 )
 
 // Retries of a failed Update or ReadState before the primary gives up (the
@@ -655,7 +657,7 @@ func (p *primary) update(ctx context.Context, n uint64, attempt int) {
 		delete(p.computedAt, n)
 	}
 	p.spawn(ctx, func() opDone {
-		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
+		if attempt > 0 && !run.Sleep(ctx, stateOpBackoff<<attempt) {
 			return opDone{kind: evUpdated, batch: n, attempt: attempt, err: ctx.Err()}
 		}
 		start := time.Now()
@@ -667,7 +669,7 @@ func (p *primary) update(ctx context.Context, n uint64, attempt int) {
 func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 	s := p.s
 	p.spawn(ctx, func() opDone {
-		if attempt > 0 && !sleepCtx(ctx, stateOpBackoff<<attempt) {
+		if attempt > 0 && !run.Sleep(ctx, stateOpBackoff<<attempt) {
 			return opDone{kind: evCopied, batch: n, attempt: attempt, err: ctx.Err()}
 		}
 		start := time.Now()
@@ -685,17 +687,6 @@ func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 		ts, v, err := s.sbe.ReadState(ctx)
 		return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, dur: time.Since(start), err: err}
 	})
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // baseSnapshot is the snapshot of a state this primary starts from

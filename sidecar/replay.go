@@ -16,8 +16,9 @@ import (
 
 	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/coord"
-	"github.com/hams-go/hams/internal/lineage"
+	"github.com/hams-go/hams/internal/run"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/protocol/lineage"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -414,7 +415,7 @@ func (rp *replayState) logger(ctx context.Context) error {
 				break
 			}
 			if n < 0 {
-				if !sleepCtx(ctx, backoff) {
+				if !run.Sleep(ctx, backoff) {
 					break
 				}
 				backoff = min(2*backoff, time.Second)
@@ -476,7 +477,7 @@ func (rp *replayState) resetStore(ctx context.Context) error {
 			return nil
 		}
 		rp.s.log.Warn("replay: reset of the input log and checkpoints failed; retrying", "err", err)
-		if !sleepCtx(ctx, backoff) {
+		if !run.Sleep(ctx, backoff) {
 			return nil
 		}
 		backoff = min(2*backoff, time.Second)
@@ -512,7 +513,7 @@ func (rp *replayState) checkpointer(ctx context.Context) error {
 					return nil
 				}
 				rp.s.log.Warn("replay: storing a checkpoint failed; retrying", "batch", j.batch, "err", err)
-				if !sleepCtx(ctx, backoff) {
+				if !run.Sleep(ctx, backoff) {
 					return nil
 				}
 				backoff = min(2*backoff, time.Second)

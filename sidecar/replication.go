@@ -12,6 +12,7 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"
+	"github.com/hams-go/hams/internal/run"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -441,7 +442,7 @@ func (s *Sidecar) announceEpoch(rpc string, epoch, seq, batch uint64) error {
 			s.log.Info("new epoch announced", "rpc", rpc, "epoch", epoch, "durable_seq", seq, "batch", batch)
 			return nil
 		}
-		if attempt >= stateOpAttempts || !sleepCtx(ctx, backoff) {
+		if attempt >= stateOpAttempts || !run.Sleep(ctx, backoff) {
 			return status.Errorf(codes.Unavailable, "%s: announce durability of %q to %d at epoch %d: %v", rpc, s.cfg.Model, seq, epoch, err)
 		}
 		s.log.Warn("new-epoch announcement failed, retrying", "rpc", rpc, "epoch", epoch, "attempt", attempt, "err", err)

@@ -15,8 +15,8 @@ import (
 
 	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
-	"github.com/hams-go/hams/sidecar/nspb"
 )
 
 // snap builds a copied snapshot covering batches batches with one request

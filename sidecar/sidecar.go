@@ -23,8 +23,8 @@ import (
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/internal/pki"
+	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
-	"github.com/hams-go/hams/sidecar/nspb"
 )
 
 // Backend is the model server a sidecar drives; adapters implement it.

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
-	"github.com/hams-go/hams/sidecar/nspb"
 )
 
 // StatefulBackend is a Backend whose model keeps state across batches and

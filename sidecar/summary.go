@@ -1,9 +1,10 @@
 package sidecar
 
 import (
-	"github.com/hams-go/hams/internal/lineage"
 	"sort"
 	"sync"
+
+	"github.com/hams-go/hams/protocol/lineage"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/edge"

@@ -22,8 +22,6 @@ import (
 	"github.com/hams-go/hams/adapters/clipper"
 	"github.com/hams-go/hams/adapters/clipper/clipperstub"
 	"github.com/hams-go/hams/adapters/reference"
-	"github.com/hams-go/hams/adapters/refserver"
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/adapters/tfserving"
 	"github.com/hams-go/hams/adapters/triton"
 	"github.com/hams-go/hams/internal/config"
@@ -37,6 +35,8 @@ import (
 	"github.com/hams-go/hams/protos/inference"
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+	"github.com/hams-go/hams/refserver"
+	"github.com/hams-go/hams/refserver/models"
 	"github.com/hams-go/hams/sidecar"
 )
 

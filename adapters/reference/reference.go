@@ -1,5 +1,5 @@
 // Package reference is the sidecar Backend over the hamsv1.ModelRuntime gRPC
-// API, which the project's reference model server (adapters/refserver)
+// API, which the project's reference model server (refserver)
 // implements for every model it hosts. gRPC status codes of the model
 // server reach the sidecar unchanged (InvalidArgument stays
 // InvalidArgument, so the sidecar can re-run a rejected batch per request).

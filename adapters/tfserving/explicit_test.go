@@ -11,10 +11,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // explicitYAML: seq is an LSTM served with its state as tensors (state:

@@ -11,9 +11,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protos/inference"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // restartServer stops s and serves again on its address (a model server

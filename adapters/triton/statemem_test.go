@@ -14,14 +14,14 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/hams-go/hams/adapters/refserver"
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
 	"github.com/hams-go/hams/internal/cuda/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
+	"github.com/hams-go/hams/refserver"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 func TestStateMemoryValidates(t *testing.T) {

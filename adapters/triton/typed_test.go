@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // typedOnly fails the test on a ModelInfer that carries raw contents or

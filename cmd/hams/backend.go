@@ -8,7 +8,6 @@ import (
 
 	"github.com/hams-go/hams/adapters/clipper"
 	"github.com/hams-go/hams/adapters/reference"
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/adapters/tfserving"
 	"github.com/hams-go/hams/adapters/triton"
 	"github.com/hams-go/hams/internal/config"
@@ -17,6 +16,7 @@ import (
 	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/internal/shm"
+	"github.com/hams-go/hams/refserver/models"
 	"github.com/hams-go/hams/sidecar"
 )
 

@@ -21,6 +21,7 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/netfault"
+	"github.com/hams-go/hams/internal/run"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -291,7 +292,7 @@ func runChaos(args []string) error {
 		last := loadStart.Add(*duration - min(*duration/4, 5*time.Second))
 		for {
 			wait := *settle + time.Duration(rng.Int64N(int64(*settle)+1))
-			if time.Now().Add(wait).After(last) || !sleepCtx(runCtx, wait) {
+			if time.Now().Add(wait).After(last) || !run.Sleep(runCtx, wait) {
 				return
 			}
 			kind := pool[rng.IntN(len(pool))]
@@ -535,7 +536,7 @@ func reaskAll(ctx context.Context, fes []hamsv1.FrontendClient, rs []loadgen.Res
 			// an overloaded machine) is asked again until the timeout.
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			got, err := fes[to].Predict(cctx, r.Request)
-			for status.Code(err) == codes.Unavailable && sleepCtx(cctx, 20*time.Millisecond) {
+			for status.Code(err) == codes.Unavailable && run.Sleep(cctx, 20*time.Millisecond) {
 				got, err = fes[to].Predict(cctx, r.Request)
 			}
 			cancel()

@@ -4,8 +4,8 @@ import (
 	"context"
 
 	"github.com/hams-go/hams/adapters/clipper/clipperstub"
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // runClipperStub serves a Clipper query frontend's REST API for reference

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hams-go/hams/internal/run"
+
 	"github.com/hams-go/hams/internal/launch"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/netfault"
@@ -335,7 +337,7 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 			if fault != faultKill {
 				wait = time.Until(at.Add(dur)) + 50*time.Millisecond
 			}
-			if !sleepCtx(ctx, wait) {
+			if !run.Sleep(ctx, wait) {
 				return
 			}
 			for {
@@ -360,7 +362,7 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 						return
 					}
 				}
-				if !sleepCtx(ctx, 20*time.Millisecond) {
+				if !run.Sleep(ctx, 20*time.Millisecond) {
 					return
 				}
 			}
@@ -393,17 +395,6 @@ func (d *deployment) controlRestored(ctx context.Context, t *hamsv1.Topology, ki
 		}
 	}
 	return true
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // validateKillRole checks a --kill role against the deployment.

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 const depManaged = `

@@ -18,13 +18,13 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/parity"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/models"
+	"github.com/hams-go/hams/refserver/nn"
 	"github.com/hams-go/hams/sidecar"
 )
 

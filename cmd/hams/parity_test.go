@@ -10,11 +10,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hams-go/hams/adapters/refserver"
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // Bad input to hams parity: each error names the problem.

@@ -9,7 +9,6 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
 	"github.com/hams-go/hams/internal/agent"
 	"github.com/hams-go/hams/internal/authz"
@@ -20,6 +19,7 @@ import (
 	"github.com/hams-go/hams/manager"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver"
 	"github.com/hams-go/hams/sidecar"
 )
 

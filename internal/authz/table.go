@@ -124,7 +124,7 @@ var Table = []Rule{
 	{Method: hamsv1.ModelRuntime_LoadWeights_FullMethodName, Roles: roles(roleSC), Relation: HostedModel},
 
 	// The TF Serving and KServe v2 APIs of a reference model server
-	// (adapters/refserver): its models' sidecars (the tfserving and
+	// (refserver): its models' sidecars (the tfserving and
 	// triton adapters), the frontend's pass-through, operators.
 	{Method: "/tensorflow.serving.PredictionService/*", Roles: roles(roleSC, roleFE, roleAdmin), Relation: HostedModel, Exempt: roles(roleFE, roleAdmin)},
 	{Method: "/tensorflow.serving.ModelService/*", Roles: roles(roleSC, roleFE, roleAdmin), Relation: HostedModel, Exempt: roles(roleFE, roleAdmin)},

@@ -190,7 +190,7 @@ type OnlineTrain struct {
 
 // Straggle injects stragglers into the reference model servers a
 // deployment starts for a pool (tests, benchmarks, the demo). Spec is the
-// model server's --straggle value (adapters/refserver.ParseStraggle).
+// model server's --straggle value (refserver.ParseStraggle).
 type Straggle struct {
 	// Replicas are the indexes (0-based) of the data replicas that
 	// straggle.

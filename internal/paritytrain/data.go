@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 
-	"github.com/hams-go/hams/internal/nn"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // Sample is one query of the deployed model and what it answered: the
@@ -98,7 +98,7 @@ func (s *Set) Split(n int, seed uint64) (*Set, *Set, error) {
 
 // Groups cuts a seeded permutation of 0..n-1 into n/k coding groups of k
 // indices (the n mod k left over are in no group). The same function as
-// adapters/refserver/models.ParityGroups, so the evaluation groups of a
+// refserver/models.ParityGroups, so the evaluation groups of a
 // seed are the ones the reference models report.
 func Groups(n, k int, rng *rand.Rand) [][]int {
 	if k <= 0 || n < k {

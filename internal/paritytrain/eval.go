@@ -6,8 +6,8 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/protocol/parity"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // Score is how well parity models reconstruct a deployed model's outputs

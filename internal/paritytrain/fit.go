@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/hams-go/hams/internal/nn"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // EpochReport is one epoch's outcome, for progress display.
@@ -170,7 +170,7 @@ type Recorded struct {
 }
 
 // EvalSeed draws the coding groups of reported test accuracy (the same
-// groups as adapters/refserver/models.ParityEvalSeed).
+// groups as refserver/models.ParityEvalSeed).
 const EvalSeed = 1
 
 // ReadProvenance decodes a network's Meta (nil, nil when it has none).

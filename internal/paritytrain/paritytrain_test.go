@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/protocol/parity"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // Both losses against central differences of their value.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/protocol/parity"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // Image is a query's layout as an image, height x width x channels (the

@@ -18,7 +18,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/hams-go/hams/adapters/reference"
-	"github.com/hams-go/hams/adapters/refserver"
 	"github.com/hams-go/hams/frontend"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/coord"
@@ -28,6 +27,7 @@ import (
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/tracing"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver"
 	"github.com/hams-go/hams/sidecar"
 )
 

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hams-go/hams/internal/run"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -426,7 +428,7 @@ func (s *session) register(ctx context.Context) error {
 		}
 		d := b.next()
 		s.c.log.Debug("register with manager", "err", last, "retry_in", d)
-		if !sleepCtx(ctx, d) {
+		if !run.Sleep(ctx, d) {
 			return errStopped
 		}
 	}
@@ -586,7 +588,7 @@ func (s *session) watchLoop(ctx context.Context) {
 		}
 		d := b.next()
 		c.log.Debug("topology watch ended", "manager", c.addrs[i], "err", err, "retry_in", d)
-		if !sleepCtx(ctx, d) {
+		if !run.Sleep(ctx, d) {
 			return
 		}
 	}
@@ -607,15 +609,4 @@ func (b *backoff) next() time.Duration {
 		b.d = min(2*b.d, maxBackoff)
 	}
 	return b.d - time.Duration(rand.Int64N(int64(b.d)/4+1))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -11,11 +11,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/parity"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // WeightLoader is a parity instance whose weights can be replaced while

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/parity"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/nn"
 	"github.com/hams-go/hams/sidecar"
 )
 

@@ -5,7 +5,7 @@
 // Clipper process to start on a machine without Docker, so `hams
 // clipper-stub` (up, demo and bench start it for a clipper model without
 // a backend.address) and the adapter benchmarks run this. The model runs
-// in this process (adapters/refserver/models), so it costs what a
+// in this process (refserver/models), so it costs what a
 // Clipper model container reached through its query frontend costs minus
 // Clipper's own RPC hop to the container.
 package clipperstub
@@ -18,9 +18,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // App is one model served as a Clipper application: every request's rows

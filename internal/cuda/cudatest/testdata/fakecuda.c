@@ -13,7 +13,7 @@
 // cudatest.RunWithFakeDriver):
 //
 //	gcc -shared -fPIC -O2 -o libfakecuda.so internal/cuda/cudatest/testdata/fakecuda.c
-//	HAMS_LIBCUDA=$PWD/libfakecuda.so go test ./internal/cuda ./adapters/refserver ./adapters/triton
+//	HAMS_LIBCUDA=$PWD/libfakecuda.so go test ./internal/cuda ./refserver ./adapters/triton
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/hams-go/hams/internal/nn"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // ErrNoWeights: the model kind has no weights that can be replaced

@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/protocol/parity"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // committedFloor is what the committed weights must reach on the test set

@@ -1,5 +1,5 @@
 // Package refserver is the reference model server: it hosts the Go models
-// of adapters/refserver/models named in a deployment and serves them on
+// of refserver/models named in a deployment and serves them on
 // one gRPC port through four APIs:
 //
 //   - hams.v1.ModelRuntime (what the sidecar drives: Describe, Infer, the

@@ -1,5 +1,5 @@
 // Package models holds the reference model server's real models, written
-// in Go over internal/nn: a Fashion-MNIST classifier with trained weights,
+// in Go over refserver/nn: a Fashion-MNIST classifier with trained weights,
 // a small CNN, a heavy "transcriber", a per-stream LSTM, an online-learning
 // classifier whose weights are its state, and the kNN / ARIMA / A* /
 // concat / prep stages of the example services.

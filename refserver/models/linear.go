@@ -5,8 +5,8 @@ import (
 	"math"
 
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // ---- linear: y = x·W, no bias, no nonlinearity ----

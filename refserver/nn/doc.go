@@ -1,5 +1,5 @@
 // Package nn is the small float32 linear algebra behind the reference
-// models (adapters/refserver/models): matrix products, activations and
+// models (refserver/models): matrix products, activations and
 // seeded initialisation, with plain loops and no cgo.
 //
 // Non-determinism is real, not simulated: a Reducer splits the reduction

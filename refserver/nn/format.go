@@ -18,7 +18,7 @@ import (
 //
 // The length of the file must be exactly what the header's layers need.
 // Older single-hidden-layer files (HAMSMLP1 / HAMSMLPL) are read by
-// adapters/refserver/models.DecodeMLP.
+// refserver/models.DecodeMLP.
 const (
 	// NetMagic opens a network weights file.
 	NetMagic = "HAMSNETW"

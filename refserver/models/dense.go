@@ -3,7 +3,7 @@ package models
 import (
 	"math/rand/v2"
 
-	"github.com/hams-go/hams/internal/nn"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // dense is a fully connected layer y = x·w + b, w [in,out].

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/hams-go/hams/internal/run"
 )
 
 // ErrStraggle is wrapped by every StraggleConfig validation and
@@ -127,21 +129,7 @@ func NewStraggler(cfg StraggleConfig, start time.Time, now func() time.Time) (*S
 	if now == nil {
 		now = time.Now
 	}
-	return &Straggler{cfg: cfg, start: start, now: now, wait: sleepCtx}, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return &Straggler{cfg: cfg, start: start, now: now, wait: waitCtx}, nil
 }
 
 // Config returns the straggler's config.
@@ -270,4 +258,12 @@ func ParseStraggle(spec string) (StraggleConfig, error) {
 		}
 	}
 	return c, c.Validate()
+}
+
+// waitCtx waits d or until ctx ends, returning ctx's error in that case.
+func waitCtx(ctx context.Context, d time.Duration) error {
+	if !run.Sleep(ctx, d) {
+		return ctx.Err()
+	}
+	return nil
 }

@@ -8,15 +8,15 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/models"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
-// The ParM models of adapters/refserver/models served through the
+// The ParM models of refserver/models served through the
 // server: the linear kind is additive end to end (its own parity model),
 // and the classifier with parity weights answers the raw parity outputs.
 func TestServeParityModels(t *testing.T) {

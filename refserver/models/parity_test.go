@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 func smallMLP(linear bool) *MLP {

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
@@ -25,6 +24,7 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // ErrConfig is wrapped by every Config validation error.

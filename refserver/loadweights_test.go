@@ -6,10 +6,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/models"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // LoadWeights replaces a network's weights while it serves: later calls

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // register registers c on reg, reusing an identical collector already

@@ -12,12 +12,12 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	tfpb "github.com/hams-go/hams/protos/tensorflow/core/framework"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 // DefaultSignature is the only signature the reference models have.

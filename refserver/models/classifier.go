@@ -10,8 +10,8 @@ import (
 	"sync"
 
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // weightFiles holds the embedded weights: the deployed classifier

@@ -3,7 +3,7 @@ package models
 import (
 	"fmt"
 
-	"github.com/hams-go/hams/internal/nn"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // ParityEvalSeed draws the coding groups of a parity model's reported

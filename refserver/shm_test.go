@@ -3,21 +3,22 @@ package refserver
 import (
 	"bytes"
 	"fmt"
-	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
 	"os"
 	"strings"
 	"testing"
 
+	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/hams-go/hams/adapters/refserver/models"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/shm"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
+	"github.com/hams-go/hams/refserver/models"
 )
 
 func shmKey(t *testing.T, name string, size int) (string, *shm.Region) {

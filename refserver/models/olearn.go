@@ -8,9 +8,9 @@ import (
 	"sync/atomic"
 
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // olearn is an online-learning classifier whose weights are its state. Its

@@ -15,9 +15,9 @@ import (
 	"testing"
 
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 func mk(t testing.TB, kind string, params map[string]any) Model {

@@ -6,9 +6,9 @@ import (
 	"math"
 
 	"github.com/hams-go/hams/internal/config"
-	"github.com/hams-go/hams/internal/nn"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/refserver/nn"
 )
 
 // ---- cnn: conv1d (stride 2) + ReLU + dense ----
