@@ -148,8 +148,15 @@ type RegisterRequest struct {
 	// Prometheus /metrics listen address (host:port) of the component's
 	// process, empty when it serves none (the manager's dashboard scrapes it).
 	MetricsAddress string `protobuf:"bytes,8,opt,name=metrics_address,json=metricsAddress,proto3" json:"metrics_address,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Identity of the process that registers (random per process start,
+	// fixed for its life). A known id registering with another incarnation
+	// is a new process under an old name (a sidecar restarted in its pod by
+	// a restart policy): the manager treats the old incarnation as dead
+	// (failover as for a kill) and admits the new process as a fresh
+	// standby. Empty: not told (older components): the id alone counts.
+	Incarnation   string `protobuf:"bytes,9,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterRequest) Reset() {
@@ -238,13 +245,24 @@ func (x *RegisterRequest) GetMetricsAddress() string {
 	return ""
 }
 
+func (x *RegisterRequest) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
+}
+
 type RegisterResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Topology *Topology              `protobuf:"bytes,1,opt,name=topology,proto3" json:"topology,omitempty"`
 	// Heartbeat interval the manager expects, in milliseconds.
 	HeartbeatIntervalMs uint32 `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Silence after which the manager declares a component dead, in
+	// milliseconds (components derive their own failure bounds from it:
+	// a primary that cannot ship to its backup reports it after a few).
+	SuspicionTimeoutMs uint32 `protobuf:"varint,3,opt,name=suspicion_timeout_ms,json=suspicionTimeoutMs,proto3" json:"suspicion_timeout_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
@@ -291,14 +309,24 @@ func (x *RegisterResponse) GetHeartbeatIntervalMs() uint32 {
 	return 0
 }
 
+func (x *RegisterResponse) GetSuspicionTimeoutMs() uint32 {
+	if x != nil {
+		return x.SuspicionTimeoutMs
+	}
+	return 0
+}
+
 type HeartbeatRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Topology revision the component runs with.
 	TopologyRevision uint64 `protobuf:"varint,2,opt,name=topology_revision,json=topologyRevision,proto3" json:"topology_revision,omitempty"`
 	// Progress, for lineage-based recovery and monitoring.
-	MaxSeq        uint64 `protobuf:"varint,3,opt,name=max_seq,json=maxSeq,proto3" json:"max_seq,omitempty"`
-	DurableSeq    uint64 `protobuf:"varint,4,opt,name=durable_seq,json=durableSeq,proto3" json:"durable_seq,omitempty"`
+	MaxSeq     uint64 `protobuf:"varint,3,opt,name=max_seq,json=maxSeq,proto3" json:"max_seq,omitempty"`
+	DurableSeq uint64 `protobuf:"varint,4,opt,name=durable_seq,json=durableSeq,proto3" json:"durable_seq,omitempty"`
+	// The sender's RegisterRequest.incarnation: a heartbeat of an
+	// incarnation the registration no longer names is refused (NotFound).
+	Incarnation   string `protobuf:"bytes,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +387,13 @@ func (x *HeartbeatRequest) GetDurableSeq() uint64 {
 		return x.DurableSeq
 	}
 	return 0
+}
+
+func (x *HeartbeatRequest) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
 }
 
 type HeartbeatResponse struct {
@@ -743,7 +778,7 @@ var File_hams_v1_manager_proto protoreflect.FileDescriptor
 
 const file_hams_v1_manager_proto_rawDesc = "" +
 	"\n" +
-	"\x15hams/v1/manager.proto\x12\ahams.v1\"\x84\x02\n" +
+	"\x15hams/v1/manager.proto\x12\ahams.v1\"\xa6\x02\n" +
 	"\x0fRegisterRequest\x12*\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x16.hams.v1.ComponentKindR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
@@ -752,16 +787,19 @@ const file_hams_v1_manager_proto_rawDesc = "" +
 	"\aaddress\x18\x05 \x01(\tR\aaddress\x12'\n" +
 	"\x0fbackend_address\x18\x06 \x01(\tR\x0ebackendAddress\x12\x10\n" +
 	"\x03pid\x18\a \x01(\x05R\x03pid\x12'\n" +
-	"\x0fmetrics_address\x18\b \x01(\tR\x0emetricsAddress\"u\n" +
+	"\x0fmetrics_address\x18\b \x01(\tR\x0emetricsAddress\x12 \n" +
+	"\vincarnation\x18\t \x01(\tR\vincarnation\"\xa7\x01\n" +
 	"\x10RegisterResponse\x12-\n" +
 	"\btopology\x18\x01 \x01(\v2\x11.hams.v1.TopologyR\btopology\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\rR\x13heartbeatIntervalMs\"\x89\x01\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\rR\x13heartbeatIntervalMs\x120\n" +
+	"\x14suspicion_timeout_ms\x18\x03 \x01(\rR\x12suspicionTimeoutMs\"\xab\x01\n" +
 	"\x10HeartbeatRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x11topology_revision\x18\x02 \x01(\x04R\x10topologyRevision\x12\x17\n" +
 	"\amax_seq\x18\x03 \x01(\x04R\x06maxSeq\x12\x1f\n" +
 	"\vdurable_seq\x18\x04 \x01(\x04R\n" +
-	"durableSeq\"@\n" +
+	"durableSeq\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\tR\vincarnation\"@\n" +
 	"\x11HeartbeatResponse\x12+\n" +
 	"\x11topology_revision\x18\x01 \x01(\x04R\x10topologyRevision\"\x8b\x01\n" +
 	"\rFailureReport\x12\x1a\n" +
