@@ -3,7 +3,9 @@ package nspb
 import (
 	"fmt"
 	"sort"
+	"strings"
 
+	"github.com/hams-go/hams/protocol"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -42,8 +44,10 @@ func DepsOf(pfm []string, lineages ...[]*hamsv1.LineageEntry) map[string]uint64 
 	return deps
 }
 
-// Action is something a driver must do, in the order returned.
-type Action interface{ action() }
+// Action is something a driver must do, in the order returned: the
+// shared vocabulary of every machine under protocol/ (an alias, so the
+// machines of this package and their drivers speak protocol.Action).
+type Action = protocol.Action
 
 // Apply tells the backup's driver to install snapshot BatchID.
 type Apply struct {
@@ -61,8 +65,17 @@ type Announce struct {
 	To         []string
 }
 
-func (Apply) action()    {}
-func (Announce) action() {}
+// ProtocolAction marks Apply as a protocol.Action.
+func (Apply) ProtocolAction() {}
+
+// ProtocolAction marks Announce as a protocol.Action.
+func (Announce) ProtocolAction() {}
+
+func (a Apply) String() string { return fmt.Sprintf("apply batch=%d maxseq=%d", a.BatchID, a.MaxSeq) }
+
+func (a Announce) String() string {
+	return fmt.Sprintf("announce %s durable=%d batch=%d to=%s", a.Model, a.DurableSeq, a.BatchID, strings.Join(a.To, ","))
+}
 
 // Backup is Algorithm 2 of the HAMS paper for one stateful model's backup.
 //

@@ -1,8 +1,13 @@
 package nspb
 
-import "fmt"
+import (
+	"fmt"
 
-// Mode is a fault-tolerance mode of a stateful primary (DESIGN.md).
+	"github.com/hams-go/hams/protocol"
+)
+
+// Mode is a fault-tolerance mode of a stateful primary (docs/design.md,
+// "Baselines the project carries as modes").
 type Mode int
 
 // Modes. Bare never copies; the others copy the state after every batch and
@@ -56,10 +61,22 @@ type (
 	Ship struct{ Batch uint64 }
 )
 
-func (Release) action() {}
-func (Update) action()  {}
-func (Copy) action()    {}
-func (Ship) action()    {}
+// ProtocolAction marks Release as a protocol.Action.
+func (Release) ProtocolAction() {}
+
+// ProtocolAction marks Update as a protocol.Action.
+func (Update) ProtocolAction() {}
+
+// ProtocolAction marks Copy as a protocol.Action.
+func (Copy) ProtocolAction() {}
+
+// ProtocolAction marks Ship as a protocol.Action.
+func (Ship) ProtocolAction() {}
+
+func (a Release) String() string { return fmt.Sprintf("release batch=%d", a.Batch) }
+func (a Update) String() string  { return fmt.Sprintf("update batch=%d", a.Batch) }
+func (a Copy) String() string    { return fmt.Sprintf("copy batch=%d", a.Batch) }
+func (a Ship) String() string    { return fmt.Sprintf("ship batch=%d", a.Batch) }
 
 // Pipeline orders compute, update, copy, ship and release for one stateful
 // primary (paper IV-B, IV-C and the baselines).
@@ -173,19 +190,31 @@ func (p *Pipeline) CanCompute() bool {
 }
 
 // StartCompute marks the next batch as computing and returns its id. The
-// caller checked CanCompute.
+// caller checked CanCompute (it panics otherwise: a driver bug; Step with
+// ComputeStarted returns the error instead).
 func (p *Pipeline) StartCompute() uint64 {
-	if !p.CanCompute() {
-		panic("nspb: StartCompute while CanCompute is false")
+	n := p.computed + 1
+	if err := p.startCompute(n); err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func (p *Pipeline) startCompute(n uint64) error {
+	if !p.CanCompute() || n != p.computed+1 {
+		return fmt.Errorf("nspb: compute of batch %d started (computed %d, updated %d, copied %d, computing %v): %w",
+			n, p.computed, p.updated, p.copied, p.computing, protocol.ErrOutOfOrder)
 	}
 	p.computing = true
-	return p.computed + 1
+	return nil
 }
 
 // Computed is the event "compute of batch n returned".
-func (p *Pipeline) Computed(n uint64) []Action {
+func (p *Pipeline) Computed(n uint64) []Action { return must(p.computedEv(n)) }
+
+func (p *Pipeline) computedEv(n uint64) ([]Action, error) {
 	if !p.computing || n != p.computed+1 {
-		panic(fmt.Sprintf("nspb: Computed(%d) out of order (computed %d, computing %v)", n, p.computed, p.computing))
+		return nil, fmt.Errorf("nspb: Computed(%d) out of order (computed %d, computing %v): %w", n, p.computed, p.computing, protocol.ErrOutOfOrder)
 	}
 	p.computing = false
 	p.computed = n
@@ -197,73 +226,90 @@ func (p *Pipeline) Computed(n uint64) []Action {
 		p.shipped, p.copied = p.copied, n
 		out = append(out, Ship{Batch: n})
 	}
-	return append(out, p.maybeUpdate()...)
+	return append(out, p.maybeUpdate()...), nil
 }
 
 // Updated is the event "update of batch n returned".
-func (p *Pipeline) Updated(n uint64) []Action {
+func (p *Pipeline) Updated(n uint64) []Action { return must(p.updatedEv(n)) }
+
+func (p *Pipeline) updatedEv(n uint64) ([]Action, error) {
 	if !p.updating || n != p.updated+1 {
-		panic(fmt.Sprintf("nspb: Updated(%d) out of order (updated %d)", n, p.updated))
+		return nil, fmt.Errorf("nspb: Updated(%d) out of order (updated %d): %w", n, p.updated, protocol.ErrOutOfOrder)
 	}
 	p.updating = false
 	p.updated = n
 	if p.mode == Bare {
 		p.copied, p.acked = n, n
-		return nil
+		return nil, nil
 	}
 	if p.capture {
-		return p.maybeUpdate()
+		return p.maybeUpdate(), nil
 	}
 	if p.onDemand {
 		// Without a request, state n is left uncopied: the next update
 		// may go ahead and a later copy covers batch n.
 		if acts := p.maybeCopy(); acts != nil {
-			return acts
+			return acts, nil
 		}
-		return p.maybeUpdate()
+		return p.maybeUpdate(), nil
 	}
 	p.copying, p.copyOf = true, n
-	return []Action{Copy{Batch: n}}
+	return []Action{Copy{Batch: n}}, nil
 }
 
 // Copied is the event "the copy of the state after batch n is done".
-func (p *Pipeline) Copied(n uint64) []Action {
+func (p *Pipeline) Copied(n uint64) []Action { return must(p.copiedEv(n)) }
+
+func (p *Pipeline) copiedEv(n uint64) ([]Action, error) {
 	if !p.copying || n != p.copyOf {
-		panic(fmt.Sprintf("nspb: Copied(%d) out of order (copied %d, copying %v of %d)", n, p.copied, p.copying, p.copyOf))
+		return nil, fmt.Errorf("nspb: Copied(%d) out of order (copied %d, copying %v of %d): %w", n, p.copied, p.copying, p.copyOf, protocol.ErrOutOfOrder)
 	}
 	p.copying = false
 	p.shipped = p.copied
 	p.copied = n
-	return append([]Action{Ship{Batch: n}}, p.maybeUpdate()...)
+	return append([]Action{Ship{Batch: n}}, p.maybeUpdate()...), nil
 }
 
 // CopyLost is the event "the copy of the state after batch n, reported
 // Copied, failed before its data arrived" (on demand only; the state it
 // captured may be overwritten by now). The batches it covered wait for
 // the next copy, which starts as soon as it may.
-func (p *Pipeline) CopyLost(n uint64) []Action {
+func (p *Pipeline) CopyLost(n uint64) []Action { return must(p.copyLostEv(n)) }
+
+func (p *Pipeline) copyLostEv(n uint64) ([]Action, error) {
 	if !p.onDemand || p.copying || n != p.copied {
-		panic(fmt.Sprintf("nspb: CopyLost(%d) (copied %d, copying %v, on demand %v)", n, p.copied, p.copying, p.onDemand))
+		return nil, fmt.Errorf("nspb: CopyLost(%d) (copied %d, copying %v, on demand %v): %w", n, p.copied, p.copying, p.onDemand, protocol.ErrOutOfOrder)
 	}
 	p.copied = p.shipped
 	p.wanted = true
-	return p.maybeCopy()
+	return p.maybeCopy(), nil
 }
 
 // Acked is the event "the backup has received snapshot n" (acks are
 // cumulative; older ones are ignored).
-func (p *Pipeline) Acked(n uint64) []Action {
+func (p *Pipeline) Acked(n uint64) []Action { return must(p.ackedEv(n)) }
+
+func (p *Pipeline) ackedEv(n uint64) ([]Action, error) {
 	if n <= p.acked {
-		return nil
+		return nil, nil
 	}
 	if n > p.copied {
-		panic(fmt.Sprintf("nspb: Acked(%d) before it was copied (%d)", n, p.copied))
+		return nil, fmt.Errorf("nspb: Acked(%d) before it was copied (%d): %w", n, p.copied, protocol.ErrOutOfOrder)
 	}
 	p.acked = n
 	if p.mode.releaseOnAck() {
-		return p.releaseUpTo(min(n, p.computed))
+		return p.releaseUpTo(min(n, p.computed)), nil
 	}
-	return nil
+	return nil, nil
+}
+
+// must keeps the panicking contract of the direct methods (a driver that
+// reports events out of order has a bug); Step returns the error instead.
+func must(acts []Action, err error) []Action {
+	if err != nil {
+		panic(err)
+	}
+	return acts
 }
 
 func (p *Pipeline) maybeUpdate() []Action {
