@@ -21,6 +21,7 @@ import (
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -760,7 +761,7 @@ func printTLSCost(w io.Writer, rows []benchRow) {
 			plain[k] = r
 		}
 	}
-	tb := newTable(2, "service", "mode", "p50_ms_diff", "p99_ms_diff", "p50_us_per_hop")
+	tb := harness.NewTable(2, "service", "mode", "p50_ms_diff", "p99_ms_diff", "p50_us_per_hop")
 	for _, k := range order {
 		t, p := tls[k], plain[k]
 		if t == nil || p == nil || k.mode == "direct" {
@@ -771,12 +772,12 @@ func printTLSCost(w io.Writer, rows []benchRow) {
 	}
 	if tb.Length() > 0 {
 		fmt.Fprintf(w, "\nmutual TLS cost (tls - insecure, same run):\n")
-		render(w, tb, "")
+		harness.Render(w, tb, "")
 	}
 }
 
 func printBench(w io.Writer, rows []benchRow) {
-	tb := newTable(2, "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b", "gate_ms")
+	tb := harness.NewTable(2, "service", "mode", "batch", "requests", "p50_ms", "p99_ms", "mean_ms", "thr_rps", "errors", "lin_ms/b", "gate_ms")
 	for _, r := range rows {
 		lin, gate := "-", "-"
 		if r.LineageMsPerBatch != nil {
@@ -792,7 +793,7 @@ func printBench(w io.Writer, rows []benchRow) {
 		tb.AppendRow([]any{r.Service, mode, r.Batch, r.Requests, f3(r.P50Ms), f3(r.P99Ms), f3(r.MeanMs), fmt.Sprintf("%.1f", r.ThroughputRPS), r.Errors, lin, gate})
 	}
 	fmt.Fprintln(w)
-	render(w, tb, "")
+	harness.Render(w, tb, "")
 	// Sidecar overhead per hop: (bare p50 - direct p50) / (hops + 1).
 	type pair struct{ direct, bare *benchRow }
 	by := map[string]*pair{}
@@ -812,7 +813,7 @@ func printBench(w io.Writer, rows []benchRow) {
 			p.bare = r
 		}
 	}
-	hop := newTable(1, "service", "hops", "direct_p50", "bare_p50", "added_p50_ms", "added_p50/hop_ms")
+	hop := harness.NewTable(1, "service", "hops", "direct_p50", "bare_p50", "added_p50_ms", "added_p50/hop_ms")
 	for _, s := range order {
 		p := by[s]
 		if p.direct == nil || p.bare == nil {
@@ -823,7 +824,7 @@ func printBench(w io.Writer, rows []benchRow) {
 	}
 	if hop.Length() > 0 {
 		fmt.Fprintln(w)
-		render(w, hop, "")
+		harness.Render(w, hop, "")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/hams-go/hams/internal/harness"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -42,7 +43,7 @@ func printOverheads(w io.Writer, rows []benchRow) {
 	for _, m := range modes {
 		header = append(header, m)
 	}
-	tb := newTable(1, header...)
+	tb := harness.NewTable(1, header...)
 	for _, k := range keys {
 		row := []any{k.service, k.batch}
 		bare, ok := byKey[k]["bare"]
@@ -60,14 +61,14 @@ func printOverheads(w io.Writer, rows []benchRow) {
 		tb.AppendRow(row)
 	}
 	fmt.Fprintf(w, "\np50 latency (ms) and overhead over bare, one run (the shape of the HAMS paper's Table I)\n")
-	render(w, tb, "")
+	harness.Render(w, tb, "")
 }
 
 // printShipping prints, per replicated model and mode, what a snapshot
 // costs and the shipping throughput next to this machine's memcpy
 // bandwidth.
 func printShipping(w io.Writer, rows []benchRow, memcpyMBs float64) {
-	tb := newTable(3, "service", "mode", "model", "state_bytes", "bytes/snap", "snapshots", "copy_ms", "delivery_ms", "ship_MB/s", "x_memcpy")
+	tb := harness.NewTable(3, "service", "mode", "model", "state_bytes", "bytes/snap", "snapshots", "copy_ms", "delivery_ms", "ship_MB/s", "x_memcpy")
 	for _, r := range rows {
 		names := make([]string, 0, len(r.State))
 		for n := range r.State {
@@ -86,7 +87,7 @@ func printShipping(w io.Writer, rows []benchRow, memcpyMBs float64) {
 	}
 	if tb.Length() > 0 {
 		fmt.Fprintf(w, "\nstate shipping (memcpy on this machine: %.0f MB/s)\n", memcpyMBs)
-		render(w, tb, "")
+		harness.Render(w, tb, "")
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/integration/consistency"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/netfault"
 	"github.com/hams-go/hams/internal/run"
@@ -444,12 +445,12 @@ func runChaos(args []string) error {
 	}
 	fmt.Printf("\nHAMS-Go chaos: service %s, mode %s, seed %d, %.1fs, %d kills\n", rep.Service, rep.Mode, rep.Seed, rep.DurationS, len(rep.Kills))
 	if len(rep.Kills) > 0 {
-		tb := newTableAlign("rlllrrl", "at_ms", "target", "kind", "note", "recovery_ms", "restored_ms", "")
+		tb := harness.NewTableAlign("rlllrrl", "at_ms", "target", "kind", "note", "recovery_ms", "restored_ms", "")
 		for _, k := range rep.Kills {
 			tb.AppendRow([]any{fmt.Sprintf("%.0f", k.AtMs), k.Target, k.Kind, k.Note, fmt.Sprintf("%.0f", k.RecoveryMs), fmt.Sprintf("%.0f", k.RestoredMs),
 				strings.TrimSpace(map[bool]string{true: "(now active: " + k.NewActive + ")"}[k.NewActive != ""] + map[bool]string{true: "  (" + k.Error + ")"}[k.Error != ""])})
 		}
-		render(os.Stdout, tb, "  ")
+		harness.Render(os.Stdout, tb, "  ")
 	}
 	fmt.Printf("  requests %d  replies %d  errors %d  recovery p50 %.0f ms  max %.0f ms\n", rep.Requests, rep.Replies, rep.Errors, rep.RecoveryP50Ms, rep.RecoveryMaxMs)
 	if rep.Approximate > 0 {

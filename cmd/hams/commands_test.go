@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/spf13/cobra"
 )
 
@@ -169,7 +170,7 @@ func TestLoadBar(t *testing.T) {
 	var b bytes.Buffer
 	done := make(chan struct{})
 	go func() { time.Sleep(1200 * time.Millisecond); close(done) }()
-	loadBar(&b, time.Second, done, func() string { return "replies 7  errors 0  p50 1.25ms" })
+	harness.LoadBar(&b, time.Second, done, func() string { return "replies 7  errors 0  p50 1.25ms" })
 	out := b.String()
 	for _, want := range []string{"[########################]", "1.0s/1s", "replies 7  errors 0  p50 1.25ms", "100%"} {
 		if !strings.Contains(out, want) {

@@ -18,6 +18,7 @@ import (
 	"github.com/hams-go/hams/integration/checker"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"google.golang.org/grpc/status"
@@ -208,6 +209,7 @@ func describeAll(ctx context.Context, d *deployment, only ...string) (map[string
 type killList []killSpec
 
 func (k *killList) String() string { return fmt.Sprint(*k) }
+
 func (k *killList) Set(s string) error {
 	ks, err := parseKill(s)
 	if err != nil {
@@ -562,7 +564,7 @@ func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
 
 // progress draws one updating status line until done (progress.go).
 func progress(w io.Writer, rec *loadgen.Recorder, total time.Duration, done <-chan struct{}) {
-	loadBar(w, total, done, func() string {
+	harness.LoadBar(w, total, done, func() string {
 		s := rec.Stats()
 		return fmt.Sprintf("replies %d  errors %d  p50 %.2fms", s.Replies, s.Errors, s.P50Ms)
 	})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/parmload"
 )
@@ -337,14 +338,14 @@ func parmBenchDeployment(arms []parmArm, replicas int, straggle string, fillAfte
 }
 
 func printParmBench(w io.Writer, rows []parmBenchRow) {
-	tb := newTableAlign("rlrrrrrrrrrrrrr", "batch", "redundancy", "k", "D ms", "data", "par", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "rps", "approx", "acc", "acc.ex", "acc.ap")
+	tb := harness.NewTableAlign("rlrrrrrrrrrrrrr", "batch", "redundancy", "k", "D ms", "data", "par", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "rps", "approx", "acc", "acc.ex", "acc.ap")
 	for _, r := range rows {
 		tb.AppendRow([]any{r.Batch, r.Redundancy, r.K, fmt.Sprintf("%.1f", r.DecodeAfterMs), r.DataInstances, r.ParityInstances,
 			fmt.Sprintf("%.2f", r.P50Ms), fmt.Sprintf("%.2f", r.P99Ms), fmt.Sprintf("%.2f", r.P999Ms), fmt.Sprintf("%.2f", r.MaxMs),
 			fmt.Sprintf("%.1f", r.ThroughputRPS), fmt.Sprintf("%.2f%%", 100*r.Approximate), pctOrNA(r.Accuracy), pctOrNA(r.AccuracyExact), pctOrNA(r.AccuracyApprox)})
 	}
 	fmt.Fprintln(w)
-	render(w, tb, "")
+	harness.Render(w, tb, "")
 	// Ratios against er at the same (k, batch): the paper's comparison.
 	fmt.Fprintln(w, "\nagainst er at the same k and batch (one run):")
 	for _, r := range rows {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/parmload"
 )
@@ -102,7 +103,7 @@ type parmDemoOptions struct {
 // parmProgress draws one status line (replies, approximate, p99.9 so far)
 // until done (progress.go).
 func parmProgress(w io.Writer, last *atomic.Pointer[parmload.Result], total time.Duration, done <-chan struct{}) {
-	loadBar(w, total, done, func() string {
+	harness.LoadBar(w, total, done, func() string {
 		var s parmload.Summary
 		if r := last.Load(); r != nil {
 			s = r.Summary()

@@ -7,6 +7,8 @@ import (
 	"os"
 	"slices"
 	"sort"
+
+	"github.com/hams-go/hams/internal/harness"
 )
 
 // runReport prints tables from the JSON reports of earlier runs:
@@ -90,7 +92,7 @@ func printRecoveryTable(w io.Writer, reps []chaosReport) {
 	for _, m := range modes {
 		header = append(header, m)
 	}
-	tb := newTable(1, header...)
+	tb := harness.NewTable(1, header...)
 	for _, s := range services {
 		row := []any{s}
 		for _, m := range modes {
@@ -116,5 +118,5 @@ func printRecoveryTable(w io.Writer, reps []chaosReport) {
 		tb.AppendRow(row)
 	}
 	fmt.Fprintln(w, "recovery time at the client, p50 ms over the kills (kills recovered/made; conflicts, lost) - the shape of the HAMS paper's Table II")
-	render(w, tb, "")
+	harness.Render(w, tb, "")
 }

@@ -3,9 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/hams-go/hams/internal/config"
 	"os"
 	"path/filepath"
+
+	"github.com/hams-go/hams/internal/config"
 )
 
 // upReady is the one line `hams up` prints (DESIGN.md command-line contract).

@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"fmt"
@@ -9,11 +9,11 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
-// loadBar draws the status line of a load run until done: a bar over the
+// LoadBar draws the status line of a load run until done: a bar over the
 // run's duration, the time elapsed of the total, and figures() (replies,
 // errors, percentiles so far). It redraws every 250 ms on a terminal and
 // every second otherwise (a log file gets one line per second).
-func loadBar(w io.Writer, total time.Duration, done <-chan struct{}, figures func() string) {
+func LoadBar(w io.Writer, total time.Duration, done <-chan struct{}, figures func() string) {
 	every := time.Second
 	if isTerminal(w) {
 		every = 250 * time.Millisecond

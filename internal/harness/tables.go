@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"io"
@@ -23,16 +23,16 @@ var tableStyle = func() table.Style {
 	return s
 }()
 
-// newTable is a table with the header, rendered by render(w). The first
+// NewTable is a table with the header, rendered by render(w). The first
 // left columns are aligned left (names), the others right (numbers).
-func newTable(left int, header ...any) table.Writer {
+func NewTable(left int, header ...any) table.Writer {
 	align := strings.Repeat("l", left) + strings.Repeat("r", max(len(header)-left, 0))
-	return newTableAlign(align, header...)
+	return NewTableAlign(align, header...)
 }
 
-// newTableAlign is a table whose columns are aligned as align says, one
+// NewTableAlign is a table whose columns are aligned as align says, one
 // letter per column: l (left) or r (right).
-func newTableAlign(align string, header ...any) table.Writer {
+func NewTableAlign(align string, header ...any) table.Writer {
 	t := table.NewWriter()
 	t.SetStyle(tableStyle)
 	t.AppendHeader(table.Row(header))
@@ -48,8 +48,8 @@ func newTableAlign(align string, header ...any) table.Writer {
 	return t
 }
 
-// render writes t to w, each line indented by indent.
-func render(w io.Writer, t table.Writer, indent string) {
+// Render writes t to w, each line indented by indent.
+func Render(w io.Writer, t table.Writer, indent string) {
 	lines := strings.Split(t.Render(), "\n")
 	for _, l := range lines {
 		io.WriteString(w, indent+l+"\n")
