@@ -76,6 +76,9 @@ func (m *Manager) aliveAgain(id string) {
 func (m *Manager) retire(a recovery.Action) {
 	m.mu.Lock()
 	m.retired[a.Component] = a.Reason
+	if r := m.regs[a.Component]; r != nil {
+		m.retiredInc[a.Component] = r.GetIncarnation()
+	}
 	delete(m.returning, a.Component)
 	m.mu.Unlock()
 	m.metrics.returned.WithLabelValues("retired").Inc()

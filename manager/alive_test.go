@@ -88,6 +88,10 @@ func TestFalselySuspectedPrimaryRetired(t *testing.T) {
 	startClient(t, r.addr, ra)
 	rp := sidecarReg("sidecar/b-p", "b", fbp.addr)
 	rp.Role = hamsv1.Role_ROLE_PRIMARY
+	// The stopped process's incarnation: its client below is that same
+	// process's (a new incarnation would be a new process, admitted as a
+	// fresh standby: incarnation_test.go).
+	rp.Incarnation = "b-p-1"
 	bp := freezable(t, r.addr, rp)
 	rb := sidecarReg("sidecar/b-b", "b", fbb.addr)
 	rb.Role = hamsv1.Role_ROLE_BACKUP

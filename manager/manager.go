@@ -144,6 +144,14 @@ type Manager struct {
 	// decides (Retire or Readmit).
 	retired   map[string]string
 	returning map[string]bool
+	// retiredInc: the incarnation a retired id was retired with (a new
+	// incarnation under it is a new process: incarnation.go).
+	// superseded: per id, incarnations a new process replaced (refused
+	// for good). reincarnated: ids whose held registration is a new
+	// incarnation (recovery's Retire admits it as a fresh standby).
+	retiredInc   map[string]string
+	superseded   map[string]map[string]bool
+	reincarnated map[string]bool
 }
 
 // FailureRecord is one failure report as received.
@@ -218,18 +226,21 @@ func New(cfg Config) (*Manager, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{
-		cfg:       cfg,
-		log:       cfg.Logger.With("component", "manager", "deployment", cfg.Deployment.Name),
-		metrics:   newMetrics(cfg.Registry),
-		hub:       newHub(),
-		ready:     make(chan struct{}),
-		stopping:  make(chan struct{}),
-		members:   NewMembership(cfg.SuspicionTimeout),
-		regs:      map[string]*hamsv1.RegisterRequest{},
-		assigned:  map[string]assignment{},
-		retired:   map[string]string{},
-		returning: map[string]bool{},
-		recCh:     make(chan recEvent, 256),
+		cfg:          cfg,
+		log:          cfg.Logger.With("component", "manager", "deployment", cfg.Deployment.Name),
+		metrics:      newMetrics(cfg.Registry),
+		hub:          newHub(),
+		ready:        make(chan struct{}),
+		stopping:     make(chan struct{}),
+		members:      NewMembership(cfg.SuspicionTimeout),
+		regs:         map[string]*hamsv1.RegisterRequest{},
+		assigned:     map[string]assignment{},
+		retired:      map[string]string{},
+		returning:    map[string]bool{},
+		retiredInc:   map[string]string{},
+		superseded:   map[string]map[string]bool{},
+		reincarnated: map[string]bool{},
+		recCh:        make(chan recEvent, 256),
 	}
 	if cfg.Registry != nil {
 		m.grpcMetrics = grpcx.NewServerMetrics(cfg.Registry)

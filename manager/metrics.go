@@ -19,6 +19,8 @@ type metrics struct {
 	unrecoverable prometheus.Counter
 	active        prometheus.Gauge
 	returned      *prometheus.CounterVec
+	restarts      prometheus.Counter
+	backupReports *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -84,6 +86,14 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "hams_manager_returned_components_total",
 			Help: "Components declared dead that were heard from again (false suspicions), by decision: retired (never reused, told to exit) or readmitted (still their model's serving instance).",
 		}, []string{"decision"}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hams_manager_restarted_components_total",
+			Help: "Registrations of a known component id by a new process (another incarnation): the old incarnation is declared dead and recovered, the new process admitted as a fresh standby.",
+		}),
+		backupReports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hams_manager_backup_reports_total",
+			Help: "Sidecars' reports that a primary cannot ship to its backup, by outcome: replaced (the backup was retired and replaced) or refused (not the model's primary reporting its live backup).",
+		}, []string{"outcome"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.collectors()...)
@@ -93,7 +103,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
-		m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned}
+		m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned, m.restarts, m.backupReports}
 }
 
 // MetricCollectors returns fresh, unregistered collectors of every metric

@@ -194,7 +194,17 @@ func (d *driver) perform(acts []recovery.Action) {
 				m.log.Error("recovery: model cannot be recovered", "model", a.Model, "reason", a.Reason)
 				m.emit(timeline.Event{Kind: timeline.Unrecoverable, Model: a.Model, Detail: a.Reason})
 			case recovery.Retire:
-				m.retire(a)
+				if !m.takeReincarnated(a.Component) {
+					m.retire(a)
+					break
+				}
+				// A new process under the retired instance's id: a
+				// fresh standby (incarnation.go).
+				d.wg.Add(1)
+				go func() {
+					defer d.wg.Done()
+					m.admitFresh(d.ctx, a)
+				}()
 			case recovery.Readmit:
 				d.wg.Add(1)
 				go func() {

@@ -79,6 +79,7 @@ func (m *Manager) validateRegistration(req *hamsv1.RegisterRequest) (*hamsv1.Reg
 		BackendAddress: req.GetBackendAddress(),
 		Pid:            req.GetPid(),
 		MetricsAddress: req.GetMetricsAddress(),
+		Incarnation:    req.GetIncarnation(),
 	}
 	if kind == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND {
 		r.Model, r.Role = "", hamsv1.Role_ROLE_UNSPECIFIED
@@ -126,11 +127,24 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 		return nil, err
 	}
 	m.mu.Lock()
-	if why, ok := m.retired[r.Id]; ok {
+	if err := m.refusedIncarnationLocked(r); err != nil {
 		m.mu.Unlock()
-		return nil, errRetired(r.Id, why)
+		return nil, err
+	}
+	fresh := false
+	if why, ok := m.retired[r.Id]; ok {
+		if !m.newProcessLocked(r.Id, r.GetIncarnation()) {
+			m.mu.Unlock()
+			return nil, errRetired(r.Id, why)
+		}
+		// A new process under a retired id (restarted in place by a
+		// restart policy): the retired incarnation stays refused, the new
+		// one is admitted as a fresh spare (incarnation.go).
+		delete(m.retired, r.Id)
+		fresh = true
 	}
 	prev := m.regs[r.Id]
+	reinc := m.reincarnationLocked(prev, r)
 	if r.Kind == hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND {
 		// A placeholder from persisted state is replaced by the real id.
 		if ph := frontendPlaceholder(r.Address); ph != r.Id && m.regs[ph] != nil {
@@ -139,6 +153,13 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 		}
 	}
 	m.regs[r.Id] = r
+	var died bool
+	if reinc {
+		died = m.supersedeLocked(prev, r)
+	}
+	if fresh {
+		m.admitFreshLocked(r.Id, r.GetModel())
+	}
 	// A model instance declared dead that registers again is held dead
 	// until recovery decides (alive.go).
 	held, first := m.heldReturnLocked(r.Id)
@@ -147,6 +168,15 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 	}
 	m.updateGaugesLocked()
 	m.mu.Unlock()
+	if died {
+		// The old incarnation's death first, in the topology before
+		// recovery looks, then its recovery; the new process's return
+		// is decided when that round ends (incarnation.go).
+		if _, err := m.reconcile(ctx); err != nil {
+			m.log.Warn("write liveness to deployment state", "id", r.Id, "err", err)
+		}
+		m.suspectNow(prev.GetId(), prev.GetModel(), prev.GetRole(), "restarted under its id: incarnation "+prev.GetIncarnation()+" replaced by "+r.GetIncarnation())
+	}
 	if first {
 		m.aliveAgain(r.Id)
 	}
@@ -156,6 +186,9 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 		return nil, status.Errorf(codes.Unavailable, "register %s: write deployment state: %v", r.Id, err)
 	}
 	m.metrics.registrations.Inc()
+	if fresh {
+		m.spareJoined(r.Id)
+	}
 	if prev == nil || !sameRegistration(prev, r) {
 		m.log.Info("component registered", "id", r.Id, "kind", r.Kind.String(), "model", r.Model,
 			"component_role", r.Role.String(), "address", r.Address, "pid", r.Pid, "revision", t.GetRevision())
@@ -165,12 +198,14 @@ func (s *service) Register(ctx context.Context, req *hamsv1.RegisterRequest) (*h
 	return &hamsv1.RegisterResponse{
 		Topology:            t,
 		HeartbeatIntervalMs: uint32(m.cfg.HeartbeatInterval / time.Millisecond),
+		SuspicionTimeoutMs:  uint32(m.cfg.SuspicionTimeout / time.Millisecond),
 	}, nil
 }
 
 func sameRegistration(a, b *hamsv1.RegisterRequest) bool {
 	return a.GetKind() == b.GetKind() && a.GetModel() == b.GetModel() && a.GetRole() == b.GetRole() &&
-		a.GetAddress() == b.GetAddress() && a.GetBackendAddress() == b.GetBackendAddress() && a.GetPid() == b.GetPid()
+		a.GetAddress() == b.GetAddress() && a.GetBackendAddress() == b.GetBackendAddress() && a.GetPid() == b.GetPid() &&
+		a.GetIncarnation() == b.GetIncarnation()
 }
 
 func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (*hamsv1.HeartbeatResponse, error) {
@@ -184,6 +219,13 @@ func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (
 		m.mu.Unlock()
 		// NotFound: the client registers again and is refused for good.
 		return nil, errRetired(req.GetId(), why)
+	}
+	if reg := m.regs[req.GetId()]; reg != nil && req.GetIncarnation() != "" && reg.GetIncarnation() != "" && req.GetIncarnation() != reg.GetIncarnation() {
+		m.mu.Unlock()
+		// NotFound: the client registers again with its incarnation,
+		// which is refused for good (a superseded process exits).
+		return nil, status.Errorf(codes.NotFound, "id %q: incarnation %s was superseded by %s (a new process registered under this id)",
+			req.GetId(), req.GetIncarnation(), reg.GetIncarnation())
 	}
 	held, first := m.heldReturnLocked(req.GetId())
 	var (
@@ -232,6 +274,11 @@ func (s *service) ReportFailure(ctx context.Context, req *hamsv1.FailureReport) 
 	}
 	m.mu.Unlock()
 	m.metrics.failures.Inc()
+	if m.reportedBySidecar(ctx, req) {
+		// A sidecar reports only its own model's backup, as its primary
+		// (backupreport.go); anything else it says is not acted on.
+		return m.backupReported(ctx, req)
+	}
 	m.log.Warn("failure reported", "reporter", rec.Reporter, "suspect", rec.Suspect, "model", rec.Model, "reason", rec.Why, "exited", req.GetExited())
 	if req.GetExited() && m.active.Load() {
 		// Certain: dead now, in the topology before recovery looks.

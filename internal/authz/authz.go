@@ -160,6 +160,17 @@ func (a *Authorizer) relation(rel Relation, caller pki.Identity, req any) error 
 		if caller.Role == pki.RoleFrontend && r.GetToModel() == config.Frontend && a.facts.Sink() {
 			return nil
 		}
+	case OwnModelReport:
+		r, ok := req.(*hamsv1.FailureReport)
+		if !ok {
+			return fmt.Errorf("%w %T", errRequestType, req)
+		}
+		if a.facts == nil {
+			return errNoFacts
+		}
+		if caller.Role == pki.RoleSidecar && r.GetModel() != "" && caller.ServesModel(r.GetModel()) && a.facts.RegisteredBy(r.GetReporter(), caller) {
+			return nil
+		}
 	case SelfID:
 		r, ok := req.(*hamsv1.HeartbeatRequest)
 		if !ok {

@@ -30,6 +30,7 @@ var (
 	sidecarM    = id(pki.RoleSidecar, "m", "a")    // the server's model
 	sidecarPred = id(pki.RoleSidecar, "pred", "a") // a predecessor of m
 	sidecarX    = id(pki.RoleSidecar, "x", "a")    // unrelated model
+	sidecarMb   = id(pki.RoleSidecar, "m", "b")    // another instance of m
 	serverM     = id(pki.RoleModelServer, "m", "a")
 	supervisor  = id(pki.RoleSupervisor, "", "")
 	admin       = id(pki.RoleAdmin, "", "")
@@ -64,6 +65,18 @@ func resendTo(model string) func(pki.Identity) any {
 	return func(pki.Identity) any { return &hamsv1.ResendRequest{ToModel: model, ToAddress: "10.0.0.66:1"} }
 }
 
+// reportAs is a ReportFailure about model whose reporter is as (nil: the
+// caller itself) and whose suspect is another instance of model.
+func reportAs(as *pki.Identity, model string) func(pki.Identity) any {
+	return func(caller pki.Identity) any {
+		rep := caller.String()
+		if as != nil {
+			rep = as.String()
+		}
+		return &hamsv1.FailureReport{Reporter: rep, Suspect: id(pki.RoleSidecar, model, "b").String(), Model: model, Reason: "ship failed"}
+	}
+}
+
 func heartbeatAs(who pki.Identity) func(pki.Identity) any {
 	return func(pki.Identity) any { return &hamsv1.HeartbeatRequest{Id: who.String()} }
 }
@@ -81,7 +94,13 @@ var rowCases = []rowCase{
 	{method: hamsv1.Dataplane_Forward_FullMethodName, self: sidecarM, allowed: []pki.Identity{sidecarPred, frontend}, refused: []pki.Identity{sidecarX, manager, admin, serverM, otherDepMgr}},
 	{method: hamsv1.Manager_Register_FullMethodName, self: manager, req: register(hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, "m"), allowed: []pki.Identity{sidecarM}, refused: []pki.Identity{sidecarX, frontend, serverM, admin, supervisor}},
 	{method: hamsv1.Manager_Heartbeat_FullMethodName, self: manager, req: heartbeatAs(sidecarM), allowed: []pki.Identity{sidecarM}, refused: []pki.Identity{id(pki.RoleSidecar, "m", "b"), sidecarX, frontend, admin}},
-	{method: hamsv1.Manager_ReportFailure_FullMethodName, self: manager, allowed: []pki.Identity{supervisor, manager}, refused: []pki.Identity{sidecarM, frontend, admin, serverM}},
+	{method: hamsv1.Manager_ReportFailure_FullMethodName, self: manager, req: reportAs(nil, "m"), allowed: []pki.Identity{supervisor, manager, sidecarM}, refused: []pki.Identity{sidecarX, sidecarPred, frontend, admin, serverM}},
+	// A sidecar reports only as itself: not under another instance's id.
+	{method: hamsv1.Manager_ReportFailure_FullMethodName, self: manager, req: reportAs(&sidecarMb, "m"), allowed: []pki.Identity{supervisor, manager, sidecarMb}, refused: []pki.Identity{sidecarM, sidecarX}},
+	// A sidecar reports only about its own model.
+	{method: hamsv1.Manager_ReportFailure_FullMethodName, self: manager, req: reportAs(nil, "x"), allowed: []pki.Identity{supervisor, manager, sidecarX}, refused: []pki.Identity{sidecarM, sidecarPred}},
+	// A report that names no model is a supervisor's or a manager's.
+	{method: hamsv1.Manager_ReportFailure_FullMethodName, self: manager, req: reportAs(nil, ""), allowed: []pki.Identity{supervisor, manager}, refused: []pki.Identity{sidecarM, sidecarX}},
 	{method: hamsv1.Manager_GetTopology_FullMethodName, self: manager, allowed: []pki.Identity{sidecarM, frontend, admin, supervisor}, refused: []pki.Identity{otherDepMgr, id(pki.RoleNATS, "", "")}},
 	{method: hamsv1.Manager_WatchTopology_FullMethodName, self: manager, allowed: []pki.Identity{sidecarM, frontend}, refused: []pki.Identity{otherDepMgr, id(pki.RoleNATS, "", "")}},
 	{method: hamsv1.ModelRuntime_Health_FullMethodName, self: serverM, allowed: []pki.Identity{sidecarM, admin, supervisor}, refused: []pki.Identity{sidecarX, manager, frontend}},

@@ -39,9 +39,15 @@ const (
 	// asked of a sink model's sidecar (Facts.Sink) by a frontend that
 	// takes over the requests of another (frontend/requestlog.go).
 	SinkResend
+	// OwnModelReport: a ReportFailure made as the caller (its reporter is
+	// a component id the caller registered, Facts.RegisteredBy) about
+	// the caller's own model (a primary's sidecar reporting the backup
+	// it cannot ship to; the manager decides whether the suspect is that
+	// backup).
+	OwnModelReport
 )
 
-var relationNames = [...]string{"role", "same model", "predecessor", "hosted model", "self registration", "self id", "sink resend"}
+var relationNames = [...]string{"role", "same model", "predecessor", "hosted model", "self registration", "self id", "sink resend", "own model report"}
 
 func (r Relation) String() string {
 	if int(r) < len(relationNames) {
@@ -85,7 +91,8 @@ const (
 func roles(r ...pki.Role) []pki.Role { return r }
 
 // Table is who may call what. Only the manager steers failover (promote,
-// demote, rollback, resend, the recovery queries); components register
+// demote, rollback, resend, the recovery queries); a sidecar may report a
+// failure only within its own model and as itself; components register
 // and heartbeat only as themselves; only a model's own sidecars ship its
 // snapshots; only a node's predecessors forward to it; only a model's
 // sidecars drive its model server. The manager role is any manager of
@@ -108,7 +115,7 @@ var Table = []Rule{
 	// Manager.
 	{Method: hamsv1.Manager_Register_FullMethodName, Roles: roles(roleSC, roleFE, roleMS, roleMgr), Relation: SelfRegistration},
 	{Method: hamsv1.Manager_Heartbeat_FullMethodName, Roles: roles(roleSC, roleFE, roleMS, roleMgr), Relation: SelfID},
-	{Method: hamsv1.Manager_ReportFailure_FullMethodName, Roles: roles(roleSup, roleMgr)},
+	{Method: hamsv1.Manager_ReportFailure_FullMethodName, Roles: roles(roleSup, roleMgr, roleSC), Relation: OwnModelReport, Exempt: roles(roleSup, roleMgr)},
 	{Method: hamsv1.Manager_GetTopology_FullMethodName, Roles: roles(roleSC, roleFE, roleMS, roleMgr, roleSup, roleAdmin)},
 	{Method: hamsv1.Manager_WatchTopology_FullMethodName, Roles: roles(roleSC, roleFE, roleMS, roleMgr, roleSup, roleAdmin)},
 

@@ -82,7 +82,13 @@ type Client struct {
 	topo     *hamsv1.Topology // read-only once stored
 	changed  chan struct{}
 	interval time.Duration
-	progress func() (maxSeq, durableSeq uint64)
+	// suspicion is the manager's suspicion timeout (0 until a Register
+	// answer tells it).
+	suspicion time.Duration
+	progress  func() (maxSeq, durableSeq uint64)
+	// sess is the running session (nil outside Run): ReportBackup calls
+	// the manager it follows.
+	sess *session
 }
 
 // New validates cfg; it does no I/O.
@@ -121,6 +127,11 @@ func New(cfg Config) (*Client, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.Registration = proto.Clone(cfg.Registration).(*hamsv1.RegisterRequest)
+	if cfg.Registration.GetIncarnation() == "" {
+		// One per Client, and a process runs one Client per registered
+		// id: the manager tells a restarted process from the one it knew.
+		cfg.Registration.Incarnation = NewIncarnation()
+	}
 	return &Client{
 		cfg:      cfg,
 		addrs:    addrs,
@@ -263,6 +274,14 @@ func (c *Client) Run(ctx context.Context) error {
 		apis[i] = hamsv1.NewManagerClient(cc)
 	}
 	s := &session{c: c, apis: apis, fol: newFollower(len(apis))}
+	c.mu.Lock()
+	c.sess = s
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.sess = nil
+		c.mu.Unlock()
+	}()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -381,6 +400,9 @@ func (s *session) registerOnce(ctx context.Context, i int, timeout time.Duration
 		}
 		c.mu.Lock()
 		c.interval = iv
+		if st := time.Duration(resp.GetSuspicionTimeoutMs()) * time.Millisecond; st > 0 {
+			c.suspicion = st
+		}
 		c.mu.Unlock()
 		c.log.Info("registered with manager", "manager", c.addrs[i], "manager_role", hdr.Get(RoleMetadata),
 			"revision", resp.GetTopology().GetRevision(), "heartbeat_interval", iv)
@@ -473,7 +495,7 @@ func (s *session) heartbeatLoop(ctx context.Context) error {
 		}
 		c.mu.Lock()
 		local := c.topo.GetRevision()
-		req := &hamsv1.HeartbeatRequest{Id: c.cfg.Registration.GetId(), TopologyRevision: local}
+		req := &hamsv1.HeartbeatRequest{Id: c.cfg.Registration.GetId(), TopologyRevision: local, Incarnation: c.cfg.Registration.GetIncarnation()}
 		if c.progress != nil {
 			req.MaxSeq, req.DurableSeq = c.progress()
 		}
