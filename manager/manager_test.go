@@ -120,6 +120,14 @@ func startManager(t *testing.T, mod func(*manager.Config), lis net.Listener) *ru
 type runningClient struct {
 	c    *client.Client
 	stop func()
+	// quiet: Run's error is expected (a retired component's refusal).
+	quiet *bool
+}
+
+// stopQuiet stops a client whose Run may have ended with a refusal.
+func (rc *runningClient) stopQuiet() {
+	*rc.quiet = true
+	rc.stop()
 }
 
 func startClient(t *testing.T, addr string, reg *hamsv1.RegisterRequest) *runningClient {
@@ -131,7 +139,7 @@ func startClient(t *testing.T, addr string, reg *hamsv1.RegisterRequest) *runnin
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	var stopped bool
+	var stopped, quiet bool
 	stop := func() {
 		if stopped {
 			return
@@ -140,7 +148,7 @@ func startClient(t *testing.T, addr string, reg *hamsv1.RegisterRequest) *runnin
 		cancel()
 		select {
 		case err := <-done:
-			if err != nil {
+			if err != nil && !quiet {
 				t.Errorf("client Run: %v", err)
 			}
 		case <-time.After(10 * time.Second):
@@ -148,7 +156,7 @@ func startClient(t *testing.T, addr string, reg *hamsv1.RegisterRequest) *runnin
 		}
 	}
 	t.Cleanup(stop)
-	return &runningClient{c: c, stop: stop}
+	return &runningClient{c: c, stop: stop, quiet: &quiet}
 }
 
 func waitCtx(t *testing.T) context.Context {

@@ -178,6 +178,11 @@ func (c *Client) ResolveBackup(model string) (addr string, epoch uint64, ok bool
 	return resolveRole(c.Topology(), model, hamsv1.Role_ROLE_BACKUP)
 }
 
+// ResolveBackupOf is Client.ResolveBackup on a given topology.
+func ResolveBackupOf(t *hamsv1.Topology, model string) (addr string, epoch uint64, ok bool) {
+	return resolveRole(t, model, hamsv1.Role_ROLE_BACKUP)
+}
+
 // Resolve is Client.Resolve on a given topology.
 func Resolve(t *hamsv1.Topology, model string) (addr string, epoch uint64, ok bool) {
 	if t == nil {
