@@ -1,0 +1,11 @@
+package nspb
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package's tests if a goroutine outlives them: the
+// machines here are pure and start none.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
