@@ -1,8 +1,10 @@
-// Package lineage summarises sets of request lineages for recovery: per
-// graph edge U->V, the seqs of U whose output reached V (kept as a
-// contiguous prefix plus the seqs above it), and per model the highest
-// seq named. Sidecars and the frontend answer GetLineageSummary from it.
-// Pure; callers lock.
+// Package lineage summarises sets of request lineages (the lineages the
+// HAMS paper's Algorithm 1 records) for recovery: per graph edge U->V, the
+// seqs of U whose output reached V (kept as a contiguous prefix plus the
+// seqs above it), and per model the highest seq named. Sidecars and the
+// frontend answer GetLineageSummary from it (paper IV-E). Pure, in the
+// vocabulary of package protocol (a Flow's Step records Observed and
+// PairObserved events and returns no action); callers lock.
 package lineage
 
 import (

@@ -71,7 +71,9 @@
 //
 // # Purity
 //
-// This package is pure computation: no I/O, no goroutines, no clocks.
+// This package is pure computation: no I/O, no goroutines, no clocks. The
+// pool's Machine (group.go) is a protocol.Machine: its events (step.go)
+// carry the driver's time, and TimePassed is delivered at NextDeadline.
 // Encoders are immutable after construction and Encode allocates nothing;
 // a Decoder's only mutable state is its cache of inverses, guarded by a
 // mutex, so it is safe for concurrent use, and Reconstruct allocates

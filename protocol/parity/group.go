@@ -8,10 +8,12 @@ import (
 )
 
 // This file is the replica pool's dispatch and coding-group state machine
-// (paper sections 3-4 and 7, DESIGN.md "Parity models"). It is pure: the
-// driver (sidecar/pool) feeds it events with the current time as a
-// monotonic offset and performs the actions it returns, in order. It
-// never blocks, starts goroutines or reads a clock.
+// (ParM paper sections 3-4 and 7, docs/design.md "Parity models"). It is
+// pure, in the vocabulary of package protocol: the driver (sidecar/pool)
+// feeds it events (Step with the events of step.go, or the direct methods
+// of the same names) with the current time as a monotonic offset, and
+// performs the actions it returns, in order. It never blocks, starts
+// goroutines or reads a clock.
 //
 // Invariants:
 //   - every submitted batch gets exactly one ActRelease, ActReleaseDecoded

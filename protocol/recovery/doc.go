@@ -1,8 +1,25 @@
 // Package recovery is the manager's failover logic (HAMS paper IV-C, IV-E)
-// as a pure state machine: no goroutines, sockets or clocks. The driver
-// (package manager) feeds it events (Topology, Suspect, the answers to its
-// queries and the outcomes of its actions) and performs the Actions it
-// returns; tests drive it from a simulated service graph.
+// as a pure state machine in the vocabulary of package protocol: no
+// goroutines, sockets or clocks. The driver (package manager) feeds it
+// events through Step (or the direct method of the same name) and
+// performs the Actions it returns, in order; tests drive it from a
+// simulated service graph, and the transcripts under protocol/testdata
+// (failover.txt, correlated.txt) replay the paper's failovers.
+//
+// # Events and actions
+//
+//	TopologyChanged  the deployment state changed (new instances show up)
+//	Suspected        a component is suspected: starts or extends a round
+//	AliveAgain       a component declared dead was heard from -> Readmit or Retire
+//	MaxSeqAnswered   answers GetMaxSeq (same ActionID)
+//	SummaryAnswered  answers GetLineageSummary
+//	QueryFailed      a query got no answer (retried, then its target is dead)
+//	ActionDone       outcome of StartInstance, Promote, Rollback, Rewire,
+//	                 Resend, Demote, SyncBackup
+//
+// Recovered, Unrecoverable, Retire and Readmit are notices (Kind.Notice):
+// no event answers them. Every Action is a recovery.Action whose Kind
+// says which fields are set.
 //
 // # Rounds
 //
