@@ -34,13 +34,13 @@
 // The driver answers Update with Updated, Copy with Copied (or CopyLost),
 // Ship with Acked; Release needs no answer.
 //
-// Backup (driven by the sidecar's backup role): SnapshotReceived and Durable -> Apply, each
-// directly followed by its Announce; the driver publishes the Announce,
-// which arrives as Durable at the next stateful models' backups and at
-// the frontend.
+// Backup (driven by the sidecar's backup role): SnapshotReceived and
+// Durable -> Apply, each directly followed by its Announce; the driver
+// publishes the Announce, which arrives as Durable at the next stateful
+// models' backups and at the frontend.
 //
-// ReplyGate (driven by the frontend's reply gating): ReplyArrived, Durable, ReplyDropped ->
-// ReleaseReply.
+// ReplyGate (driven by the frontend's reply gating): ReplyArrived,
+// Durable, ReplyDropped -> ReleaseReply.
 //
 // The direct methods (Computed, Snapshot, Hold, ...) are the same steps;
 // the Pipeline's panic on an out-of-order event where Step returns an
