@@ -212,11 +212,18 @@ type Frontend struct {
 	// orphans keeps sink items of requests not pending (guarded by mu).
 	orphans *orphans
 	// Request-log state (requestlog.go), guarded by mu: leader says this
-	// frontend currently injects requests; recQ holds answers waiting to be
-	// recorded; logged counts requests logged (metrics, tests).
-	leader  bool
-	recQ    []recording
-	recKick chan struct{}
+	// frontend currently injects requests; leadTerm counts the changes of
+	// leader (so a decision taken in one term is not applied in another);
+	// leadFence is the stream sequence of a record this frontend began to
+	// log while leading in leadTerm (0: none yet; every record at or above
+	// it was logged after the takeover); mir is the log mirror (nil
+	// without a log); recQ holds answers waiting to be recorded.
+	leader    bool
+	leadTerm  uint64
+	leadFence uint64
+	mir       *logMirror
+	recQ      []recording
+	recKick   chan struct{}
 
 	// auditLog is the replies.jsonl writer (nil without AuditDir), set by
 	// Run before anything is answered.
@@ -243,6 +250,11 @@ type call struct {
 	// is being recorded.
 	injected  bool
 	recording bool
+	// loggedIn is the leader term (Frontend.leadTerm) in which this
+	// frontend began to log the request while leading; 0 when it
+	// followed. predictLogged injects such a call on the log's
+	// acknowledgement, so the log consumer leaves it alone.
+	loggedIn uint64
 	// sinks, requestID, streamID, inputs and deadline let a logged request
 	// be injected later (it was logged while another frontend led).
 	req      *hamsv1.PredictRequest
@@ -323,6 +335,9 @@ func New(cfg Config) (*Frontend, error) {
 	}
 	if f.cfg.Address == "" {
 		f.cfg.Address = cfg.InternalListener.Addr().String()
+	}
+	if cfg.Log != nil {
+		f.mir = newLogMirror(f.timeout + takeoverSlack)
 	}
 	for _, m := range d.StatefulModels() {
 		f.stateful[m] = true
@@ -806,6 +821,11 @@ func (f *Frontend) answerLocked(c *call, resp *hamsv1.PredictResponse, err error
 		for _, e := range svc.entries {
 			f.senders[e].Complete(c.reqID)
 		}
+	}
+	if remember {
+		// Recorded (or, without a log, released): a log record of it
+		// delivered later is not open (logMirror).
+		f.mir.answer(c.reqID, f.now())
 	}
 	if c.hasKey {
 		if f.inflight[c.key] == c {

@@ -73,11 +73,13 @@ func (f *Frontend) startLog(ctx context.Context) error {
 }
 
 // runLog runs the loops of the request log until ctx ends: the reply
-// watcher (answers recorded by other frontends), the recorder (this
-// frontend's answers, recorded before release) and the leadership loop.
+// watcher (answers recorded by any frontend), the recorder (this
+// frontend's answers, recorded before release), the consumer of the log
+// (a follower mirrors it, the leader injects from it), the sweep and the
+// leadership loop. It returns once every goroutine they started ended.
 func (f *Frontend) runLog(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
 	go func() { defer wg.Done(); f.sweepLoop(ctx) }()
 	go func() {
 		defer wg.Done()
@@ -95,6 +97,7 @@ func (f *Frontend) runLog(ctx context.Context) error {
 		}
 	}()
 	go func() { defer wg.Done(); f.recorderLoop(ctx) }()
+	go func() { defer wg.Done(); f.consumeLog(ctx) }()
 	go func() { defer wg.Done(); f.leadershipLoop(ctx) }()
 	wg.Wait()
 	return nil
@@ -143,13 +146,50 @@ func (f *Frontend) sweepLoop(ctx context.Context) {
 	}
 }
 
+// The takeover rule (docs/recovery.md, "Frontend and manager failover").
+//
+// A frontend starts to lead at the moment T it sets f.leader (under mu,
+// with f.leadTerm incremented). The topology names it only after the
+// previous leader was declared dead, and an answer is released only after
+// its reply record reached JetStream (the recorder releases on the
+// publish acknowledgement; a follower releases a record it received, and
+// JetStream stores what it routes). So a reply record of any answer
+// released before T is stored before T, and a look-up (LookupReply: a
+// read of the stored stream) that **starts after T** finds it. The new
+// leader therefore injects a logged request only when
+//
+//  1. it was logged after T: its stream sequence is at least the fence, the
+//     sequence of a record this frontend began to log after T
+//     (f.leadFence; 0 while unknown), so nobody but this leader can have
+//     injected and answered it; or
+//  2. a look-up begun after T found no reply record (unanswered, below):
+//     the mirror's open requests at T (adoptOpen), the records the log
+//     consumer delivers late (onLogged, checkLater: the consumer lags
+//     behind the reply watch and the log, by any amount), and a client's
+//     retry that joins a logged attempt (joinLogged).
+//
+// What the reply watch has not delivered yet is therefore never trusted to
+// mean "unanswered"; what it has delivered (the mirror's answered set)
+// only saves look-ups. A look-up that fails is retried until the
+// request's deadline; it never counts as "no record". Should a record
+// reach JetStream after a look-up missed it anyway (a deposed leader that
+// was not dead, or a record still in the server's queue), the injected
+// call is answered from that record when the reply watch or the sweep
+// delivers it (onReplyRecord), and its own answer loses the first-writer
+// race (recordOne): the client is never answered differently.
+
+// takeoverLookups bounds the answer look-ups in flight at once (at a
+// takeover, and behind the log consumer).
+const takeoverLookups = 16
+
 // leadershipLoop follows the topology: the frontend the Resolver names for
 // config.Frontend receives every sink edge, so it is the one frontend that
 // injects requests (two frontends sending on frontend -> entry edges would
-// fence each other off at the entry models' receivers). While leading, it
-// consumes the request log (the other frontends' requests, and on taking
-// over the unanswered requests of the previous leader) and asks the sink
-// models to resend what they keep for the frontend.
+// fence each other off at the entry models' receivers). On taking over it
+// injects the open requests of its log mirror that a look-up finds
+// unanswered and asks the sink models to resend what they keep for the
+// frontend; while it leads, the log consumer injects the records it
+// delivers (onLogged).
 func (f *Frontend) leadershipLoop(ctx context.Context) {
 	var (
 		cancelLead context.CancelFunc
@@ -162,6 +202,8 @@ func (f *Frontend) leadershipLoop(ctx context.Context) {
 			cancelLead = nil
 			f.mu.Lock()
 			f.leader = false
+			f.leadTerm++
+			f.leadFence = 0
 			f.mu.Unlock()
 			f.log.Info("frontend no longer leads: the topology names another frontend")
 		}
@@ -173,8 +215,16 @@ func (f *Frontend) leadershipLoop(ctx context.Context) {
 		lead := ok && addr == f.cfg.Address
 		switch {
 		case lead && cancelLead == nil:
+			t0 := time.Now()
 			f.mu.Lock()
+			// T of the takeover rule: from here on, a record the consumer
+			// delivers finds leader set (onLogged), and what it delivered
+			// before is in the mirror, taken now. Both are injected only
+			// after a look-up that starts after this point.
 			f.leader = true
+			f.leadTerm++
+			f.leadFence = 0
+			term := f.leadTerm
 			// Entry receivers follow the newest sender incarnation of the
 			// frontend edge: start a new one on every entry edge, or a
 			// frontend created before the previous leader would be refused
@@ -182,14 +232,22 @@ func (f *Frontend) leadershipLoop(ctx context.Context) {
 			for _, snd := range f.senders {
 				snd.Resend(edge.ResendSpec{After: ^uint64(0)})
 			}
+			open := f.mir.take(f.now())
 			f.mu.Unlock()
-			since := f.now().Add(-f.timeout - takeoverSlack)
-			f.log.Info("frontend leads: injecting logged requests", "since", since)
+			f.log.Info("frontend leads: injecting the open requests of the log", "open", len(open), "term", term)
 			lctx, cancel := context.WithCancel(ctx)
 			cancelLead = cancel
 			leadWG.Add(2)
-			go func() { defer leadWG.Done(); f.consumeLog(lctx, since) }()
-			go func() { defer leadWG.Done(); f.resendSinks(lctx) }()
+			go func() {
+				defer leadWG.Done()
+				n := f.adoptOpen(lctx, open, term)
+				f.log.Info("takeover: open requests injected", "injected", n, "open", len(open), "elapsed", time.Since(t0))
+			}()
+			go func() {
+				defer leadWG.Done()
+				f.resendSinks(lctx)
+				f.log.Info("takeover: sink resends done", "elapsed", time.Since(t0))
+			}()
 		case !lead && cancelLead != nil:
 			stop()
 		}
@@ -222,13 +280,20 @@ func (f *Frontend) retakeEntry(e string) {
 	f.senders[e].Resend(edge.ResendSpec{After: ^uint64(0)})
 }
 
-// consumeLog injects logged requests until ctx ends, restarting the watch
-// with backoff (a restart replays from since; injected requests are
-// skipped).
-func (f *Frontend) consumeLog(ctx context.Context, since time.Time) {
+// consumeLog consumes the request log until ctx ends, following or
+// leading, restarting the watch with backoff; a watch starts one request
+// timeout (plus slack) back. It returns once the look-ups it started
+// ended.
+func (f *Frontend) consumeLog(ctx context.Context) {
+	var checks sync.WaitGroup
+	defer checks.Wait()
+	sem := make(chan struct{}, takeoverLookups)
 	backoff := minBackoff
 	for {
-		err := f.cfg.Log.WatchRequests(ctx, since, func(r *coord.LoggedRequest, backlog bool) { f.onLogged(ctx, r, backlog) })
+		since := f.now().Add(-f.timeout - takeoverSlack)
+		err := f.cfg.Log.WatchRequests(ctx, since, func(r *coord.LoggedRequest, backlog bool) {
+			f.onLogged(ctx, r, backlog, sem, &checks)
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -240,62 +305,180 @@ func (f *Frontend) consumeLog(ctx context.Context, since time.Time) {
 	}
 }
 
-// ownReqID reports whether reqID was handed out by this process.
-func (f *Frontend) ownReqID(reqID uint64) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// ownReqIDLocked reports whether reqID was handed out by this process.
+func (f *Frontend) ownReqIDLocked(reqID uint64) bool {
 	shift := 64 - coord.IncarnationBits
 	return reqID>>shift == f.table.next>>shift
 }
 
-// onLogged handles one logged request while leading: it injects it unless
-// it is injected already, answered, or past its deadline. Requests this
-// process logged after it began to lead were injected by predict; a
-// backlog record (logged before) is first looked up among the recorded
-// answers, since the previous leader may have answered it.
-func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog bool) {
-	if !f.now().Before(r.Deadline) {
+// onLogged handles one record the log consumer delivers. A request past
+// its deadline, one this frontend injected or answers already, and one of
+// its own whose call is over are ignored. A follower keeps the rest in its
+// log mirror (and looks up the answer of a backlog record meanwhile, so a
+// takeover finds few open requests). The leader injects the record at
+// once when it was logged after the takeover (its sequence is at least
+// the fence), leaves it alone when the mirror saw its answer, and
+// otherwise looks its answer up first (checkLater): the takeover rule
+// above.
+func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog bool, sem chan struct{}, wg *sync.WaitGroup) {
+	now := f.now()
+	if !now.Before(r.Deadline) {
 		return
+	}
+	f.mu.Lock()
+	c := f.calls[r.ReqID]
+	if f.closed || (c != nil && (c.injected || c.recording)) || (c == nil && f.ownReqIDLocked(r.ReqID)) ||
+		(c != nil && f.leader && c.loggedIn == f.leadTerm) {
+		// (The last: predictLogged injects it when the log acknowledges
+		// it, which may come after this delivery.)
+		f.mu.Unlock()
+		return
+	}
+	term := f.leadTerm
+	if !f.leader {
+		kept := f.mir.logged(r, now)
+		f.mu.Unlock()
+		if kept && backlog {
+			f.checkLater(ctx, r, term, false, sem, wg)
+		}
+		return
+	}
+	if f.mir.isAnswered(r.ReqID) {
+		f.mu.Unlock()
+		return
+	}
+	logged := f.leadFence != 0 && r.Seq >= f.leadFence
+	f.mu.Unlock()
+	if logged {
+		f.adopt(r, term)
+		return
+	}
+	f.checkLater(ctx, r, term, true, sem, wg)
+}
+
+// checkLater looks up the answer of logged request r on a goroutine of its
+// own (at most cap(sem) at a time; it waits for a slot, so a long backlog
+// slows the consumer rather than piling up goroutines) and, when there is
+// none and inject is set, injects it as the leader of term.
+func (f *Frontend) checkLater(ctx context.Context, r *coord.LoggedRequest, term uint64, inject bool, sem chan struct{}, wg *sync.WaitGroup) {
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer func() { <-sem }()
+		if f.unanswered(ctx, r) && inject {
+			f.adopt(r, term)
+		}
+	}()
+}
+
+// unanswered reports whether the log holds no reply record for r: true
+// only on the log's word (coord.ErrNoRecord). A recorded answer is applied
+// (onReplyRecord). A failed look-up is retried with backoff until r's
+// deadline or ctx ends, and then counts as answered: injecting on a guess
+// could run an answered request again.
+func (f *Frontend) unanswered(ctx context.Context, r *coord.LoggedRequest) bool {
+	backoff := minBackoff
+	for {
+		rec, err := f.cfg.Log.LookupReply(ctx, r.ReqID)
+		if err == nil {
+			f.onReplyRecord(rec)
+			return false
+		}
+		if errors.Is(err, coord.ErrNoRecord) {
+			return true
+		}
+		if ctx.Err() != nil || !f.now().Before(r.Deadline) {
+			return false
+		}
+		f.log.Warn("look up answer of a logged request; retrying", "req_id", r.ReqID, "err", err, "backoff", backoff)
+		if !run.Sleep(ctx, backoff) {
+			return false
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// adoptOpen injects, as the leader of term, the open requests of the
+// mirror taken at the takeover: their answers are looked up first, all at
+// once (at most takeoverLookups in flight; a look-up begun after the
+// takeover sees every answer released before it), then the unanswered
+// ones are injected in log order. It returns how many were injected.
+func (f *Frontend) adoptOpen(ctx context.Context, open []*coord.LoggedRequest, term uint64) int {
+	none := make([]bool, len(open))
+	sem := make(chan struct{}, takeoverLookups)
+	var wg sync.WaitGroup
+	for i, r := range open {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return 0
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			none[i] = f.unanswered(ctx, r)
+		}()
+	}
+	wg.Wait()
+	n := 0
+	for i, r := range open {
+		if none[i] && ctx.Err() == nil && f.adopt(r, term) {
+			n++
+		}
+	}
+	return n
+}
+
+// adopt injects logged request r as the leader of term unless it is past
+// its deadline, injected or answered here already, or this frontend no
+// longer leads in term (a follower again keeps it in its mirror). The
+// caller established that r may be injected (the takeover rule above). A
+// record is checked as predict checks a client's request (the log is
+// outside bytes too: another frontend's view of the deployment, or a
+// record nobody's frontend wrote); a refused one is answered with the
+// refusal, recorded like any answer, so a frontend waiting for it answers
+// its client. It reports whether r was injected.
+func (f *Frontend) adopt(r *coord.LoggedRequest, term uint64) bool {
+	now := f.now()
+	if !now.Before(r.Deadline) {
+		return false
 	}
 	svc := f.services[r.Request.GetService()]
 	if svc == nil {
 		f.log.Warn("logged request names an unknown service; skipped", "req_id", r.ReqID, "service", r.Request.GetService())
-		return
+		return false
 	}
-	own := f.ownReqID(r.ReqID)
-	f.mu.Lock()
-	c := f.calls[r.ReqID]
-	skip := f.closed || (c != nil && (c.injected || c.recording)) || (own && (!backlog || c == nil))
-	f.mu.Unlock()
-	if skip {
-		return
-	}
-	// A record is checked as predict checks a client's request: the log
-	// is outside bytes too (another frontend's view of the deployment,
-	// or a record nobody's frontend wrote). A refused one is answered
-	// with the refusal, recorded like any answer, so a frontend waiting
-	// for it answers its client.
 	refused := f.checkLogged(svc, r.Request)
 	if refused != nil {
 		f.log.Warn("logged request refused", "req_id", r.ReqID, "logged_by", r.Frontend, "err", refused)
 	}
-	if backlog && refused == nil {
-		rec, err := f.cfg.Log.LookupReply(ctx, r.ReqID)
-		if err == nil {
-			f.onReplyRecord(rec)
-			return
-		}
-		if !errors.Is(err, coord.ErrNoRecord) {
-			f.log.Warn("look up answer of a logged request; injecting it", "req_id", r.ReqID, "err", err)
-		}
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed || !f.leader {
-		return
+	if f.closed {
+		return false
 	}
-	c = f.calls[r.ReqID]
-	if c == nil {
+	if !f.leader || f.leadTerm != term {
+		if !f.leader {
+			f.mir.logged(r, now) // for the next takeover (a no-op if answered)
+		}
+		return false
+	}
+	if f.mir.isAnswered(r.ReqID) {
+		return false
+	}
+	own := f.ownReqIDLocked(r.ReqID)
+	c := f.calls[r.ReqID]
+	switch {
+	case c == nil && own:
+		return false // this process's call is over (answered or failed)
+	case c == nil:
 		key := idemKey{service: svc.name, requestID: r.Request.GetRequestId()}
 		c = &call{reqID: r.ReqID, service: svc.name, key: key, hasKey: key.requestID != "", done: make(chan struct{})}
 		if c.hasKey {
@@ -306,20 +489,21 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 			}
 		}
 		f.calls[c.reqID] = c
-	} else if c.injected || c.recording {
-		return
+	case c.injected || c.recording:
+		return false
 	}
 	c.req, c.deadline = r.Request, r.Deadline
 	if refused != nil {
 		c.injected = true // this frontend answers it, so it records the answer
 		f.finishLocked(c, nil, refused, true)
-		return
+		return false
 	}
 	if !own {
 		f.m.adopted.Inc()
 	}
-	f.log.Debug("logged request injected", "req_id", r.ReqID, "logged_by", r.Frontend, "backlog", backlog)
+	f.log.Debug("logged request injected", "req_id", r.ReqID, "logged_by", r.Frontend, "seq", r.Seq)
 	f.injectLocked(c, svc)
+	return true
 }
 
 // checkLogged checks a logged request as predict checks a client's.
@@ -374,8 +558,11 @@ func (f *Frontend) injectLocked(c *call, svc *serviceInfo) {
 // predictLogged is predict's path with a request log: the request is
 // logged (JetStream acknowledged it) before it enters the graph; a request
 // whose client request_id was logged already (another attempt, on any
-// frontend) joins that attempt. The leader injects the request itself;
-// another frontend waits for the answer the leader records.
+// frontend) joins that attempt. The leader injects the request itself
+// when it began to log it while leading (the takeover rule: nobody else
+// can have answered it), after a look-up when the takeover happened while
+// it was being logged; another frontend waits for the answer the leader
+// records.
 func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *hamsv1.PredictRequest, key idemKey, deadline time.Time) (*hamsv1.PredictResponse, error) {
 	hasKey := key.requestID != ""
 	f.mu.Lock()
@@ -396,6 +583,13 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 	if hasKey {
 		f.inflight[key] = c
 	}
+	// The term in which the log write begins: if this frontend leads in it
+	// and still does when the write is acknowledged, the record was stored
+	// after the takeover.
+	term, leading := f.leadTerm, f.leader
+	if leading {
+		c.loggedIn = term
+	}
 	f.mu.Unlock()
 
 	t0 := time.Now()
@@ -403,13 +597,21 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 	// acknowledgement, so it is bounded well inside the client's deadline;
 	// the client's retry (same request_id, on any frontend) finds the
 	// record if it was written after all.
+	lr := &coord.LoggedRequest{ReqID: c.reqID, Frontend: f.name, Deadline: deadline, Request: req}
 	lctx, lcancel := context.WithTimeout(ctx, logAttemptTimeout)
-	existing, err := f.cfg.Log.LogRequest(lctx, &coord.LoggedRequest{ReqID: c.reqID, Frontend: f.name, Deadline: deadline, Request: req})
+	existing, err := f.cfg.Log.LogRequest(lctx, lr)
 	lcancel()
 	f.m.logLatency.Observe(time.Since(t0).Seconds())
 	if err != nil {
-		err = status.Errorf(codes.Unavailable, "service %q: request not accepted: request log: %v", svc.name, err)
 		f.mu.Lock()
+		if c.injected {
+			// The log consumer delivered the record (so it is stored)
+			// and this frontend, leading, injected it: only the
+			// acknowledgement was lost.
+			f.mu.Unlock()
+			return f.wait(ctx, c)
+		}
+		err = status.Errorf(codes.Unavailable, "service %q: request not accepted: request log: %v", svc.name, err)
 		f.answerLocked(c, nil, err, false, false)
 		f.mu.Unlock()
 		return nil, err
@@ -418,19 +620,37 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 		return f.joinLogged(ctx, c, existing)
 	}
 	f.m.logged.Inc()
+	f.log.Debug("request logged", "service", svc.name, "req_id", c.reqID, "request_id", req.GetRequestId(), "seq", lr.Seq)
 	f.mu.Lock()
-	if f.leader && !f.closed && !c.injected && f.calls[c.reqID] == c {
+	switch {
+	case f.closed || !f.leader || c.injected || f.calls[c.reqID] != c:
+		f.mu.Unlock()
+	case leading && f.leadTerm == term:
+		if lr.Seq != 0 && (f.leadFence == 0 || lr.Seq < f.leadFence) {
+			f.leadFence = lr.Seq
+		}
 		f.injectLocked(c, svc)
+		f.mu.Unlock()
+	default:
+		// Logged while following, acknowledged after this frontend took
+		// over: the previous leader may have injected and answered it
+		// with the record still on its way here.
+		now := f.leadTerm
+		f.mu.Unlock()
+		if f.unanswered(ctx, lr) {
+			f.adopt(lr, now)
+		}
 	}
-	f.mu.Unlock()
-	f.log.Debug("request logged", "service", svc.name, "req_id", c.reqID, "request_id", req.GetRequestId())
 	return f.wait(ctx, c)
 }
 
 // joinLogged makes call c (not logged: its key was taken) an attempt of
 // the logged request existing: c takes existing's req_id, or joins the
 // call this frontend has for it, and its answer is looked up in case it is
-// recorded already.
+// recorded already. A leader injects it when the look-up, begun while it
+// led, finds no answer: a client retrying the request of a dead leader on
+// the new one would otherwise wait until the log consumer delivered the
+// record (a lone frontend restarted in place: at the end of its backlog).
 func (f *Frontend) joinLogged(ctx context.Context, c *call, existing *coord.LoggedRequest) (*hamsv1.PredictResponse, error) {
 	f.mu.Lock()
 	delete(f.calls, c.reqID)
@@ -447,21 +667,25 @@ func (f *Frontend) joinLogged(ctx context.Context, c *call, existing *coord.Logg
 			f.inflight[c.key] = target
 		}
 	}
+	term := f.leadTerm // before the look-up: adopt injects only if it still leads in term
 	f.mu.Unlock()
 	f.log.Debug("request joins an attempt logged before", "req_id", existing.ReqID, "logged_by", existing.Frontend)
-	if rec, err := f.cfg.Log.LookupReply(ctx, existing.ReqID); err == nil {
-		f.onReplyRecord(rec)
+	if f.unanswered(ctx, existing) {
+		f.adopt(existing, term)
 	}
 	return f.wait(ctx, c)
 }
 
 // onReplyRecord applies an answer recorded by any frontend: a call of
 // this frontend waiting for that request gets it (and leaves the table or
-// the hold area). A call whose own answer is being recorded ignores it:
-// the recorder learns the winner.
+// the hold area), injected or not (an injected call whose record comes
+// from elsewhere is answered with that record: the takeover rule's
+// backstop), and the log mirror forgets the request. A call whose own
+// answer is being recorded ignores it: the recorder learns the winner.
 func (f *Frontend) onReplyRecord(r *coord.LoggedReply) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.mir.answer(r.ReqID, f.now())
 	c := f.calls[r.ReqID]
 	if c == nil || c.recording {
 		return
@@ -582,37 +806,190 @@ func (f *Frontend) recordOne(ctx context.Context, r recording) {
 
 // resendSinks asks every sink model to resend to this frontend the items
 // it keeps for the frontend edge (acknowledged by the previous leader but
-// not completed): the requests this frontend takes over need them.
-// Failures are logged; the requests then complete from re-execution or
-// expire.
+// not completed): the requests this frontend takes over need them. The
+// sinks are asked all at once (each call dials its sink: a handshake per
+// sink). Failures are logged; the requests then complete from
+// re-execution or expire.
 func (f *Frontend) resendSinks(ctx context.Context) {
 	done := map[string]bool{}
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for _, n := range f.svcOrder {
 		for _, sink := range f.services[n].sinks {
 			if done[sink] {
 				continue
 			}
 			done[sink] = true
-			addr, _, ok := f.cfg.Resolver.Resolve(sink)
-			if !ok {
-				continue
-			}
-			_, ep, _ := f.cfg.Resolver.Resolve(config.Frontend)
-			cc, err := grpcx.Dial(addr, f.maxBytes, f.cfg.DialOptions...)
-			if err != nil {
-				f.log.Warn("sink resend: dial", "model", sink, "addr", addr, "err", err)
-				continue
-			}
-			cctx, cancel := context.WithTimeout(ctx, sinkResendTimeout)
-			resp, err := hamsv1.NewReplicationClient(cc).Resend(cctx, &hamsv1.ResendRequest{
-				ToModel: config.Frontend, ToAddress: f.cfg.Address, AfterEdgeSeq: 0, Epoch: ep})
-			cancel()
-			_ = cc.Close()
-			if err != nil {
-				f.log.Info("sink resend not done", "model", sink, "addr", addr, "err", err)
-				continue
-			}
-			f.log.Info("sink resend", "model", sink, "resent", resp.GetResent())
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f.resendSink(ctx, sink)
+			}()
 		}
 	}
+}
+
+// resendSink asks one sink model for its resend (see resendSinks).
+func (f *Frontend) resendSink(ctx context.Context, sink string) {
+	addr, _, ok := f.cfg.Resolver.Resolve(sink)
+	if !ok {
+		return
+	}
+	_, ep, _ := f.cfg.Resolver.Resolve(config.Frontend)
+	cc, err := grpcx.Dial(addr, f.maxBytes, f.cfg.DialOptions...)
+	if err != nil {
+		f.log.Warn("sink resend: dial", "model", sink, "addr", addr, "err", err)
+		return
+	}
+	defer cc.Close()
+	cctx, cancel := context.WithTimeout(ctx, sinkResendTimeout)
+	defer cancel()
+	resp, err := hamsv1.NewReplicationClient(cc).Resend(cctx, &hamsv1.ResendRequest{
+		ToModel: config.Frontend, ToAddress: f.cfg.Address, AfterEdgeSeq: 0, Epoch: ep})
+	if err != nil {
+		f.log.Info("sink resend not done", "model", sink, "addr", addr, "err", err)
+		return
+	}
+	f.log.Info("sink resend", "model", sink, "resent", resp.GetResent())
+}
+
+// logMirror is a frontend's view of the request log's open entries: the
+// logged requests whose answer it has not seen. Every frontend keeps one
+// while it follows, fed by its request-log consumer and its reply watch,
+// so that when the topology makes it the leader it knows the previous
+// leader's open requests at once instead of scanning the log back a
+// request timeout (docs/recovery.md, "Frontend and manager failover").
+// It is a pure state machine: records and answers in, the requests to
+// look up at a takeover out; no I/O, the caller's clock, and the caller's
+// lock (the frontend's mu, so the switch to leading and the arrival of a
+// record are ordered).
+//
+// What it knows is one-sided: an answer it saw is recorded (a reply
+// record exists), but a request it holds open may be answered with the
+// record still on its way (the reply watch lags, and may miss records),
+// so its open requests are candidates to look up, never a verdict
+// (the takeover rule, above).
+//
+// Invariants: a req_id is never both pending and answered; pending holds
+// only requests whose deadline had not passed when they arrived; order
+// lists every pending req_id once, in arrival (log) order, possibly among
+// ids that left pending since; an answer is remembered for keep (a record
+// that arrives after its answer, from a lagging or restarted consumer, is
+// dropped) and at most maxAnswered answers are remembered.
+type logMirror struct {
+	keep        time.Duration
+	maxAnswered int
+	pending     map[uint64]*coord.LoggedRequest
+	order       []uint64
+	answered    map[uint64]bool
+	answeredQ   []answeredAt // answered ids, oldest first
+}
+
+type answeredAt struct {
+	id uint64
+	at time.Time
+}
+
+// mirrorMaxAnswered bounds the answers a mirror remembers.
+const mirrorMaxAnswered = 1 << 18
+
+func newLogMirror(keep time.Duration) *logMirror {
+	return &logMirror{keep: keep, maxAnswered: mirrorMaxAnswered,
+		pending: map[uint64]*coord.LoggedRequest{}, answered: map[uint64]bool{}}
+}
+
+// logged records a logged request. It reports whether the request is open
+// (kept for a takeover).
+func (m *logMirror) logged(r *coord.LoggedRequest, now time.Time) bool {
+	if m == nil {
+		return false
+	}
+	m.forget(now)
+	if m.answered[r.ReqID] || !now.Before(r.Deadline) {
+		return false
+	}
+	if _, ok := m.pending[r.ReqID]; !ok {
+		m.order = append(m.order, r.ReqID)
+	}
+	m.pending[r.ReqID] = r
+	if len(m.order) > 2*len(m.pending)+1024 {
+		m.compact(now)
+	}
+	return true
+}
+
+// answer records that reqID's answer is recorded (or released).
+func (m *logMirror) answer(reqID uint64, now time.Time) {
+	if m == nil {
+		return
+	}
+	m.forget(now)
+	delete(m.pending, reqID)
+	if m.answered[reqID] {
+		return
+	}
+	m.answered[reqID] = true
+	m.answeredQ = append(m.answeredQ, answeredAt{id: reqID, at: now})
+	if len(m.answeredQ) > m.maxAnswered {
+		delete(m.answered, m.answeredQ[0].id)
+		m.answeredQ = m.answeredQ[1:]
+	}
+}
+
+// isAnswered reports whether reqID's answer was seen (and not forgotten).
+func (m *logMirror) isAnswered(reqID uint64) bool {
+	return m != nil && m.answered[reqID]
+}
+
+// take returns the open requests whose deadline has not passed, in log
+// order, and empties the pending set (the caller now leads: it looks them
+// up and injects the unanswered ones; the records that arrive later are
+// its to check and inject). Answers are kept.
+func (m *logMirror) take(now time.Time) []*coord.LoggedRequest {
+	if m == nil {
+		return nil
+	}
+	var out []*coord.LoggedRequest
+	for _, id := range m.order {
+		if r, ok := m.pending[id]; ok && now.Before(r.Deadline) {
+			out = append(out, r)
+			delete(m.pending, id)
+		}
+	}
+	clear(m.pending)
+	m.order = m.order[:0]
+	return out
+}
+
+// open is the number of pending requests.
+func (m *logMirror) open() int { return len(m.pending) }
+
+// forget drops the answers remembered longer than keep.
+func (m *logMirror) forget(now time.Time) {
+	n := 0
+	for n < len(m.answeredQ) && now.Sub(m.answeredQ[n].at) > m.keep {
+		delete(m.answered, m.answeredQ[n].id)
+		n++
+	}
+	if n > 0 {
+		m.answeredQ = append(m.answeredQ[:0:0], m.answeredQ[n:]...)
+	}
+}
+
+// compact drops the pending requests past their deadline and rebuilds
+// order from what is left.
+func (m *logMirror) compact(now time.Time) {
+	order := make([]uint64, 0, len(m.pending))
+	for _, id := range m.order {
+		r, ok := m.pending[id]
+		if !ok {
+			continue
+		}
+		if !now.Before(r.Deadline) {
+			delete(m.pending, id)
+			continue
+		}
+		order = append(order, id)
+	}
+	m.order = order
 }
