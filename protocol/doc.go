@@ -46,8 +46,9 @@
 //
 // Errors: an event of another machine gives ErrUnknownEvent, an event the
 // protocol forbids in the machine's state (a driver bug, e.g. Computed for
-// a batch that never started) gives ErrOutOfOrder; both leave the machine
-// as it was. The older direct methods (Pipeline.Computed, Backup.Snapshot,
+// a batch that never started) gives ErrOutOfOrder, an event that
+// contradicts the machine's configuration ErrInvalidEvent; all leave the
+// machine as it was. The older direct methods (Pipeline.Computed, Backup.Snapshot,
 // recovery's Machine.Suspect, parity's Machine.Submit, ...) stay beside
 // Step and do the same; those that panicked on a driver bug still do.
 //

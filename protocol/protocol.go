@@ -41,7 +41,9 @@ type Action interface {
 // reads no clock and never blocks; it returns an error wrapping
 // ErrUnknownEvent for an event of another machine, and an error wrapping
 // ErrOutOfOrder for an event the protocol forbids in the machine's state
-// (a driver bug), leaving the machine unchanged in both cases.
+// (a driver bug), and an error wrapping ErrInvalidEvent for an event that
+// contradicts its configuration, leaving the machine unchanged in all
+// three cases.
 //
 // Obligations of a driver: it serialises Steps (machines are not safe for
 // concurrent use); it performs the returned actions in order; it reports
@@ -59,6 +61,11 @@ var ErrUnknownEvent = errors.New("protocol: event not handled by this machine")
 // machine's state (the driver reported something the protocol does not
 // allow now, e.g. the end of a compute that never started).
 var ErrOutOfOrder = errors.New("protocol: event out of order")
+
+// ErrInvalidEvent is wrapped by Step when an event contradicts the
+// machine's configuration whatever its state (a snapshot that depends on
+// a model the service graph does not make a previous stateful model).
+var ErrInvalidEvent = errors.New("protocol: event contradicts the machine's configuration")
 
 // UnknownEvent returns the error a machine's Step gives for an event it
 // does not handle; machine names the machine ("nspb.Pipeline").

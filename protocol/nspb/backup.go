@@ -119,11 +119,11 @@ func NewBackup(model string, pfm, nfm []string, appliedBatch, appliedSeq uint64)
 func (b *Backup) Snapshot(s SnapshotMeta) ([]Action, error) {
 	for m := range s.Deps {
 		if !b.pfm[m] {
-			return nil, fmt.Errorf("nspb: snapshot %d of %s depends on %s, which is not a previous stateful model", s.BatchID, b.model, m)
+			return nil, fmt.Errorf("nspb: snapshot %d of %s depends on %s, which is not a previous stateful model: %w", s.BatchID, b.model, m, protocol.ErrInvalidEvent)
 		}
 	}
 	if s.BatchID == 0 {
-		return nil, fmt.Errorf("nspb: snapshot of %s has batch id 0", b.model)
+		return nil, fmt.Errorf("nspb: snapshot of %s has batch id 0: %w", b.model, protocol.ErrInvalidEvent)
 	}
 	if s.BatchID <= b.applied {
 		return nil, nil
