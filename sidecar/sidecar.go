@@ -639,6 +639,9 @@ func (s *Sidecar) startStage() {
 	idle := make(chan struct{})
 	if s.replicated {
 		goRun("shipper", s.ship.run)
+		if watch := s.backupWatch(); watch != nil {
+			goRun("backup watch", watch) // backupwatch.go
+		}
 		goRun("own durability watch", func(ctx context.Context) error {
 			return s.cfg.Coord.WatchDurable(ctx, []string{s.cfg.Model}, s.ownDurable)
 		})
