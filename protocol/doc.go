@@ -58,7 +58,16 @@
 // them) replay the paper's scenarios through Step: Figure 6's interleaving
 // under NSPB, a stateful failover that promotes a downstream backup, and
 // the correlated failures (rollback, both replicas lost, adjacent
-// primaries). A change to a rule shows up there as a diff of actions.
+// primaries). A change to a rule shows up there as a diff of actions. A
+// newcomer can start with testdata/figure6.txt: it is the protocol in
+// one page.
+//
+// Why no Ready: etcd's raft collects its outputs until the application
+// asks for a Ready, because it batches log writes and messages across
+// many Steps. The machines here have no such batching to do, and what a
+// driver must do next depends on the event it just reported (a Copied
+// lets the held Update go), so each Step returns its own actions: the
+// cause stays next to its effects, in code and in transcripts.
 //
 // Marking: Event and Action have a marker method (ProtocolEvent,
 // ProtocolAction, as protobuf's ProtoMessage) so that a random Stringer
