@@ -32,7 +32,8 @@ type Config struct {
 	// Replay: the deployment runs mode replay (Lineage-Stash-style
 	// checkpoint and replay): a stateful model's failed primary is
 	// replaced by its spare, which re-executes the input log; nothing
-	// downstream is failed over and no backup is synced (replay.go).
+	// downstream is failed over and no backup is synced (machine.go,
+	// "replay mode"; the package doc).
 	Replay bool
 }
 
