@@ -84,7 +84,7 @@ func (h *harness) line(t *testing.T, c *transcript.Case, line string) string {
 	if f[1] == "status" {
 		return f[0] + ": " + status(m) + "\n"
 	}
-	ev, err := parseEvent(m, f[1], f[2:], indented(c.Lines, line))
+	ev, err := parseEventAt(m, f[1], f[2:], indented(c.Lines, line))
 	if err != nil {
 		t.Fatalf("%s: %q: %v", c.Pos, line, err)
 	}
@@ -155,6 +155,17 @@ func newMachine(kind string, args []string) (protocol.Machine, error) {
 		return recovery.New(recovery.Config{Graph: recovery.NewGraphFromEdges(st, edges), Replay: replay})
 	}
 	return nil, fmt.Errorf("unknown machine kind %q", kind)
+}
+
+// parseEventAt is parseEvent with its malformed-operand panics turned
+// into errors (the caller names the transcript line).
+func parseEventAt(m protocol.Machine, word string, args, more []string) (ev protocol.Event, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("malformed event: %v", p)
+		}
+	}()
+	return parseEvent(m, word, args, more)
 }
 
 // parseEvent builds the event word with args for machine m; more holds
