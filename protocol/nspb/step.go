@@ -91,16 +91,16 @@ func (e ReplyDropped) String() string   { return fmt.Sprintf("reply-dropped req=
 
 func (e SnapshotReceived) String() string {
 	s := e.Snapshot
-	return fmt.Sprintf("snapshot batch=%d maxseq=%d deps=%s", s.BatchID, s.MaxSeq, FormatSeqs(s.Deps))
+	return fmt.Sprintf("snapshot batch=%d maxseq=%d deps=%s", s.BatchID, s.MaxSeq, formatSeqs(s.Deps))
 }
 
 func (e ReplyArrived) String() string {
-	return fmt.Sprintf("reply-arrived req=%d deps=%s", e.ReqID, FormatSeqs(e.Deps))
+	return fmt.Sprintf("reply-arrived req=%d deps=%s", e.ReqID, formatSeqs(e.Deps))
 }
 
-// FormatSeqs renders a model -> seq map as "a:3,b:5" (sorted by model;
+// formatSeqs renders a model -> seq map as "a:3,b:5" (sorted by model;
 // "-" when empty), the form transcripts use.
-func FormatSeqs(m map[string]uint64) string {
+func formatSeqs(m map[string]uint64) string {
 	if len(m) == 0 {
 		return "-"
 	}
