@@ -18,7 +18,9 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/hams-go/hams/adapters"
 	"github.com/hams-go/hams/examples"
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/harness"
@@ -32,7 +34,7 @@ import (
 // chains the model servers itself.
 var (
 	benchModes       = append([]string{"direct"}, config.Modes...)
-	benchImplemented = append([]string{"direct"}, implementedModes...)
+	benchImplemented = append([]string{"direct"}, cluster.ImplementedModes...)
 )
 
 // benchRow is one element of the --json array (DESIGN.md).
@@ -137,7 +139,7 @@ func runBench(args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	modes := splitList(*modesFlag)
+	modes := cluster.SplitList(*modesFlag)
 	if len(modes) == 0 {
 		return usageErr("bench: --modes is empty")
 	}
@@ -149,7 +151,7 @@ func runBench(args []string) error {
 			return usageErr("bench: mode %s is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
 		}
 	}
-	transports := splitList(*transportsFlag)
+	transports := cluster.SplitList(*transportsFlag)
 	if len(transports) == 0 {
 		return usageErr("bench: --transport is empty")
 	}
@@ -177,7 +179,7 @@ func runBench(args []string) error {
 		if err != nil {
 			return usageErr("bench: --config: %v", err)
 		}
-		d, err := parseDeployment(b)
+		d, err := cluster.ParseDeployment(b)
 		if err != nil {
 			return &exitError{code: 2, err: fmt.Errorf("bench: %s: %w", *cfgFile, err)}
 		}
@@ -200,7 +202,7 @@ func runBench(args []string) error {
 
 	var serving, replicas []int
 	if *isolate {
-		if serving, replicas, err = cpuHalves(); err != nil {
+		if serving, replicas, err = cluster.CPUHalves(); err != nil {
 			return usageErr("bench: --isolate-replicas: %v", err)
 		}
 		fmt.Fprintf(os.Stderr, "hams bench: serving path on CPUs %v; backups, standbys, manager and load generator on CPUs %v\n", serving, replicas)
@@ -264,11 +266,11 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		}
 	}
 	svcCfg := func() (*config.Deployment, error) {
-		d, err := parseDeployment(raw)
+		d, err := cluster.ParseDeployment(raw)
 		if err != nil || o.raw == nil {
 			return d, err
 		}
-		return onlyService(d, o.service)
+		return cluster.OnlyService(d, o.service)
 	}
 	base, err := svcCfg()
 	if err != nil {
@@ -286,9 +288,9 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		if !slices.Contains(backends, mc.Backend.Type) {
 			backends = append(backends, mc.Backend.Type)
 		}
-		if managed(mc) && mc.Backend.Type == "clipper" {
+		if adapters.Managed(mc) && mc.Backend.Type == "clipper" {
 			fmt.Fprintf(os.Stderr, "hams bench: %s: the Clipper backend is `hams clipper-stub` (a Clipper REST stub running the reference model, started here), not Clipper\n", m)
-		} else if managed(mc) && mc.Backend.Type != "reference" {
+		} else if adapters.Managed(mc) && mc.Backend.Type != "reference" {
 			fmt.Fprintf(os.Stderr, "hams bench: %s: the %s backend is the reference model server (its %s API), started here\n", m, mc.Backend.Type, map[string]string{"triton": "KServe v2", "tfserving": "TF Serving Predict"}[mc.Backend.Type])
 		}
 	}
@@ -299,7 +301,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		mode      string
 		transport string
 		label     string // mode, or mode/insecure
-		d         *deployment
+		d         *cluster.Deployment
 		run       func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
 		acc       modeRun
 		m0        metricSnap
@@ -327,7 +329,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			for i := range dep.Models {
 				dep.Models[i].Batch.Size = o.batch
 			}
-			d, err := startDeployment(ctx, dep, deployOptions{RunDir: filepath.Join(o.dir, strings.ReplaceAll(label, "/", "-")), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion,
+			d, err := cluster.Start(ctx, dep, cluster.Options{TraceArgs: traceArgs(), RunDir: filepath.Join(o.dir, strings.ReplaceAll(label, "/", "-")), LogLevel: o.tf.logLevel, Logger: taskLogger(o.tf.verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion,
 				// One frontend without a request log, one manager and no
 				// spare backups: bench measures the data path, which neither
 				// a second frontend, a standby manager nor a spare is on.
@@ -338,7 +340,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			r := &runner{mode: mode, transport: transport, label: label, d: d}
 			runners = append(runners, r)
 			if o.serving != nil {
-				if err := isolateReplicas(d, o.serving, o.replicas); err != nil {
+				if err := cluster.IsolateReplicas(d, o.serving, o.replicas); err != nil {
 					return nil, fmt.Errorf("%s: isolate replicas: %w", mode, err)
 				}
 			}
@@ -400,7 +402,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		}
 	}
 	if o.replicas != nil {
-		if err := pinPid(os.Getpid(), o.replicas); err != nil {
+		if err := cluster.PinPID(os.Getpid(), o.replicas); err != nil {
 			return nil, fmt.Errorf("pin the load generator: %w", err)
 		}
 	}
@@ -412,7 +414,7 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 			}
 		}
 		if r.mode != "direct" {
-			r.m0 = scrapeMetrics(r.d.benchMetrics())
+			r.m0 = scrapeMetrics(benchMetrics(r.d))
 		}
 	}
 	per := (o.requests + o.rounds - 1) / o.rounds
@@ -439,36 +441,36 @@ func benchService(ctx context.Context, o benchOpts) ([]benchRow, error) {
 		row.Backends = backends
 		row.Transport = r.transport
 		if r.mode != "direct" {
-			m1 := scrapeMetrics(r.d.benchMetrics())
+			m1 := scrapeMetrics(benchMetrics(r.d))
 			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && config.Mode(r.mode).Protected() {
-				v := round3((m1["frontend"]["hams_frontend_gating_wait_seconds_sum"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_sum"]) / c * 1000)
+				v := cluster.Round3((m1["frontend"]["hams_frontend_gating_wait_seconds_sum"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_sum"]) / c * 1000)
 				row.GatingMsMean = &v
 			}
 			sum, cnt := m1.total("hams_sidecar_lineage_seconds_sum")-r.m0.total("hams_sidecar_lineage_seconds_sum"),
 				m1.total("hams_sidecar_lineage_seconds_count")-r.m0.total("hams_sidecar_lineage_seconds_count")
 			if cnt > 0 {
-				v := round3(sum / cnt * 1000)
+				v := cluster.Round3(sum / cnt * 1000)
 				row.LineageMsPerBatch = &v
 			}
 			row.StagesMs = stageMeans(r.m0, m1)
-			for i := range r.d.dep.Models {
-				m := &r.d.dep.Models[i]
-				if !replicated(r.d.dep, m) {
+			for i := range r.d.Config.Models {
+				m := &r.d.Config.Models[i]
+				if !r.d.Config.Replicated(m) {
 					continue
 				}
 				d := func(name string) float64 { return m1[m.Name][name] - r.m0[m.Name][name] }
 				st := stateStats{StateBytes: m1[m.Name]["hams_sidecar_state_bytes"], Snapshots: d("hams_sidecar_snapshots_shipped_total")}
 				if c := d("hams_sidecar_snapshot_copy_seconds_count"); c > 0 {
-					st.CopyMsMean = round3(d("hams_sidecar_snapshot_copy_seconds_sum") / c * 1000)
+					st.CopyMsMean = cluster.Round3(d("hams_sidecar_snapshot_copy_seconds_sum") / c * 1000)
 				}
 				if c := d("hams_sidecar_snapshot_delivery_seconds_count"); c > 0 {
-					st.DeliveryMsMean = round3(d("hams_sidecar_snapshot_delivery_seconds_sum") / c * 1000)
+					st.DeliveryMsMean = cluster.Round3(d("hams_sidecar_snapshot_delivery_seconds_sum") / c * 1000)
 				}
 				if st.Snapshots > 0 {
-					st.BytesPerSnapshot = round3(d("hams_sidecar_snapshot_shipped_bytes_total") / st.Snapshots)
+					st.BytesPerSnapshot = cluster.Round3(d("hams_sidecar_snapshot_shipped_bytes_total") / st.Snapshots)
 				}
 				if sec := d("hams_sidecar_snapshot_send_seconds_sum"); sec > 0 {
-					st.ShipMBs = round3(d("hams_sidecar_snapshot_shipped_bytes_total") / sec / 1e6)
+					st.ShipMBs = cluster.Round3(d("hams_sidecar_snapshot_shipped_bytes_total") / sec / 1e6)
 				}
 				if row.State == nil {
 					row.State = map[string]stateStats{}
@@ -499,18 +501,18 @@ func stageMeans(m0, m1 metricSnap) map[string]map[string]float64 {
 			if out[proc] == nil {
 				out[proc] = map[string]float64{}
 			}
-			out[proc][short] = round3((sum - m0[proc][name]) / c * 1000)
+			out[proc][short] = cluster.Round3((sum - m0[proc][name]) / c * 1000)
 		}
 	}
 	return out
 }
 
 // benchMetrics is sidecarMetrics plus "frontend": the first frontend's.
-func (d *deployment) benchMetrics() map[string]string {
-	out := d.sidecarMetrics()
-	if r, ok := d.sup.Ready(childName("frontend", "0")); ok && r.String("metrics") != "" {
+func benchMetrics(d *cluster.Deployment) map[string]string {
+	out := d.SidecarMetrics()
+	if r, ok := d.Supervisor.Ready(cluster.ChildName("frontend", "0")); ok && r.String("metrics") != "" {
 		out["frontend"] = r.String("metrics")
-	} else if r, ok := d.sup.Ready("frontend"); ok && r.String("metrics") != "" {
+	} else if r, ok := d.Supervisor.Ready("frontend"); ok && r.String("metrics") != "" {
 		out["frontend"] = r.String("metrics")
 	}
 	return out
@@ -585,17 +587,17 @@ type directChain struct {
 	batch   map[string]uint64
 }
 
-func newDirectChain(ctx context.Context, d *deployment, service string) (*directChain, error) {
-	s := d.dep.Service(service)
-	c := &directChain{dep: d.dep, g: s.Graph(), rt: map[string]func(context.Context, *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error){},
+func newDirectChain(ctx context.Context, d *cluster.Deployment, service string) (*directChain, error) {
+	s := d.Config.Service(service)
+	c := &directChain{dep: d.Config, g: s.Graph(), rt: map[string]func(context.Context, *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error){},
 		desc: map[string]*hamsv1.ModelDescription{}, batch: map[string]uint64{}}
 	c.order = c.g.Models()
 	var refs []string
 	for _, m := range c.order {
-		mc := d.dep.Model(m)
+		mc := d.Config.Model(m)
 		// The direct chain stands in for the model's sidecar: it calls
 		// the model server with a sidecar identity of that model.
-		src, err := d.directSource(m)
+		src, err := d.DirectSource(m)
 		if err != nil {
 			return nil, err
 		}
@@ -605,7 +607,7 @@ func newDirectChain(ctx context.Context, d *deployment, service string) (*direct
 			if src != nil {
 				opts = append(opts, grpcx.DialTLS(src))
 			}
-			cc, err := grpcx.Dial(d.ModelServers[m], d.dep.Limits.MaxMessageBytes, opts...)
+			cc, err := grpcx.Dial(d.ModelServers[m], d.Config.Limits.MaxMessageBytes, opts...)
 			if err != nil {
 				return nil, err
 			}
@@ -616,7 +618,7 @@ func newDirectChain(ctx context.Context, d *deployment, service string) (*direct
 			}
 			continue
 		}
-		be, closeBE, err := newBackend(d.dep, mc, d.ModelServers[m], "direct", d.log, src)
+		be, closeBE, err := adapters.New(d.Config, mc, d.ModelServers[m], "direct", d.Log, src)
 		if err != nil {
 			return nil, err
 		}

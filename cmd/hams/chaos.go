@@ -18,6 +18,7 @@ import (
 
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/integration/consistency"
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
@@ -91,7 +92,7 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 		// A model server of the model's own (a pooled model's sidecar
 		// runs a pool of servers started beside it and restarted in place
 		// on their addresses: only the sidecar is failed over).
-		own := externalAddr(&dep.Models[i]) == ""
+		own := cluster.ExternalAddr(&dep.Models[i]) == ""
 		procs := func(sc, ms string) []string {
 			if own {
 				return []string{sc, ms}
@@ -99,15 +100,15 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 			return []string{sc}
 		}
 		switch {
-		case hasBackup(dep, &dep.Models[i]):
-			for _, r := range procs(roleSidecar, roleModelServer) {
+		case dep.HasBackup(&dep.Models[i]):
+			for _, r := range procs(cluster.RoleSidecar, cluster.RoleModelServer) {
 				out["primary"] = append(out["primary"], chaosTarget{r, m.Name, "primary"})
 			}
-			for _, r := range procs(roleBackupSidecar, roleBackupModelServer) {
+			for _, r := range procs(cluster.RoleBackupSidecar, cluster.RoleBackupModelServer) {
 				out["backup"] = append(out["backup"], chaosTarget{r, m.Name, "backup"})
 			}
 		case !m.Stateful || !protected:
-			for _, r := range procs(roleSidecar, roleModelServer) {
+			for _, r := range procs(cluster.RoleSidecar, cluster.RoleModelServer) {
 				out["stateless"] = append(out["stateless"], chaosTarget{r, m.Name, "stateless"})
 			}
 		}
@@ -138,7 +139,7 @@ func runChaos(args []string) error {
 	seed := fs.Uint64("seed", 1, "random seed (kill targets and times; inputs)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (default: <run-dir>/audit)")
 	jsonPath := fs.String("json", "", "write the JSON report to this file")
-	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, remus, nspb-s1, nspb-s2, bare, replay")
+	mode := fs.String("mode", cluster.DefaultMode, "fault-tolerance mode: nspb, remus, nspb-s1, nspb-s2, bare, replay")
 	ckptEvery := fs.Int("checkpoint-every", 0, "replay mode: checkpoint interval in batches (0: the deployment's replay.checkpoint_every)")
 	conc := fs.Int("concurrency", 4, "closed-loop clients")
 	timeout := fs.Duration("timeout", 5*time.Second, "per-request deadline")
@@ -193,7 +194,7 @@ func runChaos(args []string) error {
 	if *audit == "" {
 		*audit = filepath.Join(dir, "audit")
 	}
-	if *audit, err = prepareAudit(*audit); err != nil {
+	if *audit, err = cluster.PrepareAudit(*audit); err != nil {
 		return err
 	}
 	if entries, _ := os.ReadDir(*audit); len(entries) > 0 {
@@ -203,13 +204,13 @@ func runChaos(args []string) error {
 		return err
 	}
 	opt := cf.options(*mode)
-	nFrontends, nManagers := opt.counts(*mode)
+	nFrontends, nManagers := opt.Counts(*mode)
 	cands := chaosTargets(dep, dep.RunMode().Protected(), nFrontends)
 	// pool: the kinds drawn from; a target kind is SIGKILLed, a fault
 	// kind (freeze, partition) hits a target of one of the pool's
 	// process kinds (not nats) for a drawn time.
 	var pool, targetKinds []string
-	for _, k := range splitList(*kinds) {
+	for _, k := range cluster.SplitList(*kinds) {
 		if !slices.Contains(chaosKinds, k) && k != "nats" && !slices.Contains(chaosFaultKinds, k) {
 			return usageErr("chaos: --kinds: unknown kind %q (%s, nats, %s)", k, strings.Join(chaosKinds, ", "), strings.Join(chaosFaultKinds, ", "))
 		}
@@ -243,14 +244,14 @@ func runChaos(args []string) error {
 			return usageErr("chaos: --kinds partition: %v", err)
 		}
 	}
-	faultBase := suspicionFor(*suspicion)
+	faultBase := cluster.SuspicionFor(*suspicion)
 
 	ctx, stop := signalContext()
 	defer stop()
 	fmt.Fprintf(os.Stderr, "hams chaos: starting %s (%d models, mode %s, seed %d) in %s\n", *service, len(dep.Models), *mode, *seed, dir)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
-	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
-	d, err := startDeployment(ctx, dep, opt)
+	opt.SuspicionTimeout, opt.Audit = cluster.SuspicionFor(*suspicion), *audit
+	d, err := cluster.Start(ctx, dep, opt)
 	if err != nil {
 		return err
 	}
@@ -261,7 +262,7 @@ func runChaos(args []string) error {
 			return err
 		}
 	}
-	fes, closeFEs, err := d.frontendClients()
+	fes, closeFEs, err := d.FrontendClients()
 	if err != nil {
 		return err
 	}
@@ -316,7 +317,7 @@ func runChaos(args []string) error {
 			}
 			recovered := kt.add(kr)
 			wctx, cancel := context.WithTimeout(runCtx, *maxRecovery)
-			waits := d.faultNow(wctx, kt, kr, tg.role, tg.model, loadStart, fault, faultDur)
+			waits := faultNow(wctx, d, kt, kr, tg.role, tg.model, loadStart, fault, faultDur)
 			kt.mu.Lock()
 			fmt.Fprintf(os.Stderr, "hams chaos: %7.0f ms  kill %s (%s, %s%s)%s\n", kr.AtMs, kr.Target, kr.Process, kr.Kind, map[bool]string{true: ", " + kr.Note}[kr.Note != ""],
 				map[bool]string{true: ": " + kr.Error}[kr.Error != ""])
@@ -406,7 +407,7 @@ func runChaos(args []string) error {
 	// replay mode: wait until the primaries checkpointed their idle tail),
 	// then stop every process with SIGTERM so the audit logs are complete.
 	time.Sleep(300 * time.Millisecond)
-	if err := waitReplayCheckpointed(ctx, d, 15*time.Second); err != nil {
+	if err := cluster.WaitReplayCheckpointed(ctx, d, 15*time.Second); err != nil {
 		fmt.Fprintf(os.Stderr, "hams chaos: replay: %v\n", err)
 	}
 	if err := d.Close(); err != nil {
@@ -423,7 +424,7 @@ func runChaos(args []string) error {
 		return fmt.Errorf("chaos: consistency check: %w", err)
 	}
 	rep := chaosReport{
-		Service: *service, Mode: *mode, Seed: *seed, DurationS: round3(st.ElapsedS), Kills: kt.snapshot(),
+		Service: *service, Mode: *mode, Seed: *seed, DurationS: cluster.Round3(st.ElapsedS), Kills: kt.snapshot(),
 		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors,
 		Conflicts: crep.Conflicts, Lost: crep.Lost, Duplicates: crep.Duplicates, Approximate: approx, Consistency: crep,
 		Frontends: nFrontends, Managers: nManagers, Retried: retried, Reasked: len(reask), ReaskMismatches: mismatches,
@@ -484,7 +485,7 @@ func runChaos(args []string) error {
 // service's models (every model for "all"); it returns the services the
 // load goes to.
 func fileDeployment(path, service string) (*config.Deployment, []string, error) {
-	d, err := loadDeployment(path)
+	d, err := cluster.LoadDeployment(path)
 	if err != nil {
 		return nil, nil, &exitError{code: 2, err: fmt.Errorf("chaos: --config %s: %w", path, err)}
 	}
@@ -494,7 +495,7 @@ func fileDeployment(path, service string) (*config.Deployment, []string, error) 
 	if d.Service(service) == nil {
 		return nil, nil, usageErr("chaos: --service %q: unknown in %s (one of %s, all)", service, path, strings.Join(d.ServiceNames(), ", "))
 	}
-	if d, err = onlyService(d, service); err != nil {
+	if d, err = cluster.OnlyService(d, service); err != nil {
 		return nil, nil, &exitError{code: 2, err: fmt.Errorf("chaos: --config %s: %w", path, err)}
 	}
 	return d, []string{service}, nil

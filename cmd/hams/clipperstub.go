@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/hams-go/hams/adapters/clipper/clipperstub"
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/refserver/models"
 )
@@ -20,7 +21,7 @@ func runClipperStub(args []string) error {
 	if err := rf.parse(args); err != nil {
 		return err
 	}
-	names := splitList(*list)
+	names := cluster.SplitList(*list)
 	if len(names) == 0 {
 		return usageErr("clipper-stub: --models is required")
 	}

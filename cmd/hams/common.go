@@ -12,7 +12,6 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/pki"
@@ -220,7 +220,7 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 	if err != nil {
 		return nil, err
 	}
-	dep, err := loadDeployment(rf.config)
+	dep, err := cluster.LoadDeployment(rf.config)
 	if err != nil {
 		return nil, &exitError{code: 2, err: err}
 	}
@@ -374,14 +374,4 @@ func (r *role) serve(run func(ctx context.Context) error, ready <-chan struct{},
 	}
 	r.log.Info("stopped")
 	return nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }

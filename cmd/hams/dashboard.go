@@ -105,23 +105,6 @@ func (r *role) metricsAddr() string {
 	return r.mlis.Addr().String()
 }
 
-// dashboardArgs are manager i's --dashboard arguments for a deployment
-// whose first manager serves it on addr (empty: none): the others on a
-// free port of the same host, each showing what it sees.
-func dashboardArgs(addr string, i int) []string {
-	if addr == "" {
-		return nil
-	}
-	if i > 0 {
-		host, _, err := net.SplitHostPort(addr)
-		if err != nil {
-			host = "127.0.0.1"
-		}
-		addr = net.JoinHostPort(host, "0")
-	}
-	return []string{"--dashboard", addr}
-}
-
 // defaultDashboard is the --dashboard default of up and demo: a free
 // loopback port.
 const defaultDashboard = "127.0.0.1:0"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hams-go/hams/examples"
 	"github.com/hams-go/hams/integration/checker"
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/harness"
@@ -72,7 +73,7 @@ func parseKill(s string) (killSpec, error) {
 	}
 	role, model, _ := strings.Cut(target, ":")
 	switch role {
-	case roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer, roleStandbySidecar, roleStandbyModelSrv:
+	case cluster.RoleSidecar, cluster.RoleModelServer, cluster.RoleBackupSidecar, cluster.RoleBackupModelServer, cluster.RoleStandbySidecar, cluster.RoleStandbyModelSrv:
 		if model == "" {
 			return killSpec{}, fmt.Errorf("--kill %q: %s needs a model (%s:MODEL@AFTER)", s, role, role)
 		}
@@ -178,23 +179,23 @@ func mergeDeployments(name string, deps []*config.Deployment) (*config.Deploymen
 }
 
 // describeAll asks the model servers for every model's description.
-func describeAll(ctx context.Context, d *deployment, only ...string) (map[string]*hamsv1.ModelDescription, error) {
+func describeAll(ctx context.Context, d *cluster.Deployment, only ...string) (map[string]*hamsv1.ModelDescription, error) {
 	out := map[string]*hamsv1.ModelDescription{}
 	var mu sync.Mutex
-	names := sortedModels(d.dep)
+	names := cluster.SortedModels(d.Config)
 	if len(only) > 0 {
 		names = only
 	}
-	err := parallel(names, func(m string) error {
+	err := cluster.Parallel(names, func(m string) error {
 		addr := d.ModelServers[m]
-		cc, err := grpcx.Dial(addr, d.dep.Limits.MaxMessageBytes, d.adminDialOpts(d.dep.Model(m))...)
+		cc, err := grpcx.Dial(addr, d.Config.Limits.MaxMessageBytes, d.AdminDialOpts(d.Config.Model(m))...)
 		if err != nil {
 			return err
 		}
 		defer cc.Close()
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		desc, err := hamsv1.NewModelRuntimeClient(cc).Describe(cctx, &hamsv1.DescribeRequest{Model: d.dep.Model(m).Backend.Model})
+		desc, err := hamsv1.NewModelRuntimeClient(cc).Describe(cctx, &hamsv1.DescribeRequest{Model: d.Config.Model(m).Backend.Model})
 		if err != nil {
 			return fmt.Errorf("describe %s at %s: %w", m, addr, err)
 		}
@@ -226,7 +227,7 @@ func runDemo(args []string) error {
 	var kills killList
 	fs.Var(&kills, "kill", "ROLE:MODEL@AFTER: SIGKILL that process AFTER into the run (repeatable), e.g. sidecar:ap-motion@3s; freeze:ROLE:MODEL@AFTER+DURATION: SIGSTOP it for DURATION instead (a false suspicion when longer than the suspicion timeout), e.g. freeze:sidecar:ap-motion@5s+3s; partition:ROLE:MODEL@AFTER+DURATION: cut it off the network for DURATION (root)")
 	jsonPath := fs.String("json", "", "write the JSON report to this file")
-	mode := fs.String("mode", defaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay")
+	mode := fs.String("mode", cluster.DefaultMode, "fault-tolerance mode: nspb, bare, remus, nspb-s1, nspb-s2, replay")
 	ckptEvery := fs.Int("checkpoint-every", 0, "replay mode: checkpoint interval in batches (0: the deployment's replay.checkpoint_every)")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	conc := fs.Int("concurrency", 4, "closed-loop clients")
@@ -251,7 +252,7 @@ func runDemo(args []string) error {
 	if err := cf.check(); err != nil {
 		return err
 	}
-	nFrontends, nManagers := cf.options(*mode).counts(*mode)
+	nFrontends, nManagers := cf.options(*mode).Counts(*mode)
 	for _, k := range kills {
 		if k.After >= *duration {
 			return usageErr("demo: --kill %s@%v is not before the end of the run (%v)", k.target(), k.After, *duration)
@@ -271,9 +272,9 @@ func runDemo(args []string) error {
 		defer stop()
 		opt := cf.options(*mode)
 		opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
-		opt.SuspicionTimeout, opt.Audit, opt.Dashboard = suspicionFor(*suspicion), *audit, *dash
+		opt.SuspicionTimeout, opt.Audit, opt.Dashboard = cluster.SuspicionFor(*suspicion), *audit, *dash
 		if *audit != "" {
-			if opt.Audit, err = prepareAudit(*audit); err != nil {
+			if opt.Audit, err = cluster.PrepareAudit(*audit); err != nil {
 				return err
 			}
 		}
@@ -304,17 +305,17 @@ func runDemo(args []string) error {
 			continue
 		}
 		if k.Model != "" && dep.Model(k.Model) == nil {
-			return usageErr("demo: --kill %s: model %q is not in service %s (models: %s)", k.target(), k.Model, *service, strings.Join(sortedModels(dep), ", "))
+			return usageErr("demo: --kill %s: model %q is not in service %s (models: %s)", k.target(), k.Model, *service, strings.Join(cluster.SortedModels(dep), ", "))
 		}
-		if (k.Role == roleBackupSidecar || k.Role == roleBackupModelServer) && !hasBackup(dep, dep.Model(k.Model)) {
+		if (k.Role == cluster.RoleBackupSidecar || k.Role == cluster.RoleBackupModelServer) && !dep.HasBackup(dep.Model(k.Model)) {
 			return usageErr("demo: --kill %s: model %q has no backup in mode %s", k.target(), k.Model, *mode)
 		}
-		if (k.Role == roleStandbySidecar || k.Role == roleStandbyModelSrv) && (dep.Model(k.Model).Stateful || !config.Mode(*mode).Protected()) {
+		if (k.Role == cluster.RoleStandbySidecar || k.Role == cluster.RoleStandbyModelSrv) && (dep.Model(k.Model).Stateful || !config.Mode(*mode).Protected()) {
 			return usageErr("demo: --kill %s: model %q has no hot standby in mode %s (stateless models have one in every mode but bare)", k.target(), k.Model, *mode)
 		}
 	}
 	if *audit != "" {
-		if *audit, err = prepareAudit(*audit); err != nil {
+		if *audit, err = cluster.PrepareAudit(*audit); err != nil {
 			return err
 		}
 	}
@@ -325,8 +326,8 @@ func runDemo(args []string) error {
 	t0 := time.Now()
 	opt := cf.options(*mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, taskLogger(tf.verbose)
-	opt.SuspicionTimeout, opt.Audit, opt.Dashboard = suspicionFor(*suspicion), *audit, *dash
-	d, err := startDeployment(ctx, dep, opt)
+	opt.SuspicionTimeout, opt.Audit, opt.Dashboard = cluster.SuspicionFor(*suspicion), *audit, *dash
+	d, err := cluster.Start(ctx, dep, opt)
 	if err != nil {
 		return err
 	}
@@ -355,7 +356,7 @@ func runDemo(args []string) error {
 			return err
 		}
 	}
-	fes, closeFEs, err := d.frontendClients()
+	fes, closeFEs, err := d.FrontendClients()
 	if err != nil {
 		return err
 	}
@@ -438,18 +439,18 @@ func runDemo(args []string) error {
 			var waits chan struct{}
 			verb := "killed"
 			if k.Partition {
-				waits = d.partitionNow(runCtx, kt, kr, k.Role, k.Model, loadStart, k.Freeze)
+				waits = partitionNow(runCtx, d, kt, kr, k.Role, k.Model, loadStart, k.Freeze)
 				verb = "partitioned (cut off the network for " + k.Freeze.String() + ")"
 			} else if k.Freeze > 0 {
-				waits = d.freezeNow(runCtx, kt, kr, k.Role, k.Model, loadStart, k.Freeze)
+				waits = freezeNow(runCtx, d, kt, kr, k.Role, k.Model, loadStart, k.Freeze)
 				verb = "froze (SIGSTOP for " + k.Freeze.String() + ")"
 			} else {
-				waits = d.killNow(runCtx, kt, kr, k.Role, k.Model, loadStart)
+				waits = killNow(runCtx, d, kt, kr, k.Role, k.Model, loadStart)
 			}
 			kt.mu.Lock()
 			fmt.Fprintf(os.Stderr, "\nhams demo: "+verb+" %s (%s, %s) at %v%s\n", kr.Target, kr.Process, kr.Kind, time.Duration(kr.AtMs*float64(time.Millisecond)).Round(time.Millisecond),
 				map[bool]string{true: ": " + kr.Error}[kr.Error != ""])
-			bare := kr.Error == "" && k.Freeze == 0 && !d.protected() && (k.Role == roleSidecar || k.Role == roleModelServer)
+			bare := kr.Error == "" && k.Freeze == 0 && !d.Protected() && (k.Role == cluster.RoleSidecar || k.Role == cluster.RoleModelServer)
 			at := kr.killAt
 			kt.mu.Unlock()
 			if bare {
@@ -496,7 +497,7 @@ func runDemo(args []string) error {
 	}
 	sum := chk.Finish()
 	rep := demoReport{
-		Service: *service, Mode: *mode, DurationS: round3(st.ElapsedS),
+		Service: *service, Mode: *mode, DurationS: cluster.Round3(st.ElapsedS),
 		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors, Incorrect: sum.Violations,
 		P50Ms: st.P50Ms, P99Ms: st.P99Ms, MeanMs: st.MeanMs, ThroughputRPS: st.ThroughputRPS,
 		Services: map[string]loadgen.Stats{}, Models: models, Check: sum,
@@ -544,9 +545,9 @@ func unrecovered(ks []killReport) string {
 
 func killKind(dep *config.Deployment, k killSpec) string {
 	switch k.Role {
-	case roleBackupSidecar:
+	case cluster.RoleBackupSidecar:
 		return "backup"
-	case roleSidecar:
+	case cluster.RoleSidecar:
 	default:
 		return k.Role
 	}
@@ -555,12 +556,6 @@ func killKind(dep *config.Deployment, k killSpec) string {
 	}
 	return "stateless"
 }
-
-func msSince(from, to time.Time) float64 {
-	return round3(float64(to.Sub(from)) / float64(time.Millisecond))
-}
-
-func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
 
 // progress draws one updating status line until done (progress.go).
 func progress(w io.Writer, rec *loadgen.Recorder, total time.Duration, done <-chan struct{}) {

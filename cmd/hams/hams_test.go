@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/loadgen"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -19,7 +20,7 @@ func TestParseKill(t *testing.T) {
 	if k, err := parseKill("frontend@250ms"); err != nil || k.target() != "frontend" {
 		t.Fatalf("%+v %v", k, err)
 	}
-	if k, err := parseKill("backup-sidecar:ap-route@1s"); err != nil || k.Role != roleBackupSidecar || k.Model != "ap-route" {
+	if k, err := parseKill("backup-sidecar:ap-route@1s"); err != nil || k.Role != cluster.RoleBackupSidecar || k.Model != "ap-route" {
 		t.Fatalf("%+v %v", k, err)
 	}
 	if k, err := parseKill("frontend:1@2s"); err != nil || k.Role != "frontend" || k.Model != "1" || k.target() != "frontend:1" {
@@ -52,6 +53,7 @@ models: [{name: a1, kind: prep}]
 services: [{name: sa, edges: [[frontend, a1], [a1, frontend]], inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]}]
 limits: {max_message_bytes: 1000}
 `
+
 const depB = `
 name: b
 models: [{name: b1, kind: prep}]
@@ -77,7 +79,7 @@ func TestMergeDeploymentsAndWrite(t *testing.T) {
 	}
 	m.Mode = "bare"
 	path := t.TempDir() + "/d.yaml"
-	if err := writeDeployment(m, path); err != nil {
+	if err := cluster.WriteDeployment(m, path); err != nil {
 		t.Fatal(err)
 	}
 	back, err := config.Load(path)
@@ -150,18 +152,18 @@ func TestReplicated(t *testing.T) {
 		{"bare", "s", false}, {"replay", "s", false}, {"nspb", "p", false}, {"nspb", "off", false},
 	} {
 		dep.Mode = c.mode
-		if got := replicated(dep, dep.Model(c.model)); got != c.want {
+		if got := dep.Replicated(dep.Model(c.model)); got != c.want {
 			t.Errorf("mode %s model %s: replicated %v, want %v", c.mode, c.model, got, c.want)
 		}
 		// Replay mode: the stateful model gets a spare instead.
 		wantSpare := c.mode == "replay" && c.model == "s"
-		if spared(dep, dep.Model(c.model)) != wantSpare || hasBackup(dep, dep.Model(c.model)) != (c.want || wantSpare) {
-			t.Errorf("mode %s model %s: spared %v, hasBackup %v", c.mode, c.model, spared(dep, dep.Model(c.model)), hasBackup(dep, dep.Model(c.model)))
+		if dep.Replays(dep.Model(c.model)) != wantSpare || dep.HasBackup(dep.Model(c.model)) != (c.want || wantSpare) {
+			t.Errorf("mode %s model %s: spared %v, hasBackup %v", c.mode, c.model, dep.Replays(dep.Model(c.model)), dep.HasBackup(dep.Model(c.model)))
 		}
 	}
 	for mode, want := range map[string]bool{"replay": true, "nspb": true, "bare": false} {
 		dep.Mode = mode
-		if coordinated(dep) != want {
+		if dep.Coordinated() != want {
 			t.Fatalf("%s: coordinated %v", mode, !want)
 		}
 	}
@@ -181,7 +183,7 @@ services:
 `
 
 func TestSuspicionTimeout(t *testing.T) {
-	if suspicionFor(0) != time.Second || suspicionFor(time.Second) != time.Second {
+	if cluster.SuspicionFor(0) != time.Second || cluster.SuspicionFor(time.Second) != time.Second {
 		t.Fatal("suspicion timeout choice")
 	}
 }
@@ -221,20 +223,20 @@ func TestKillTrackerFrontendRule(t *testing.T) {
 
 func TestControlCounts(t *testing.T) {
 	for _, tc := range []struct {
-		opt     deployOptions
+		opt     cluster.Options
 		mode    string
 		fe, mgr int
 	}{
-		{deployOptions{}, "nspb", 2, 2},
-		{deployOptions{}, "bare", 1, 1},
-		{deployOptions{Frontends: 3, Managers: 1}, "nspb", 3, 1},
-		{deployOptions{Frontends: 2}, "bare", 2, 1},
+		{cluster.Options{}, "nspb", 2, 2},
+		{cluster.Options{}, "bare", 1, 1},
+		{cluster.Options{Frontends: 3, Managers: 1}, "nspb", 3, 1},
+		{cluster.Options{Frontends: 2}, "bare", 2, 1},
 	} {
-		if fe, mgr := tc.opt.counts(tc.mode); fe != tc.fe || mgr != tc.mgr {
+		if fe, mgr := tc.opt.Counts(tc.mode); fe != tc.fe || mgr != tc.mgr {
 			t.Errorf("%+v in %s: %d frontends, %d managers; want %d, %d", tc.opt, tc.mode, fe, mgr, tc.fe, tc.mgr)
 		}
 	}
-	if managerID(0, 3, 1) != managerID(0, 1, 1) || managerID(1, 1, 2) == managerID(1, 2, 2) {
+	if cluster.ManagerID(0, 3, 1) != cluster.ManagerID(0, 1, 1) || cluster.ManagerID(1, 1, 2) == cluster.ManagerID(1, 2, 2) {
 		t.Fatal("a lone manager must keep its lease id across restarts, a manager with standbys must not")
 	}
 }

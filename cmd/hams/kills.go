@@ -14,6 +14,7 @@ import (
 
 	"github.com/hams-go/hams/internal/run"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/launch"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/netfault"
@@ -120,7 +121,7 @@ func (kt *killTracker) reply(svc string, r loadgen.Result) {
 			continue
 		}
 		kr.Recovered = true
-		kr.RecoveryMs = msSince(kr.killAt, done)
+		kr.RecoveryMs = cluster.MsSince(kr.killAt, done)
 		close(kt.done[kr])
 	}
 }
@@ -150,8 +151,8 @@ func (kt *killTracker) snapshot() []killReport {
 // redundancy) run until ctx ends and are done when the returned channel
 // closes.
 // kr must have been added to kt.
-func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time) (waits chan struct{}) {
-	return d.signalNow(ctx, kt, kr, role, model, loadStart, 0)
+func killNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time) (waits chan struct{}) {
+	return signalNow(ctx, d, kt, kr, role, model, loadStart, 0)
 }
 
 // freezeNow stops the process that plays role for model (SIGSTOP) for
@@ -162,15 +163,15 @@ func (d *deployment) killNow(ctx context.Context, kt *killTracker, kr *killRepor
 // suspicion") and, for a frozen manager or frontend, until it serves
 // again (a manager or frontend answers only after the SIGCONT). The waits
 // end after the SIGCONT at the earliest.
-func (d *deployment) freezeNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
-	return d.signalNow(ctx, kt, kr, role, model, loadStart, freeze)
+func freezeNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
+	return signalNow(ctx, d, kt, kr, role, model, loadStart, freeze)
 }
 
 // partitionNow cuts the target process off the network (every packet it
 // sends, every packet for its ports: internal/netfault) for dur, then
 // heals it; recovery is tracked as for a kill.
-func (d *deployment) partitionNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, dur time.Duration) (waits chan struct{}) {
-	return d.faultNow(ctx, kt, kr, role, model, loadStart, faultPartition, dur)
+func partitionNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, dur time.Duration) (waits chan struct{}) {
+	return faultNow(ctx, d, kt, kr, role, model, loadStart, faultPartition, dur)
 }
 
 // faultKind is how a chaos target fails.
@@ -187,11 +188,11 @@ func (f faultKind) String() string {
 }
 
 // signalNow is killNow (freeze 0: SIGKILL) and freezeNow.
-func (d *deployment) signalNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
+func signalNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
 	if freeze > 0 {
-		return d.faultNow(ctx, kt, kr, role, model, loadStart, faultFreeze, freeze)
+		return faultNow(ctx, d, kt, kr, role, model, loadStart, faultFreeze, freeze)
 	}
-	return d.faultNow(ctx, kt, kr, role, model, loadStart, faultKill, 0)
+	return faultNow(ctx, d, kt, kr, role, model, loadStart, faultKill, 0)
 }
 
 // readyPorts are the TCP ports a child's ready line names (its listeners).
@@ -216,13 +217,13 @@ func readyPorts(r launch.Ready) []int {
 
 // faultNow applies fault to the target (for dur, but a kill) and tracks
 // its recovery.
-func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, fault faultKind, dur time.Duration) (waits chan struct{}) {
+func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, fault faultKind, dur time.Duration) (waits chan struct{}) {
 	freeze := time.Duration(0)
 	if fault == faultFreeze {
 		freeze = dur
 	}
 	waits = make(chan struct{})
-	rt, err := d.resolveTarget(ctx, role, model)
+	rt, err := d.ResolveTarget(ctx, role, model)
 	if err != nil {
 		kt.mu.Lock()
 		kr.Error = err.Error()
@@ -230,22 +231,22 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 		close(waits)
 		return waits
 	}
-	before, _ := d.sup.Ready(rt.Child)
+	before, _ := d.Supervisor.Ready(rt.Child)
 	at := time.Now()
 	var kerr error
 	var iso *netfault.Isolation
 	switch fault {
 	case faultPartition:
-		pid, ok := d.sup.Pid(rt.Child)
+		pid, ok := d.Supervisor.Pid(rt.Child)
 		if !ok {
 			kerr = fmt.Errorf("partition %s: no such process", rt.Child)
 		} else {
 			iso, kerr = netfault.Isolate(pid, readyPorts(before)...)
 		}
 	case faultFreeze:
-		_, kerr = d.sup.Kill(rt.Child, syscall.SIGSTOP)
+		_, kerr = d.Supervisor.Kill(rt.Child, syscall.SIGSTOP)
 	default:
-		_, kerr = d.sup.Kill(rt.Child, syscall.SIGKILL)
+		_, kerr = d.Supervisor.Kill(rt.Child, syscall.SIGKILL)
 	}
 	kt.mu.Lock()
 	kr.Kind, kr.Process, kr.Note = rt.Kind, rt.Child, rt.Note
@@ -259,7 +260,7 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 	if iso != nil {
 		kr.Note = strings.TrimPrefix(kr.Note+", partitioned "+dur.Round(time.Millisecond).String(), ", ")
 	}
-	kr.killAt, kr.AtMs = at, msSince(loadStart, at)
+	kr.killAt, kr.AtMs = at, cluster.MsSince(loadStart, at)
 	kr.model = model
 	if role == "frontend" || role == "manager" || role == "nats" {
 		kr.model = ""
@@ -275,7 +276,7 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 		close(waits)
 		return waits
 	}
-	inPlace := (rt.Inst == nil || !d.protected()) && fault == faultKill
+	inPlace := (rt.Inst == nil || !d.Protected()) && fault == faultKill
 	go func() {
 		defer close(waits)
 		var wg sync.WaitGroup
@@ -292,7 +293,7 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 					t.Stop()
 				}
 				if err := iso.Heal(); err != nil {
-					d.log.Warn("heal partitioned child", "child", rt.Child, "err", err)
+					d.Log.Warn("heal partitioned child", "child", rt.Child, "err", err)
 				}
 			}()
 		}
@@ -308,9 +309,9 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 				case <-ctx.Done():
 					t.Stop()
 				}
-				if _, err := d.sup.Kill(rt.Child, syscall.SIGCONT); err != nil {
+				if _, err := d.Supervisor.Kill(rt.Child, syscall.SIGCONT); err != nil {
 					// It may have exited (retired) or been killed meanwhile.
-					d.log.Info("resume frozen child", "child", rt.Child, "err", err)
+					d.Log.Info("resume frozen child", "child", rt.Child, "err", err)
 				}
 			}()
 		}
@@ -318,10 +319,10 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r, err := d.sup.WaitReady(ctx, rt.Child, before.Generation)
+				r, err := d.Supervisor.WaitReady(ctx, rt.Child, before.Generation)
 				if err == nil {
 					kt.mu.Lock()
-					kr.RestartMs = msSince(at, r.At)
+					kr.RestartMs = cluster.MsSince(at, r.At)
 					kt.mu.Unlock()
 				}
 			}()
@@ -343,20 +344,20 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 			for {
 				restarted := true
 				if inPlace {
-					r, ok := d.sup.Ready(rt.Child)
+					r, ok := d.Supervisor.Ready(rt.Child)
 					restarted = ok && r.Generation > before.Generation
 				}
-				if t, err := d.topology(ctx); err == nil && restarted && len(d.missing(t)) == 0 && d.controlRestored(ctx, t, rt.Kind) {
-					if fault != faultKill || rt.Inst == nil || !aliveID(t, rt.Inst.ID) || !d.protected() {
+				if t, err := d.Topology(ctx); err == nil && restarted && len(d.Missing(t)) == 0 && controlRestored(ctx, d, t, rt.Kind) {
+					if fault != faultKill || rt.Inst == nil || !cluster.AliveID(t, rt.Inst.ID) || !d.Protected() {
 						now := time.Now()
 						newActive := ""
 						if rt.Kind == "manager" {
-							if i := d.mgrs.active(ctx); i >= 0 {
-								newActive = childName("manager", strconv.Itoa(i))
+							if i := d.ManagerSet.ActiveIndex(ctx); i >= 0 {
+								newActive = cluster.ChildName("manager", strconv.Itoa(i))
 							}
 						}
 						kt.mu.Lock()
-						kr.RestoredMs = msSince(at, now)
+						kr.RestoredMs = cluster.MsSince(at, now)
 						kr.NewActive = newActive
 						kt.mu.Unlock()
 						return
@@ -376,15 +377,15 @@ func (d *deployment) faultNow(ctx context.Context, kt *killTracker, kr *killRepo
 // control plane is whole again: a manager answers as active (a standby
 // took the lease over, or the restarted one took it back) and every
 // manager process serves; every frontend is registered again.
-func (d *deployment) controlRestored(ctx context.Context, t *hamsv1.Topology, kind string) bool {
+func controlRestored(ctx context.Context, d *cluster.Deployment, t *hamsv1.Topology, kind string) bool {
 	switch kind {
 	case "manager":
 		active := false
-		for _, a := range d.mgrs.ask(ctx) {
-			if a.err != nil {
+		for _, a := range d.ManagerSet.Ask(ctx) {
+			if a.Err != nil {
 				return false
 			}
-			active = active || a.active
+			active = active || a.Active
 		}
 		return active
 	case "frontend":
@@ -399,7 +400,7 @@ func (d *deployment) controlRestored(ctx context.Context, t *hamsv1.Topology, ki
 
 // validateKillRole checks a --kill role against the deployment.
 func killRoles() []string {
-	return []string{roleSidecar, roleModelServer, roleBackupSidecar, roleBackupModelServer, roleStandbySidecar, roleStandbyModelSrv, "frontend", "manager", "nats"}
+	return []string{cluster.RoleSidecar, cluster.RoleModelServer, cluster.RoleBackupSidecar, cluster.RoleBackupModelServer, cluster.RoleStandbySidecar, cluster.RoleStandbyModelSrv, "frontend", "manager", "nats"}
 }
 
 func killRoleList() string {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
@@ -74,7 +75,7 @@ func TestOpenCoordAuthWaitsForManager(t *testing.T) {
 	}
 	done := make(chan opened, 1)
 	go func() {
-		co, nc, err := openCoordAuth(ctx, url, dep.Name, "sidecar m", sc, log)
+		co, nc, err := cluster.OpenCoordAuth(ctx, url, dep.Name, "sidecar m", sc, log)
 		if err != nil {
 			done <- opened{err: err}
 			return
@@ -124,7 +125,7 @@ func TestOpenCoordAuthWaitsForManager(t *testing.T) {
 		t.Fatal("sidecar never bound the streams")
 	}
 	// Credentials of another deployment are refused before connecting.
-	if _, _, err := openCoordAuth(ctx, url, "other", "x", sc, log); err == nil {
+	if _, _, err := cluster.OpenCoordAuth(ctx, url, "other", "x", sc, log); err == nil {
 		t.Fatal("credentials of another deployment accepted")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"strings"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
 )
@@ -49,7 +50,7 @@ func runNATS(args []string) error {
 	store := fs.String("store", "", "JetStream store directory (required)")
 	syncAlways := fs.Bool("sync-always", false, "fsync every JetStream write before acknowledging it (docs/coordination.md)")
 	name := fs.String("name", "", "server name, unique per node of a cluster (JetStream's server_name; default hams-nats)")
-	cluster := fs.String("cluster", "", "route address HOST:PORT: join a JetStream cluster (with --routes and --name)")
+	clusterAddr := fs.String("cluster", "", "route address HOST:PORT: join a JetStream cluster (with --routes and --name)")
 	clusterName := fs.String("cluster-name", natsd.DefaultClusterName, "cluster name, the same on every node")
 	routes := fs.String("routes", "", "comma-separated nats-route://HOST:PORT of the cluster's nodes (this node's own may be listed)")
 	minFree := fs.String("store-min-free", "64MiB", "free space the store's file system must have at start, and before JetStream is restarted after a full disk (negative: no check)")
@@ -78,7 +79,7 @@ func runNATS(args []string) error {
 	if err != nil {
 		return usageErr("nats: --max-store: %v", err)
 	}
-	if (*routes != "" || *name != "") && *cluster == "" {
+	if (*routes != "" || *name != "") && *clusterAddr == "" {
 		return usageErr("nats: --routes and --name need --cluster")
 	}
 	var serverTLS *tls.Config
@@ -96,15 +97,15 @@ func runNATS(args []string) error {
 		if tf.insecure {
 			return usageErr("nats: --insecure and --nats-auth exclude each other")
 		}
-		if auth, err = natsd.LoadAuth(splitList(*authDirs)...); err != nil {
+		if auth, err = natsd.LoadAuth(cluster.SplitList(*authDirs)...); err != nil {
 			return &exitError{code: 2, err: err}
 		}
 		log.Info("NATS users", "users", len(auth.Users), "credentials", *authDirs)
 	}
 	cfg := natsd.Config{Name: *name, Listen: *listen, StoreDir: *store, SyncAlways: *syncAlways, TLS: serverTLS, Auth: auth,
 		MinFree: minFreeB, MaxStore: maxStoreB, Logger: log}
-	if *cluster != "" {
-		cfg.Cluster = &natsd.Cluster{Name: *clusterName, Listen: *cluster, Routes: splitList(*routes)}
+	if *clusterAddr != "" {
+		cfg.Cluster = &natsd.Cluster{Name: *clusterName, Listen: *clusterAddr, Routes: cluster.SplitList(*routes)}
 		if src != nil {
 			cfg.Cluster.TLS = natsd.RouteTLS(src)
 		}
@@ -126,8 +127,8 @@ func runNATS(args []string) error {
 		return nil
 	}
 	ready := map[string]any{"role": "nats", "nats": srv.URL(), "store": *store,
-		"tls": serverTLS != nil, "auth": strings.Join(splitList(*authDirs), ",")}
-	if *cluster != "" {
+		"tls": serverTLS != nil, "auth": strings.Join(cluster.SplitList(*authDirs), ",")}
+	if *clusterAddr != "" {
 		ready["route"] = natsd.RouteURL(srv.NATS())
 		ready["name"] = *name
 	}

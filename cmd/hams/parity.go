@@ -18,6 +18,8 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/hams-go/hams/adapters"
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/internal/tensor"
@@ -81,7 +83,7 @@ func (d *deployedFlags) open() (paritytrain.Deployed, string, func(), error) {
 	}
 	dep := &config.Deployment{Name: "parity"}
 	m := &config.Model{Name: d.model, Backend: config.Backend{Type: d.backend, Address: d.addr, Model: d.model, Timeout: config.Duration(d.timeout)}}
-	be, closeBE, err := newBackend(dep, m, d.addr, "primary", slog.New(slog.DiscardHandler), nil)
+	be, closeBE, err := adapters.New(dep, m, d.addr, "primary", slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("parity: deployed model %s at %s: %w", d.backend, d.addr, err)
 	}
@@ -618,7 +620,7 @@ func runParityEval(args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	names := splitList(*weights)
+	names := cluster.SplitList(*weights)
 	if len(names) == 0 {
 		for _, n := range models.WeightNames() {
 			if models.IsParityWeights(n) {

@@ -17,6 +17,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/hams-go/hams/examples"
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
@@ -90,7 +91,7 @@ func runParmBench(args []string) error {
 		return err
 	}
 	var reds []config.Redundancy
-	for _, r := range splitList(*redFlag) {
+	for _, r := range cluster.SplitList(*redFlag) {
 		red, err := config.ParseRedundancy(r)
 		if err != nil {
 			return usageErr("bench: --redundancy: %v", err)
@@ -109,7 +110,7 @@ func runParmBench(args []string) error {
 		return usageErr("bench: --redundancy non-empty; --requests >= --rounds >= 1; --rate, --replicas and --timeout positive")
 	}
 	var das []time.Duration
-	for _, f := range splitList(*decodeAfter) {
+	for _, f := range cluster.SplitList(*decodeAfter) {
 		if f == "0" {
 			das = append(das, 0)
 			continue
@@ -146,13 +147,13 @@ func runParmBench(args []string) error {
 		fmt.Fprintln(os.Stderr, "hams bench: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist): random pixels, no accuracy")
 	}
 	fmt.Fprintf(os.Stderr, "hams bench: starting %d pools (%s) in %s\n", len(arms), armNames(arms), dir)
-	opt := deployOptions{RunDir: filepath.Join(dir, "deployment"), LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: 2 * time.Second}
-	d, err := startDeployment(ctx, dep, opt)
+	opt := cluster.Options{RunDir: filepath.Join(dir, "deployment"), LogLevel: tf.logLevel, Logger: taskLogger(tf.verbose), SuspicionTimeout: 2 * time.Second, TraceArgs: traceArgs()}
+	d, err := cluster.Start(ctx, dep, opt)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	fes, closeFEs, err := d.frontendClients()
+	fes, closeFEs, err := d.FrontendClients()
 	if err != nil {
 		return err
 	}
@@ -188,7 +189,7 @@ func runParmBench(args []string) error {
 		}
 	}
 	fmt.Fprintln(os.Stderr)
-	onlineStats := scrapeMetrics(d.sidecarMetrics(), "hams_pool_")
+	onlineStats := scrapeMetrics(d.SidecarMetrics(), "hams_pool_")
 	var rows []parmBenchRow
 	for _, b := range bs {
 		for i, a := range arms {
@@ -232,7 +233,7 @@ func erExtra(m *config.Model) int {
 
 func intList(s string, lo, hi int, flagName string) ([]int, error) {
 	var out []int
-	for _, f := range splitList(s) {
+	for _, f := range cluster.SplitList(s) {
 		v, err := strconv.Atoi(f)
 		if err != nil || v < lo || v > hi {
 			return nil, usageErr("bench: %s %q: integers %d..%d", flagName, f, lo, hi)

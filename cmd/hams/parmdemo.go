@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/parmload"
@@ -45,13 +46,13 @@ func runParmDemo(ctx context.Context, o parmDemoOptions) error {
 	fmt.Fprintf(os.Stderr, "hams demo: starting %s (ParM pool: %d replicas, k = %d, %d parity instances, mode %s) in %s\n",
 		parmService, dep.Models[0].Replicas.N(), dep.Models[0].Parity.K, dep.Models[0].Parity.Backends.N(), o.mode, o.opt.RunDir)
 	t0 := time.Now()
-	d, err := startDeployment(ctx, dep, o.opt)
+	d, err := cluster.Start(ctx, dep, o.opt)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	fmt.Fprintf(os.Stderr, "hams demo: deployment ready in %v (frontends %s)\n", time.Since(t0).Round(time.Millisecond), strings.Join(d.Frontends, " "))
-	fes, closeFEs, err := d.frontendClients()
+	fes, closeFEs, err := d.FrontendClients()
 	if err != nil {
 		return err
 	}
@@ -73,7 +74,7 @@ func runParmDemo(ctx context.Context, o parmDemoOptions) error {
 	if err != nil {
 		return err
 	}
-	rep := parmDemoReport{Service: parmService, Mode: o.mode, DurationS: round3(res.Elapsed.Seconds()), Summary: res.Summary(), Labelled: data != nil}
+	rep := parmDemoReport{Service: parmService, Mode: o.mode, DurationS: cluster.Round3(res.Elapsed.Seconds()), Summary: res.Summary(), Labelled: data != nil}
 	printParmSummary(os.Stdout, rep)
 	if o.json != "" {
 		if err := writeJSON(o.json, rep); err != nil {
@@ -93,7 +94,7 @@ func runParmDemo(ctx context.Context, o parmDemoOptions) error {
 }
 
 type parmDemoOptions struct {
-	opt               deployOptions
+	opt               cluster.Options
 	mode, json        string
 	duration, timeout time.Duration
 	conc, rows        int

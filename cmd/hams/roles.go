@@ -9,9 +9,11 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/hams-go/hams/adapters"
 	"github.com/hams-go/hams/frontend"
 	"github.com/hams-go/hams/internal/agent"
 	"github.com/hams-go/hams/internal/authz"
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/natsd"
@@ -124,7 +126,7 @@ func runModelServer(args []string) error {
 	if *instance != "primary" && *instance != "backup" && *instance != "standby" {
 		return usageErr("modelserver: --role %q: want primary, backup or standby", *instance)
 	}
-	names := splitList(*models)
+	names := cluster.SplitList(*models)
 	if len(names) == 0 {
 		return usageErr("modelserver: --models is required")
 	}
@@ -144,7 +146,7 @@ func runModelServer(args []string) error {
 			r.close()
 			return usageErr("modelserver: --parity-of %q: no model of deployment %q with a parity block", *parityOf, r.dep.Name)
 		}
-		pms, err := parityModelsOf(m)
+		pms, err := cluster.ParityModelsOf(m)
 		if err != nil {
 			r.close()
 			return usageErr("modelserver: --parity-of: %v", err)
@@ -188,7 +190,7 @@ func runModelServer(args []string) error {
 					id += "/" + n
 				}
 			}
-			c, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
+			c, err := client.New(client.Config{ManagerAddrs: cluster.SplitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 				Kind: hamsv1.ComponentKind_COMPONENT_KIND_MODEL_SERVER, Id: id, Model: n, Role: role,
 				Address: addr, Pid: int32(os.Getpid()), MetricsAddress: r.metricsAddr(),
 			}})
@@ -248,8 +250,8 @@ func runSidecar(args []string) error {
 		r.close()
 		return usageErr("sidecar: model %q is not in deployment %q", *model, r.dep.Name)
 	}
-	repl := replicated(r.dep, m)
-	spare := spared(r.dep, m)
+	repl := r.dep.Replicated(m)
+	spare := r.dep.Replays(m)
 	if standby && m.Stateful && !repl {
 		r.close()
 		return usageErr("sidecar: --role standby: stateful model %q is not replicated in mode %s: it has no spare backup", *model, r.dep.Mode)
@@ -269,7 +271,7 @@ func runSidecar(args []string) error {
 		// Registered as the backend address: the pool's first replica
 		// (the manager wants one host:port; the log names them all).
 		*backend = m.Replicas.Addresses[0]
-		r.fields["pool"] = poolSummary(m)
+		r.fields["pool"] = cluster.PoolSummary(m)
 	}
 	if *backend == "" {
 		r.close()
@@ -288,9 +290,9 @@ func runSidecar(args []string) error {
 	var closeBE func()
 	var runPool func(context.Context) error
 	if m.Pooled() {
-		be, runPool, closeBE, err = newPoolBackend(r.dep, m, *roleF, r.log.With("model", *model), r.reg, beTLS)
+		be, runPool, closeBE, err = adapters.NewPool(r.dep, m, *roleF, r.log.With("model", *model), r.reg, beTLS)
 	} else {
-		be, closeBE, err = newBackend(r.dep, m, *backend, *roleF, r.log.With("model", *model), beTLS)
+		be, closeBE, err = adapters.New(r.dep, m, *backend, *roleF, r.log.With("model", *model), beTLS)
 	}
 	if err != nil {
 		r.close()
@@ -321,7 +323,7 @@ func runSidecar(args []string) error {
 	if *idF == "" {
 		*idF = fmt.Sprintf("sidecar/%s/%s", *model, roleName(roleV))
 	}
-	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
+	mc, err := client.New(client.Config{ManagerAddrs: cluster.SplitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_SIDECAR, Id: *idF,
 		Model: *model, Role: roleV, Address: addr, BackendAddress: *backend, Pid: int32(os.Getpid()), MetricsAddress: r.metricsAddr(),
 	}})
@@ -357,7 +359,7 @@ func runSidecar(args []string) error {
 			r.close()
 			return err
 		}
-		co, nc, err := openCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "sidecar "+*model+" "+*roleF, cl, r.log)
+		co, nc, err := cluster.OpenCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "sidecar "+*model+" "+*roleF, cl, r.log)
 		cancel()
 		if err != nil {
 			r.close()
@@ -456,7 +458,7 @@ func runFrontend(args []string) error {
 	// The topology names the frontend by its internal address: the sink
 	// models' sidecars Forward to it, the manager calls Resend there.
 	addr := il.Addr().String()
-	mc, err := client.New(client.Config{ManagerAddrs: splitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
+	mc, err := client.New(client.Config{ManagerAddrs: cluster.SplitList(*mgr), Logger: r.log, DialOptions: r.dialOpts(), Registration: &hamsv1.RegisterRequest{
 		Kind: hamsv1.ComponentKind_COMPONENT_KIND_FRONTEND, Id: "frontend/" + addr, Address: addr, Pid: int32(os.Getpid()), MetricsAddress: r.metricsAddr(),
 	}})
 	if err != nil {
@@ -497,7 +499,7 @@ func runFrontend(args []string) error {
 			return &exitError{code: 2, err: err}
 		}
 	}
-	if coordinated(r.dep) || *requestLog {
+	if r.dep.Coordinated() || *requestLog {
 		if *natsURL == "" {
 			closeAll()
 			return usageErr("frontend: deployment %q replicates stateful models (mode %s): --nats is required", r.dep.Name, r.dep.Mode)
@@ -509,7 +511,7 @@ func runFrontend(args []string) error {
 			closeAll()
 			return err
 		}
-		co, nc, err := openCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "frontend", cl, r.log)
+		co, nc, err := cluster.OpenCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "frontend", cl, r.log)
 		cancel()
 		if err != nil {
 			closeAll()

@@ -4,68 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 )
-
-// upReady is the one line `hams up` prints (DESIGN.md command-line contract).
-type upReady struct {
-	FrontendGRPC  string `json:"frontend_grpc"`
-	FrontendHTTP  string `json:"frontend_http"`
-	TFServingGRPC string `json:"tfserving_grpc,omitempty"`
-	KServeGRPC    string `json:"kserve_grpc,omitempty"`
-	Manager       string `json:"manager"`
-	NATS          string `json:"nats"`
-	// Frontends lists every frontend's gRPC address (frontend_grpc is
-	// the first), FrontendsHTTP their HTTP addresses, Managers every
-	// manager (manager is the first, active at start; the others stand
-	// by).
-	Frontends     []string `json:"frontends"`
-	FrontendsHTTP []string `json:"frontends_http"`
-	Managers      []string `json:"managers"`
-	// FrontendInternal is the first frontend's internal address
-	// (Dataplane, Replication: for the deployment's components, never for
-	// clients), FrontendsInternal every frontend's.
-	FrontendInternal  string   `json:"frontend_internal,omitempty"`
-	FrontendsInternal []string `json:"frontends_internal,omitempty"`
-	// Metrics maps every child process (its supervisor name: manager-0,
-	// frontend-0, sidecar:MODEL, modelserver:MODEL, ...) to its Prometheus
-	// /metrics address (docs/operations.md).
-	Metrics map[string]string `json:"metrics"`
-	// BackendsNotReady lists the models whose backend did not answer its
-	// health check within backendWait (upbackends.go); absent when all did.
-	BackendsNotReady []string `json:"backends_not_ready,omitempty"`
-	// Dashboard is the first manager's dashboard URL, Dashboards every
-	// manager's (docs/dashboard.md); absent with --dashboard "".
-	Dashboard  string   `json:"dashboard,omitempty"`
-	Dashboards []string `json:"dashboards,omitempty"`
-}
-
-// metricsAddrs maps every running child of d to the /metrics address of
-// its ready line.
-func (d *deployment) metricsAddrs() map[string]string {
-	out := map[string]string{}
-	for _, name := range d.sup.Names() {
-		if r, ok := d.sup.Ready(name); ok && r.String("metrics") != "" {
-			out[name] = r.String("metrics")
-		}
-	}
-	return out
-}
-
-// prepareAudit creates the audit directory and returns its absolute path
-// (children run with their own working directory in mind).
-func prepareAudit(dir string) (string, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return "", fmt.Errorf("audit dir %s: %w", dir, err)
-	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
-		return "", fmt.Errorf("create audit dir: %w", err)
-	}
-	return abs, nil
-}
 
 // taskFlags are shared by up, demo and bench.
 type taskFlags struct {
@@ -109,7 +51,7 @@ func (t *taskFlags) prepare(prefix string) (dir string, cleanup func(ok bool), e
 func runUp(args []string) error {
 	fs := newFlagSet("up")
 	cfgPath := fs.String("config", "", "deployment YAML file (required)")
-	mode := fs.String("mode", "", "fault-tolerance mode, overriding the file's mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every) (default: the file's mode, else "+defaultMode+")")
+	mode := fs.String("mode", "", "fault-tolerance mode, overriding the file's mode: nspb, bare, remus, nspb-s1, nspb-s2, replay (its checkpoint interval: the file's replay.checkpoint_every) (default: the file's mode, else "+cluster.DefaultMode+")")
 	audit := fs.String("audit", "", "directory for JSONL audit logs (durable.jsonl of every backup, replies.jsonl of the frontend, each under its own subdirectory)")
 	suspicion := fs.Duration("suspicion-timeout", 0, "manager's failure-suspicion timeout (0: 1s; this process reports exits of the processes it runs at once)")
 	feListen := fs.String("frontend-listen", "", "gRPC listen address of the first frontend (its own API, TF Serving and KServe v2), e.g. 0.0.0.0:8500 in a container (default: a free loopback port)")
@@ -133,13 +75,13 @@ func runUp(args []string) error {
 	if err := cf.check(); err != nil {
 		return err
 	}
-	dep, err := loadDeployment(*cfgPath)
+	dep, err := cluster.LoadDeployment(*cfgPath)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	applyModeFlag(dep, *mode)
 	if *audit != "" {
-		if *audit, err = prepareAudit(*audit); err != nil {
+		if *audit, err = cluster.PrepareAudit(*audit); err != nil {
 			return err
 		}
 	}
@@ -154,21 +96,21 @@ func runUp(args []string) error {
 	log := taskLogger(tf.verbose)
 	opt := cf.options(dep.Mode)
 	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, log
-	opt.SuspicionTimeout, opt.Audit = suspicionFor(*suspicion), *audit
+	opt.SuspicionTimeout, opt.Audit = cluster.SuspicionFor(*suspicion), *audit
 	opt.FrontendListen, opt.FrontendHTTP, opt.Dashboard = *feListen, *feHTTP, *dash
-	d, err := startDeployment(ctx, dep, opt)
+	d, err := cluster.Start(ctx, dep, opt)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	tfs, ks := compatEndpoints(ctx, d.FrontendGRPC)
-	notReady := waitBackends(ctx, d.FrontendGRPC, dep)
+	tfs, ks := cluster.CompatEndpoints(ctx, d.FrontendGRPC)
+	notReady := cluster.WaitBackends(ctx, d.FrontendGRPC, dep)
 	if len(notReady) > 0 {
 		log.Warn("backends not ready: their models answer Unavailable until their backends answer their health checks", "models", notReady)
 	}
-	b, _ := json.Marshal(upReady{BackendsNotReady: notReady, FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
+	b, _ := json.Marshal(cluster.UpReady{BackendsNotReady: notReady, FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
 		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers,
-		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals, Metrics: d.metricsAddrs(),
+		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals, Metrics: d.MetricsAddrs(),
 		Dashboard: dashboardURL(d.Dashboards, 0), Dashboards: dashboardURLs(d.Dashboards)})
 	fmt.Println(string(b))
 	<-ctx.Done()

@@ -1,4 +1,4 @@
-package main
+package adapters
 
 import (
 	"log/slog"
@@ -52,7 +52,7 @@ services:
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	be, closeBE, err := newBackend(dep, dep.Model("sys"), "127.0.0.1:1", "primary", log, nil)
+	be, closeBE, err := New(dep, dep.Model("sys"), "127.0.0.1:1", "primary", log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ services:
 		t.Fatalf("sys backend %T", be)
 	}
 	closeBE()
-	be, closeBE, err = newBackend(dep, dep.Model("gpu"), "127.0.0.1:1", "primary", log, nil)
+	be, closeBE, err = New(dep, dep.Model("gpu"), "127.0.0.1:1", "primary", log, nil)
 	if cuda.Available() != nil {
 		if err == nil || !strings.Contains(err.Error(), `model "gpu": backend state_memory cuda: cuda: driver unavailable`) {
 			t.Fatalf("cuda without a driver: %v", err)

@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hams-go/hams/adapters"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/refserver/models"
 )
@@ -31,18 +32,18 @@ services:
 `
 
 func TestParseDeploymentManagedBackends(t *testing.T) {
-	d, err := parseDeployment([]byte(depManaged))
+	d, err := ParseDeployment([]byte(depManaged))
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, b, c := d.Model("a"), d.Model("b"), d.Model("c")
-	if !managed(a) || externalAddr(a) != "" {
+	if !adapters.Managed(a) || ExternalAddr(a) != "" {
 		t.Fatalf("a: %+v", a.Backend)
 	}
-	if managed(b) || externalAddr(b) != "tf:8500" {
+	if adapters.Managed(b) || ExternalAddr(b) != "tf:8500" {
 		t.Fatalf("b: %+v", b.Backend)
 	}
-	if !managed(c) {
+	if !adapters.Managed(c) {
 		t.Fatalf("c: %+v", c.Backend)
 	}
 	if args, key := backendArgs(c, nil); args[0] != "clipper-stub" || key != "http" {
@@ -53,33 +54,33 @@ func TestParseDeploymentManagedBackends(t *testing.T) {
 	}
 	// The effective deployment the children load round-trips.
 	path := t.TempDir() + "/dep.yaml"
-	if err := writeDeployment(d, path); err != nil {
+	if err := WriteDeployment(d, path); err != nil {
 		t.Fatal(err)
 	}
-	back, err := loadDeployment(path)
-	if err != nil || !managed(back.Model("a")) {
+	back, err := LoadDeployment(path)
+	if err != nil || !adapters.Managed(back.Model("a")) {
 		t.Fatalf("reload: %v", err)
 	}
 	// A managed backend runs the model's kind: no kind, no deployment.
-	_, err = parseDeployment([]byte(strings.Replace(depManaged, "  - name: a\n    kind: classifier\n", "  - name: a\n", 1)))
+	_, err = ParseDeployment([]byte(strings.Replace(depManaged, "  - name: a\n    kind: classifier\n", "  - name: a\n", 1)))
 	if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), `model "a"`) {
 		t.Fatalf("managed backend without kind: %v", err)
 	}
 	// Other errors still come from config.Parse.
-	if _, err := parseDeployment([]byte("name: x\nmodels: []\n")); !errors.Is(err, config.ErrInvalid) {
+	if _, err := ParseDeployment([]byte("name: x\nmodels: []\n")); !errors.Is(err, config.ErrInvalid) {
 		t.Fatalf("no models: %v", err)
 	}
-	if _, err := parseDeployment([]byte("name: [")); err == nil {
+	if _, err := ParseDeployment([]byte("name: [")); err == nil {
 		t.Fatal("bad YAML accepted")
 	}
 }
 
 func TestOnlyService(t *testing.T) {
-	d, err := parseDeployment([]byte(depManaged))
+	d, err := ParseDeployment([]byte(depManaged))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2, err := onlyService(d, "s2")
+	s2, err := OnlyService(d, "s2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,20 +90,20 @@ func TestOnlyService(t *testing.T) {
 	if err := s2.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := onlyService(d, "nope"); err == nil {
+	if _, err := OnlyService(d, "nope"); err == nil {
 		t.Fatal("unknown service accepted")
 	}
 }
 
 func TestExampleFilesWithManagedBackends(t *testing.T) {
 	for _, f := range []string{"../../examples/triton-lstm.yaml", "../../examples/adapters.yaml"} {
-		d, err := loadDeployment(f)
+		d, err := LoadDeployment(f)
 		if err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
 		for i := range d.Models {
 			m := &d.Models[i]
-			if !managed(m) {
+			if !adapters.Managed(m) {
 				t.Fatalf("%s: %s has an external backend", f, m.Name)
 			}
 			if _, err := models.New(m); err != nil {
@@ -110,10 +111,10 @@ func TestExampleFilesWithManagedBackends(t *testing.T) {
 			}
 		}
 	}
-	if _, err := loadDeployment("no-such-file.yaml"); !errors.Is(err, os.ErrNotExist) {
+	if _, err := LoadDeployment("no-such-file.yaml"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: %v", err)
 	}
-	d, _ := loadDeployment("../../examples/triton-lstm.yaml")
+	d, _ := LoadDeployment("../../examples/triton-lstm.yaml")
 	m := d.Model("tl-seq")
 	if st, err := m.ParamString("state", ""); err != nil || !m.Stateful || m.Backend.Type != "triton" || st != "explicit" {
 		t.Fatalf("tl-seq: %+v", m)

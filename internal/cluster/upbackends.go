@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"context"
@@ -16,13 +16,13 @@ import (
 // health checks (sidecars check every second) before its ready line.
 const backendWait = 5 * time.Second
 
-// waitBackends polls the frontend's grpc.health.v1 at addr (the service
+// WaitBackends polls the frontend's grpc.health.v1 at addr (the service
 // named by a model is SERVING once the model's backend answered its health
 // check, frontend/health.go) until every model is, or backendWait passed;
 // it returns the models that are not. It never blocks longer: a backend
 // that is down (an external backend.address nothing serves) is printed in
 // the ready line, and its requests fail Unavailable until it answers.
-func waitBackends(ctx context.Context, addr string, dep *config.Deployment) []string {
+func WaitBackends(ctx context.Context, addr string, dep *config.Deployment) []string {
 	cc, err := grpcx.Dial(addr, 0)
 	if err != nil {
 		return nil

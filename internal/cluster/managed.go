@@ -1,35 +1,32 @@
-package main
+package cluster
 
 import (
 	"fmt"
 
 	"google.golang.org/grpc"
 
+	"github.com/hams-go/hams/adapters"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/launch"
 )
 
-// managed reports whether m's backend is started by this process (a
-// deployment file without a backend address: see config.Backend.Address).
-func managed(m *config.Model) bool { return m.Backend.Address == "" }
-
-// externalAddr is m's backend address when it is a server this process
+// ExternalAddr is m's backend address when it is a server this process
 // does not start, else "".
 // A pooled model's instances are started by startPools (or listed):
 // its sidecar gets no model server of its own.
-func externalAddr(m *config.Model) string {
+func ExternalAddr(m *config.Model) string {
 	if m.Pooled() {
 		return poolBackendAddr
 	}
 	return m.Backend.Address
 }
 
-// loadDeployment reads and validates a deployment file.
-func loadDeployment(path string) (*config.Deployment, error) { return config.Load(path) }
+// LoadDeployment reads and validates a deployment file.
+func LoadDeployment(path string) (*config.Deployment, error) { return config.Load(path) }
 
-// parseDeployment decodes and validates a deployment.
-func parseDeployment(b []byte) (*config.Deployment, error) { return config.Parse(b) }
+// ParseDeployment decodes and validates a deployment.
+func ParseDeployment(b []byte) (*config.Deployment, error) { return config.Parse(b) }
 
 // backendArgs is the command line of the backend this process starts for
 // m (common: --config and --log-level) and the ready-line key of its
@@ -48,7 +45,7 @@ func backendArgs(m *config.Model, common []string) (args []string, key string) {
 // plaintext (a pass-through backend stands for the operator's own TF
 // Serving or Triton, which the frontend dials as it is); a Clipper stub
 // takes neither.
-func (d *deployment) backendArgsFor(m *config.Model, instance string, plain bool) (args []string, key string, err error) {
+func (d *Deployment) backendArgsFor(m *config.Model, instance string, plain bool) (args []string, key string, err error) {
 	args, key = backendArgs(m, d.common)
 	if m.Backend.Type == "clipper" {
 		return args, key, nil
@@ -56,7 +53,7 @@ func (d *deployment) backendArgsFor(m *config.Model, instance string, plain bool
 	if plain {
 		return append(args, "--insecure"), key, nil
 	}
-	ta, err := d.tlsArgs(instance, modelServerIdentity(instance, m.Name))
+	ta, err := d.tlsArgs(instance, ModelServerIdentity(instance, m.Name))
 	if err != nil {
 		return nil, "", err
 	}
@@ -65,29 +62,29 @@ func (d *deployment) backendArgsFor(m *config.Model, instance string, plain bool
 
 // backendTLS reports whether m's model servers were started by this
 // process with certificates (a sidecar then dials them with mutual TLS).
-func (d *deployment) backendTLS(m *config.Model) bool {
+func (d *Deployment) backendTLS(m *config.Model) bool {
 	if d.pki == nil || m.Backend.Type == "clipper" {
 		return false
 	}
 	if m.Pooled() {
 		return d.startedPools[m.Name]
 	}
-	return managed(m)
+	return adapters.Managed(m)
 }
 
 // backendTLSArgs tell a sidecar to dial its backend with mutual TLS when
 // this process started that backend with a certificate.
-func (d *deployment) backendTLSArgs(m *config.Model) []string {
+func (d *Deployment) backendTLSArgs(m *config.Model) []string {
 	if d.backendTLS(m) {
 		return []string{"--backend-tls"}
 	}
 	return nil
 }
 
-// adminDialOpts are the options of this process's own calls to model m's
+// AdminDialOpts are the options of this process's own calls to model m's
 // model servers (describe, warm-up): its admin identity where they have
 // certificates.
-func (d *deployment) adminDialOpts(m *config.Model) []grpc.DialOption {
+func (d *Deployment) AdminDialOpts(m *config.Model) []grpc.DialOption {
 	if m == nil || !d.backendTLS(m) {
 		return nil
 	}
@@ -112,9 +109,9 @@ func backendRestart(args []string, key string) func(launch.Ready) []string {
 	}
 }
 
-// onlyService returns d reduced to service svc and its models (bench runs
+// OnlyService returns d reduced to service svc and its models (bench runs
 // each service of a file as its own deployment).
-func onlyService(d *config.Deployment, svc string) (*config.Deployment, error) {
+func OnlyService(d *config.Deployment, svc string) (*config.Deployment, error) {
 	s := d.Service(svc)
 	if s == nil {
 		return nil, fmt.Errorf("no service %q in deployment %q", svc, d.Name)

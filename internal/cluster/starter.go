@@ -1,4 +1,4 @@
-package main
+package cluster
 
 // Restoring redundancy across processes: the `hams up|demo|chaos` parent
 // serves the instance agent (internal/agent) on loopback and passes its
@@ -12,9 +12,9 @@ import (
 	"github.com/hams-go/hams/internal/agent"
 )
 
-func newAgent(d *deployment) (*agent.Server, error) {
+func newAgent(d *Deployment) (*agent.Server, error) {
 	cfg := agent.ServerConfig{
-		Valid: func(model, _ string) bool { return d.dep.Model(model) != nil },
+		Valid: func(model, _ string) bool { return d.Config.Model(model) != nil },
 		Start: func(ctx context.Context, model, role string) (agent.Response, error) {
 			in, err := d.startForRecovery(ctx, model, role)
 			if err != nil {
@@ -23,7 +23,7 @@ func newAgent(d *deployment) (*agent.Server, error) {
 			return agent.Response{Sidecar: in.SidecarAddr, ID: in.ID, Epoch: in.Epoch}, nil
 		},
 		TLS:    d.pki.supervisorSource(),
-		Logger: d.log,
+		Logger: d.Log,
 	}
 	return agent.Serve(cfg)
 }

@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"context"
@@ -11,16 +11,16 @@ import (
 	"github.com/hams-go/hams/internal/natsd"
 )
 
-// waitReplayCheckpointed waits, in replay mode, until every stateful
+// WaitReplayCheckpointed waits, in replay mode, until every stateful
 // model's newest checkpoint covers everything its input log holds of the
 // checkpoint's epoch or later (the primaries checkpoint their tail once
 // idle), so the durable audit records are written before the processes
 // are stopped; it polls the store until timeout and reports what it saw.
-func waitReplayCheckpointed(ctx context.Context, d *deployment, timeout time.Duration) error {
+func WaitReplayCheckpointed(ctx context.Context, d *Deployment, timeout time.Duration) error {
 	var models []string
-	for i := range d.dep.Models {
-		if spared(d.dep, &d.dep.Models[i]) {
-			models = append(models, d.dep.Models[i].Name)
+	for i := range d.Config.Models {
+		if d.Config.Replays(&d.Config.Models[i]) {
+			models = append(models, d.Config.Models[i].Name)
 		}
 	}
 	if len(models) == 0 || d.NATS == "" {
@@ -33,11 +33,11 @@ func waitReplayCheckpointed(ctx context.Context, d *deployment, timeout time.Dur
 	var cl *natsd.Client
 	if d.natsAuth != "" {
 		var err error
-		if cl, err = natsd.LoadClient(d.natsAuth, natsd.Identity{Role: natsd.RoleAdmin, Deployment: d.dep.Name}, d.pki.adminSource().ClientConfig()); err != nil {
+		if cl, err = natsd.LoadClient(d.natsAuth, natsd.Identity{Role: natsd.RoleAdmin, Deployment: d.Config.Name}, d.pki.adminSource().ClientConfig()); err != nil {
 			return err
 		}
 	}
-	co, nc, err := openCoordAuth(ctx, d.NATS, d.dep.Name, "chaos", cl, slog.New(slog.DiscardHandler))
+	co, nc, err := OpenCoordAuth(ctx, d.NATS, d.Config.Name, "chaos", cl, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return err
 	}

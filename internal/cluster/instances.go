@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"context"
@@ -45,23 +45,23 @@ type instance struct {
 	StartedAt     time.Time
 }
 
-// protected reports whether the deployment's mode recovers failed model
+// Protected reports whether the deployment's mode recovers failed model
 // instances (every mode but bare): then instances are not restarted in
 // place and stateless models get a hot standby.
-func (d *deployment) protected() bool { return d.dep.RunMode().Protected() }
+func (d *Deployment) Protected() bool { return d.Config.RunMode().Protected() }
 
 // instanceNames returns the child names of the sidecar and model server
 // of an instance.
 func instanceNames(model, role string, n int) (sc, ms string) {
 	switch role {
 	case roleBackup:
-		sc, ms = roleBackupSidecar, roleBackupModelServer
+		sc, ms = RoleBackupSidecar, RoleBackupModelServer
 	case roleStandby:
-		sc, ms = roleStandbySidecar, roleStandbyModelSrv
+		sc, ms = RoleStandbySidecar, RoleStandbyModelSrv
 	default:
-		sc, ms = roleSidecar, roleModelServer
+		sc, ms = RoleSidecar, RoleModelServer
 	}
-	sc, ms = childName(sc, model), childName(ms, model)
+	sc, ms = ChildName(sc, model), ChildName(ms, model)
 	if n > 0 {
 		suf := "." + strconv.Itoa(n)
 		sc, ms = sc+suf, ms+suf
@@ -74,9 +74,9 @@ func instanceNames(model, role string, n int) (sc, ms string) {
 // coordinated deployment every sidecar gets --nats: replicated ones
 // announce and watch durability, all of them watch completion notices to
 // trim what their senders keep for resends.
-func (d *deployment) coordArgs(model, audit string) []string {
+func (d *Deployment) coordArgs(model, audit string) []string {
 	var out []string
-	if d.NATS != "" && coordinated(d.dep) {
+	if d.NATS != "" && d.Config.Coordinated() {
 		out = append(append(out, "--nats", d.NATS), d.natsAuthArgs()...)
 	}
 	if audit != "" {
@@ -88,27 +88,27 @@ func (d *deployment) coordArgs(model, audit string) []string {
 // startInstance starts one instance of model in role (n > 0: an instance
 // asked for by recovery) registered at epoch, and returns once its sidecar
 // printed its ready line.
-func (d *deployment) startInstance(ctx context.Context, model, role string, n int, epoch uint64) (*instance, error) {
-	m := d.dep.Model(model)
+func (d *Deployment) startInstance(ctx context.Context, model, role string, n int, epoch uint64) (*instance, error) {
+	m := d.Config.Model(model)
 	if m == nil {
 		return nil, fmt.Errorf("start instance: model %q is not in the deployment", model)
 	}
 	switch role {
 	case roleBackup:
-		if !hasBackup(d.dep, m) {
-			return nil, fmt.Errorf("start instance: model %q has no backup in mode %s", model, d.dep.Mode)
+		if !d.Config.HasBackup(m) {
+			return nil, fmt.Errorf("start instance: model %q has no backup in mode %s", model, d.Config.Mode)
 		}
 	case roleStandby:
-		if m.Stateful && !replicated(d.dep, m) {
-			return nil, fmt.Errorf("start instance: stateful model %q is not replicated in mode %s: it has no spare backup", model, d.dep.Mode)
+		if m.Stateful && !d.Config.Replicated(m) {
+			return nil, fmt.Errorf("start instance: stateful model %q is not replicated in mode %s: it has no spare backup", model, d.Config.Mode)
 		}
 	case rolePrimary:
 	default:
 		return nil, fmt.Errorf("start instance: role %q is not primary, backup or standby", role)
 	}
-	in := &instance{Model: model, Role: role, N: n, Epoch: epoch, BackendAddr: externalAddr(m)}
+	in := &instance{Model: model, Role: role, N: n, Epoch: epoch, BackendAddr: ExternalAddr(m)}
 	in.Sidecar, in.ModelServer = instanceNames(model, role, n)
-	inPlace := !d.protected()
+	inPlace := !d.Protected()
 	if in.BackendAddr == "" {
 		args, key, err := d.backendArgsFor(m, in.ModelServer, false)
 		if err != nil {
@@ -122,7 +122,7 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 		if inPlace {
 			spec.Restart = backendRestart(args, key)
 		}
-		r, err := d.sup.Start(ctx, spec)
+		r, err := d.Supervisor.Start(ctx, spec)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", in.ModelServer, err)
 		}
@@ -140,15 +140,15 @@ func (d *deployment) startInstance(ctx context.Context, model, role string, n in
 	args := append([]string{"sidecar", "--model", model, "--role", role, "--id", in.ID, "--epoch", strconv.FormatUint(epoch, 10),
 		"--backend", in.BackendAddr, "--manager", d.managerList()}, d.common...)
 	args = append(args, d.coordArgs(model, audit)...)
-	ta, err := d.tlsArgs(in.Sidecar, sidecarIdentity(model, in.Sidecar))
+	ta, err := d.tlsArgs(in.Sidecar, SidecarIdentity(model, in.Sidecar))
 	if err != nil {
 		return nil, err
 	}
 	args = append(append(args, ta...), d.backendTLSArgs(m)...)
-	r, err := d.sup.Start(ctx, launch.Spec{Name: in.Sidecar, Args: args, NoRestart: !inPlace})
+	r, err := d.Supervisor.Start(ctx, launch.Spec{Name: in.Sidecar, Args: args, NoRestart: !inPlace})
 	if err != nil {
 		if in.ModelServer != "" {
-			_, _ = d.sup.Kill(in.ModelServer, syscall.SIGKILL)
+			_, _ = d.Supervisor.Kill(in.ModelServer, syscall.SIGKILL)
 		}
 		return nil, fmt.Errorf("start %s: %w", in.Sidecar, err)
 	}
@@ -180,14 +180,14 @@ func suffix(n int) string {
 // An instance without a model server of its own (a backend at an address,
 // a replica pool) is watched too: its sidecar's exit is reported at once
 // instead of after the heartbeat suspicion timeout.
-func (d *deployment) pair(in *instance) {
-	sc := d.sup.Done(in.Sidecar)
+func (d *Deployment) pair(in *instance) {
+	sc := d.Supervisor.Done(in.Sidecar)
 	if sc == nil {
 		return
 	}
 	var ms <-chan struct{} // nil (never ready) without a model server
 	if in.ModelServer != "" {
-		if ms = d.sup.Done(in.ModelServer); ms == nil {
+		if ms = d.Supervisor.Done(in.ModelServer); ms == nil {
 			return
 		}
 	}
@@ -195,13 +195,13 @@ func (d *deployment) pair(in *instance) {
 	case <-sc:
 		if !d.closing.Load() {
 			if in.ModelServer != "" {
-				_, _ = d.sup.Kill(in.ModelServer, syscall.SIGKILL)
+				_, _ = d.Supervisor.Kill(in.ModelServer, syscall.SIGKILL)
 			}
 			d.reportExit(in, "sidecar process exited")
 		}
 	case <-ms:
 		if !d.closing.Load() {
-			_, _ = d.sup.Kill(in.Sidecar, syscall.SIGKILL)
+			_, _ = d.Supervisor.Kill(in.Sidecar, syscall.SIGKILL)
 			d.reportExit(in, "model server process exited")
 		}
 	}
@@ -211,28 +211,28 @@ func (d *deployment) pair(in *instance) {
 // supervisor sees a crash at once, where heartbeats need the suspicion
 // timeout (the role a kubelet's pod watch plays under Kubernetes). Only
 // the active manager acts on it.
-func (d *deployment) reportExit(in *instance, why string) {
-	if d.mgrs == nil || in.ID == "" {
+func (d *Deployment) reportExit(in *instance, why string) {
+	if d.ManagerSet == nil || in.ID == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	d.mgrs.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ID, Model: in.Model, Reason: why, Exited: true})
+	d.ManagerSet.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ID, Model: in.Model, Reason: why, Exited: true})
 	if in.ModelServer != "" && in.ModelServerID != "" {
-		d.mgrs.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ModelServerID, Model: in.Model, Reason: why, Exited: true})
+		d.ManagerSet.reportFailure(ctx, &hamsv1.FailureReport{Reporter: "supervisor", Suspect: in.ModelServerID, Model: in.Model, Reason: why, Exited: true})
 	}
 }
 
 // startForRecovery is the instance agent's action: a new instance of model
 // in role (backup or standby), registered at the model's current epoch.
-func (d *deployment) startForRecovery(ctx context.Context, model, role string) (*instance, error) {
+func (d *Deployment) startForRecovery(ctx context.Context, model, role string) (*instance, error) {
 	if d.closing.Load() {
 		return nil, errors.New("deployment is stopping")
 	}
 	if role != roleBackup && role != roleStandby {
 		return nil, fmt.Errorf("role %q: recovery starts only backups and standbys", role)
 	}
-	t, err := d.mgrs.topology(ctx)
+	t, err := d.ManagerSet.topology(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read topology: %w", err)
 	}
@@ -250,15 +250,15 @@ func (d *deployment) startForRecovery(ctx context.Context, model, role string) (
 	if err != nil {
 		return nil, err
 	}
-	d.log.Info("instance started for recovery", "model", model, "role", role, "sidecar", in.Sidecar, "epoch", epoch)
+	d.Log.Info("instance started for recovery", "model", model, "role", role, "sidecar", in.Sidecar, "epoch", epoch)
 	return in, nil
 }
 
-// topology asks the managers for the current topology.
-func (d *deployment) topology(ctx context.Context) (*hamsv1.Topology, error) {
+// Topology asks the managers for the current topology.
+func (d *Deployment) Topology(ctx context.Context) (*hamsv1.Topology, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return d.mgrs.topology(ctx)
+	return d.ManagerSet.topology(ctx)
 }
 
 // resolvedTarget is a kill target resolved against the current topology.
@@ -278,7 +278,7 @@ type resolvedTarget struct {
 // active manager or the leading frontend (the one the topology names
 // first: it receives the sink edges and injects every request), a number
 // that process.
-func (d *deployment) resolveControl(ctx context.Context, role, index string) (resolvedTarget, error) {
+func (d *Deployment) resolveControl(ctx context.Context, role, index string) (resolvedTarget, error) {
 	n := len(d.Managers)
 	if role == "frontend" {
 		n = len(d.Frontends)
@@ -294,9 +294,9 @@ func (d *deployment) resolveControl(ctx context.Context, role, index string) (re
 	lead := -1
 	switch role {
 	case "manager":
-		lead = d.mgrs.active(ctx)
+		lead = d.ManagerSet.ActiveIndex(ctx)
 	case "frontend":
-		if t, err := d.topology(ctx); err == nil && len(t.GetFrontends()) > 0 {
+		if t, err := d.Topology(ctx); err == nil && len(t.GetFrontends()) > 0 {
 			lead = slices.Index(d.FrontendInternals, t.GetFrontends()[0])
 		}
 	}
@@ -307,7 +307,7 @@ func (d *deployment) resolveControl(ctx context.Context, role, index string) (re
 		}
 		i = lead
 	}
-	rt := resolvedTarget{Child: childName(role, strconv.Itoa(i)), Kind: role, Index: i}
+	rt := resolvedTarget{Child: ChildName(role, strconv.Itoa(i)), Kind: role, Index: i}
 	switch {
 	case i == lead && role == "manager":
 		rt.Note = "active"
@@ -321,27 +321,27 @@ func (d *deployment) resolveControl(ctx context.Context, role, index string) (re
 	return rt, nil
 }
 
-// resolveTarget maps a --kill role and model to the child that plays it
+// ResolveTarget maps a --kill role and model to the child that plays it
 // now: sidecar/modelserver name the model's serving instance (primary or
 // active), backup-* its live backup, standby-* its live standby.
-func (d *deployment) resolveTarget(ctx context.Context, role, model string) (resolvedTarget, error) {
+func (d *Deployment) ResolveTarget(ctx context.Context, role, model string) (resolvedTarget, error) {
 	switch role {
 	case "manager", "frontend":
 		return d.resolveControl(ctx, role, model)
 	case "nats":
-		return resolvedTarget{Child: childName("nats", ""), Kind: "nats", Index: -1}, nil
+		return resolvedTarget{Child: ChildName("nats", ""), Kind: "nats", Index: -1}, nil
 	}
-	t, err := d.topology(ctx)
+	t, err := d.Topology(ctx)
 	if err != nil {
 		return resolvedTarget{}, fmt.Errorf("resolve %s:%s: %w", role, model, err)
 	}
 	var want []hamsv1.Role
 	switch role {
-	case roleSidecar, roleModelServer:
+	case RoleSidecar, RoleModelServer:
 		want = []hamsv1.Role{hamsv1.Role_ROLE_PRIMARY, hamsv1.Role_ROLE_ACTIVE}
-	case roleBackupSidecar, roleBackupModelServer:
+	case RoleBackupSidecar, RoleBackupModelServer:
 		want = []hamsv1.Role{hamsv1.Role_ROLE_BACKUP}
-	case roleStandbySidecar, roleStandbyModelSrv:
+	case RoleStandbySidecar, RoleStandbyModelSrv:
 		want = []hamsv1.Role{hamsv1.Role_ROLE_STANDBY}
 	default:
 		return resolvedTarget{}, fmt.Errorf("unknown kill role %q", role)
@@ -369,7 +369,7 @@ func (d *deployment) resolveTarget(ctx context.Context, role, model string) (res
 	}
 	rt := resolvedTarget{Child: in.Sidecar, Inst: in, Index: -1}
 	switch role {
-	case roleModelServer, roleBackupModelServer, roleStandbyModelSrv:
+	case RoleModelServer, RoleBackupModelServer, RoleStandbyModelSrv:
 		if in.ModelServer == "" {
 			return resolvedTarget{}, fmt.Errorf("%s:%s: the model's backend is external (no model server of ours)", role, model)
 		}
@@ -389,14 +389,14 @@ func (d *deployment) resolveTarget(ctx context.Context, role, model string) (res
 }
 
 // instancesNow returns the instances started so far.
-func (d *deployment) instancesNow() []*instance {
+func (d *Deployment) instancesNow() []*instance {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]*instance(nil), d.insts...)
 }
 
-// aliveID reports whether component id is alive in t.
-func aliveID(t *hamsv1.Topology, id string) bool {
+// AliveID reports whether component id is alive in t.
+func AliveID(t *hamsv1.Topology, id string) bool {
 	for _, p := range t.GetPlacements() {
 		if p.GetComponentId() == id {
 			return p.GetAlive()

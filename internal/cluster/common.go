@@ -1,0 +1,15 @@
+package cluster
+
+import (
+	"strings"
+)
+
+func SplitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

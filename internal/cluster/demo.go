@@ -1,0 +1,11 @@
+package cluster
+
+import (
+	"time"
+)
+
+func MsSince(from, to time.Time) float64 {
+	return Round3(float64(to.Sub(from)) / float64(time.Millisecond))
+}
+
+func Round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
