@@ -1,35 +1,37 @@
 package integration
 
 import (
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 )
 
-// TestControlPlaneKillStall is a coarse behaviour check of the takeover
-// paths of docs/recovery.md ("Frontend and manager failover"), not a
-// benchmark: three SIGKILLs of the leading frontend and one of the active
-// manager in one demo run; the median client-visible stall of the
-// frontend kills (the report's recovery_ms) and the manager kill's must
-// stay under a bound five times what the paths measure (30-55 ms per
-// frontend kill, 17-50 ms per manager kill, on a loaded 2-core machine).
-// Before the takeover was reworked, a leading-frontend kill stalled the
-// killed frontend's clients 400-880 ms: the frontend restarted in place
-// kept the lead and scanned the request log back a request timeout (one
-// look-up per record) before it injected anything (this test: 400-420 ms
-// at 2-5 s into the run).
-// A regression of the supervisor's exit report (the next frontend then
-// waits for the restarted one) or of the followers' log mirror (a scan
-// at takeover) shows here as a median over the bound.
+// TestControlPlaneKillStall checks the takeover paths of docs/recovery.md
+// ("Frontend and manager failover") against the target of issue 18 item
+// 6: five SIGKILLs of the leading frontend and one of the active manager
+// in one demo run; the median client-visible stall of the frontend kills
+// (the report's recovery_ms: the first reply to a client of the killed
+// frontend after the kill) must be at most 100 ms, and the manager kill's
+// at most 250 ms (one sample on a loaded 2-core machine; the data path
+// never calls the manager, so this is the next request's latency).
+// Measured with the fast takeover: 20-60 ms per frontend kill; without it
+// (the next frontend scans the log back a request timeout, or waits for
+// the restarted one) 250-880 ms, and the bound fails.
 func TestControlPlaneKillStall(t *testing.T) {
-	t.Skip("the followers' log mirror was reverted (it injected answered requests whose records were still on their way, and a re-asked answered request then waited for sink outputs that never came: TestChaosFrontendKills failed 5 of 5 runs); a leading-frontend kill is back to 250-740 ms until the takeover waits for the reply records to catch up (docs/recovery.md)")
-	const boundMs = 250
+	const (
+		frontendP50Ms = 100
+		managerMs     = 250
+		frontendKills = 5
+	)
 	out := filepath.Join(t.TempDir(), "out.json")
-	r := runHams(t, 120*time.Second, "demo", "--service", "ap", "--duration", "11s",
-		"--suspicion-timeout", suspicion,
-		"--kill", "frontend@3s", "--kill", "frontend@5s", "--kill", "frontend@7s", "--kill", "manager@9s",
-		"--json", out)
+	args := []string{"demo", "--service", "ap", "--duration", "12s", "--suspicion-timeout", suspicion}
+	for i := range frontendKills {
+		args = append(args, "--kill", fmt.Sprintf("frontend@%dms", 2500+1500*i))
+	}
+	args = append(args, "--kill", "manager@10500ms", "--json", out)
+	r := runHams(t, 150*time.Second, args...)
 	if r.code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
@@ -51,15 +53,15 @@ func TestControlPlaneKillStall(t *testing.T) {
 			t.Fatalf("kill %+v: unexpected kind", k)
 		}
 	}
-	if len(frontend) != 3 || len(manager) != 1 {
-		t.Fatalf("kills %+v: want 3 frontend kills and 1 manager kill", d.Kills)
+	if len(frontend) != frontendKills || len(manager) != 1 {
+		t.Fatalf("kills %+v: want %d frontend kills and 1 manager kill", d.Kills, frontendKills)
 	}
 	slices.Sort(frontend)
-	if p50 := frontend[1]; p50 > boundMs {
-		t.Errorf("leading-frontend kills: client-visible stall p50 %.0f ms (all %v), want at most %d ms", p50, frontend, boundMs)
+	if p50 := frontend[len(frontend)/2]; p50 > frontendP50Ms {
+		t.Errorf("leading-frontend kills: client-visible stall p50 %.0f ms (all %v), want at most %d ms", p50, frontend, frontendP50Ms)
 	}
-	if manager[0] > boundMs {
-		t.Errorf("active-manager kill: client-visible stall %.0f ms, want at most %d ms", manager[0], boundMs)
+	if manager[0] > managerMs {
+		t.Errorf("active-manager kill: client-visible stall %.0f ms, want at most %d ms", manager[0], managerMs)
 	}
-	t.Logf("client-visible stall: frontend kills %v ms, manager kill %v ms", frontend, manager)
+	t.Logf("client-visible stall: frontend kills %v ms (p50 %.0f), manager kill %v ms", frontend, frontend[len(frontend)/2], manager)
 }
