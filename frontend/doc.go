@@ -97,14 +97,22 @@
 // moment), the leader takes the edge back with a newer incarnation
 // (retakeEntry).
 //
-// Takeover: when the topology names another frontend (the leader died),
-// that frontend scans the log back one request timeout: every request not
-// answered and not past its deadline is injected with its original req_id
-// (entry models drop what they already had by req_id), and every sink
-// model is asked to Resend what it keeps for the frontend edge (items the
-// dead leader had acknowledged). Sink items for requests not (yet) in the
-// table are kept aside (bounded) and used when their request is injected.
-// Exactly one frontend takes over: the one the manager's topology names.
+// Takeover: every frontend consumes the log while it follows and keeps
+// its open requests (logged, answer not seen) in a log mirror. When the
+// topology names it (the leader died), it injects, with their original
+// req_ids, the mirror's open requests whose answer a look-up begun after
+// the takeover does not find (an answer released before the takeover was
+// recorded before it, so such a look-up sees it; the reply watch may lag
+// and is never trusted to mean "unanswered"), and asks every sink model
+// to Resend what it keeps for the frontend edge (items the dead leader
+// had acknowledged). Records the consumer delivers later are injected
+// after the same look-up, or at once when they were logged after the
+// takeover (stream sequence at or above one this frontend logged while
+// leading). A request injected although answered (a record that reached
+// JetStream after its look-up) is answered from its record when that
+// arrives. Sink items for requests not (yet) in the table are kept aside
+// (bounded) and used when their request is injected. Exactly one
+// frontend takes over: the one the manager's topology names.
 //
 // Recovery hooks: the internal gRPC server also serves hamsv1.Replication:
 // GetLineageSummary answers as the successor of the sink models (from the
