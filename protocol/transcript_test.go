@@ -3,12 +3,17 @@ package protocol_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/protocol"
 	"github.com/hams-go/hams/protocol/internal/transcript"
+	"github.com/hams-go/hams/protocol/lineage"
 	"github.com/hams-go/hams/protocol/nspb"
+	"github.com/hams-go/hams/protocol/parity"
 	"github.com/hams-go/hams/protocol/recovery"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -25,6 +30,8 @@ import (
 //	new NAME backup model=M pfm=A,B nfm=C,frontend
 //	new NAME gate
 //	new NAME recovery edges=frontend>a,a>b,b>frontend stateful=a,b [replay]
+//	new NAME pool redundancy=parm k=2 r=1 data=2 parity=1
+//	new NAME flow edges=frontend>a,a>b,b>frontend
 //	NAME EVENT args...   one event for machine NAME (see event below)
 //	NAME status          the machine's counters (reads, not events)
 //
@@ -82,7 +89,7 @@ func (h *harness) line(t *testing.T, c *transcript.Case, line string) string {
 		t.Fatalf("%s: no machine %q (or no event)", c.Pos, f[0])
 	}
 	if f[1] == "status" {
-		return f[0] + ": " + status(m) + "\n"
+		return f[0] + ": " + status(m, f[2:]) + "\n"
 	}
 	ev, err := parseEventAt(m, f[1], f[2:], indented(c.Lines, line))
 	if err != nil {
@@ -139,13 +146,9 @@ func newMachine(kind string, args []string) (protocol.Machine, error) {
 	case "gate":
 		return nspb.NewReplyGate(), nil
 	case "recovery":
-		var edges [][2]string
-		for _, e := range list(args, "edges") {
-			from, to, ok := strings.Cut(e, ">")
-			if !ok {
-				return nil, fmt.Errorf("edge %q: want from>to", e)
-			}
-			edges = append(edges, [2]string{from, to})
+		edges, err := edgesOf(args)
+		if err != nil {
+			return nil, err
 		}
 		st := map[string]bool{}
 		for _, m := range list(args, "stateful") {
@@ -153,8 +156,55 @@ func newMachine(kind string, args []string) (protocol.Machine, error) {
 		}
 		_, replay := transcript.Arg(args, "replay")
 		return recovery.New(recovery.Config{Graph: recovery.NewGraphFromEdges(st, edges), Replay: replay})
+	case "pool":
+		v, _ := transcript.Arg(args, "redundancy")
+		cfg := parity.Config{}
+		switch v {
+		case "none":
+			cfg.Redundancy = parity.RedundancyNone
+		case "er":
+			cfg.Redundancy = parity.RedundancyER
+		case "parm":
+			cfg.Redundancy = parity.RedundancyParM
+		default:
+			return nil, fmt.Errorf("redundancy %q", v)
+		}
+		k, err1 := transcript.Uint(args, "k", 0)
+		r, err2 := transcript.Uint(args, "r", 0)
+		d, err3 := transcript.Uint(args, "data", 1)
+		pi, err4 := transcript.Uint(args, "parity", 0)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			return nil, err
+		}
+		cfg.Code, cfg.DataInstances, cfg.ParityInstances = parity.Code{K: int(k), R: int(r)}, int(d), int(pi)
+		return parity.NewMachine(cfg)
+	case "flow":
+		edges, err := edgesOf(args)
+		if err != nil {
+			return nil, err
+		}
+		return &flow{Flow: lineage.NewFlow(), graph: (&config.Service{Edges: edges}).Graph()}, nil
 	}
 	return nil, fmt.Errorf("unknown machine kind %q", kind)
+}
+
+// flow is a lineage.Flow with the service graph its reads need.
+type flow struct {
+	*lineage.Flow
+	graph *config.Graph
+}
+
+// edgesOf parses edges=from>to,from>to.
+func edgesOf(args []string) ([][2]string, error) {
+	var edges [][2]string
+	for _, e := range list(args, "edges") {
+		from, to, ok := strings.Cut(e, ">")
+		if !ok {
+			return nil, fmt.Errorf("edge %q: want from>to", e)
+		}
+		edges = append(edges, [2]string{from, to})
+	}
+	return edges, nil
 }
 
 // parseEventAt is parseEvent with its malformed-operand panics turned
@@ -214,6 +264,68 @@ func parseEvent(m protocol.Machine, word string, args, more []string) (protocol.
 			return nspb.ReplyArrived{ReqID: u("req"), Deps: seqs(args, "deps")}, nil
 		case "reply-dropped":
 			return nspb.ReplyDropped{ReqID: u("req")}, nil
+		}
+	case *parity.Machine:
+		at := time.Duration(0)
+		if v, ok := transcript.Arg(args, "at"); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return nil, err
+			}
+			at = d
+		}
+		b, g, j, in := parity.BatchID(u("batch")), parity.GroupID(u("group")), int(u("parity")), parity.Instance(u("inst"))
+		switch word {
+		case "submit":
+			return parity.Submitted{Batch: b, Now: at}, nil
+		case "encoded":
+			return parity.ParityEncoded{Group: g, Parity: j, OK: !has("bad"), Now: at}, nil
+		case "done":
+			return parity.DataDone{Batch: b, Instance: in, Now: at}, nil
+		case "fail":
+			return parity.DataFailed{Batch: b, Instance: in, Retryable: has("retry"), Now: at}, nil
+		case "pdone":
+			return parity.ParityDone{Group: g, Parity: j, Instance: in, Now: at}, nil
+		case "pfail":
+			return parity.ParityFailed{Group: g, Parity: j, Instance: in, Retryable: has("retry"), Now: at}, nil
+		case "decoded":
+			var ps []int
+			for _, s := range list(args, "parities") {
+				var n int
+				if _, err := fmt.Sscan(s, &n); err != nil {
+					return nil, err
+				}
+				ps = append(ps, n)
+			}
+			return parity.GroupDecoded{Group: g, Parities: ps, OK: !has("bad"), Now: at}, nil
+		case "cancel":
+			return parity.Cancelled{Batch: b, Now: at}, nil
+		case "tick":
+			return parity.TimePassed{Now: at}, nil
+		}
+	case *flow:
+		switch word {
+		case "observed":
+			// observed frontend:1>a:1,a:1>c:1 (pred:seq>model:seq)
+			var lin []*hamsv1.LineageEntry
+			for _, e := range list(args, "lineage") {
+				from, to, ok := strings.Cut(e, ">")
+				fm, fs, ok1 := strings.Cut(from, ":")
+				tm, ts, ok2 := strings.Cut(to, ":")
+				if !ok || !ok1 || !ok2 {
+					return nil, fmt.Errorf("lineage entry %q: want pred:seq>model:seq", e)
+				}
+				var x hamsv1.LineageEntry
+				x.PredModel, x.Model = fm, tm
+				if _, err := fmt.Sscan(fs, &x.PredSeq); err != nil {
+					return nil, err
+				}
+				if _, err := fmt.Sscan(ts, &x.Seq); err != nil {
+					return nil, err
+				}
+				lin = append(lin, &x)
+			}
+			return lineage.Observed{Lineage: lin}, nil
 		}
 	case *recovery.Machine:
 		var err error
@@ -281,8 +393,14 @@ func role(s string) hamsv1.Role {
 	return hamsv1.Role_ROLE_UNSPECIFIED
 }
 
-func status(m protocol.Machine) string {
+func status(m protocol.Machine, args []string) string {
 	switch m := m.(type) {
+	case *flow:
+		target, _ := transcript.Arg(args, "target")
+		return fmt.Sprintf("prefixes(%s)=%s max(%s)=%d", target, seqString(m.Prefixes(m.graph, target)), target, m.MaxSeq(target))
+	case *parity.Machine:
+		d, p := m.QueueDepth()
+		return fmt.Sprintf("pending=%d queued data=%d parity=%d", m.Pending(), d, p)
 	case *nspb.Pipeline:
 		c, u, cp, a, r := m.Progress()
 		return fmt.Sprintf("computed=%d updated=%d copied=%d acked=%d released=%d", c, u, cp, a, r)
@@ -301,6 +419,19 @@ func status(m protocol.Machine) string {
 		return fmt.Sprintf("round=%d idle=%v consumed=%v", m.Round(), m.Idle(), m.Consumed())
 	}
 	return fmt.Sprintf("%T", m)
+}
+
+// seqString renders a model -> seq map sorted by model ("a:1,b:2").
+func seqString(m map[string]uint64) string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	for i, k := range ks {
+		ks[i] = fmt.Sprintf("%s:%d", k, m[k])
+	}
+	return strings.Join(ks, ",")
 }
 
 func list(args []string, key string) []string {
