@@ -58,7 +58,8 @@
 // them) replay the paper's scenarios through Step: Figure 6's interleaving
 // under NSPB, a stateful failover that promotes a downstream backup, and
 // the correlated failures (rollback, both replicas lost, adjacent
-// primaries). A change to a rule shows up there as a diff of actions. A
+// primaries); and ParM's straggler reconstruction and a join's resend
+// positions. A change to a rule shows up there as a diff of actions. A
 // newcomer can start with testdata/figure6.txt: it is the protocol in
 // one page.
 //

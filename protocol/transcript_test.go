@@ -32,8 +32,22 @@ import (
 //	new NAME recovery edges=frontend>a,a>b,b>frontend stateful=a,b [replay]
 //	new NAME pool redundancy=parm k=2 r=1 data=2 parity=1
 //	new NAME flow edges=frontend>a,a>b,b>frontend
-//	NAME EVENT args...   one event for machine NAME (see event below)
-//	NAME status          the machine's counters (reads, not events)
+//	NAME EVENT args...   one event for machine NAME (parseEvent)
+//	NAME status [target=M]  the machine's counters (reads, not events)
+//
+// Events, by machine kind:
+//
+//	pipeline  compute-started|computed|updated|copied|copy-lost|acked batch=N, copy-wanted
+//	backup    snapshot batch=N maxseq=N deps=a:1,b:2; durable MODEL seq=N
+//	gate      reply-arrived req=N deps=a:1; durable MODEL seq=N; reply-dropped req=N
+//	recovery  topology (placement lines below it, indented: COMPONENT MODEL ROLE
+//	          epoch=N [dead], or frontend ADDRESS); suspect COMPONENT;
+//	          maxseq id=N seq=N; summary id=N maxout=N maxin=a:1 [consumed-beyond];
+//	          query-failed id=N [err=...]; done id=N [err=...]; alive-again COMPONENT
+//	pool      submit batch=N; encoded group=N parity=J [bad]; done|fail batch=N inst=I [retry];
+//	          pdone|pfail group=N parity=J inst=I; decoded group=N parities=0,1 [bad];
+//	          cancel batch=N; tick (each may end with at=DURATION)
+//	flow      observed lineage=pred:seq>model:seq,...
 //
 // A case may hold several lines; their outputs follow one another. A
 // Step that returns no action prints nothing; a case none of whose lines
