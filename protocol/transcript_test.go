@@ -43,7 +43,8 @@ import (
 //	recovery  topology (placement lines below it, indented: COMPONENT MODEL ROLE
 //	          epoch=N [dead], or frontend ADDRESS); suspect COMPONENT;
 //	          maxseq id=N seq=N; summary id=N maxout=N maxin=a:1 [consumed-beyond];
-//	          query-failed id=N [err=...]; done id=N [err=...]; alive-again COMPONENT
+//	          query-failed id=N [err=...]; done id=N [err=...]; alive-again COMPONENT;
+//	          spare-joined COMPONENT
 //	pool      submit batch=N; encoded group=N parity=J [bad]; done|fail batch=N inst=I [retry];
 //	          pdone|pfail group=N parity=J inst=I; decoded group=N parities=0,1 [bad];
 //	          cancel batch=N; tick (each may end with at=DURATION)
@@ -363,6 +364,8 @@ func parseEvent(m protocol.Machine, word string, args, more []string) (protocol.
 			return recovery.ActionDone{ID: recovery.ActionID(u("id")), Err: err}, nil
 		case "alive-again":
 			return recovery.AliveAgain{Component: first()}, nil
+		case "spare-joined":
+			return recovery.SpareJoined{Component: first()}, nil
 		}
 	}
 	return nil, fmt.Errorf("unknown event %q for %T", word, m)

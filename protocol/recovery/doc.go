@@ -11,6 +11,7 @@
 //	TopologyChanged  the deployment state changed (new instances show up)
 //	Suspected        a component is suspected: starts or extends a round
 //	AliveAgain       a component declared dead was heard from -> Readmit or Retire
+//	SpareJoined      a live spare joined: a model without a backup gets it
 //	MaxSeqAnswered   answers GetMaxSeq (same ActionID)
 //	SummaryAnswered  answers GetLineageSummary
 //	QueryFailed      a query got no answer (retried, then its target is dead)

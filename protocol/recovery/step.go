@@ -49,6 +49,9 @@ type (
 	// AliveAgain: Component, declared dead by membership, was heard from
 	// again (Machine.AliveAgain; answered by one Readmit or Retire).
 	AliveAgain struct{ Component string }
+	// SpareJoined: Component joined as a live spare (STANDBY) of a
+	// stateful model (Machine.SpareJoined; backupreplace.go).
+	SpareJoined struct{ Component string }
 )
 
 // ProtocolEvent marks the type as a protocol.Event.
@@ -59,6 +62,7 @@ func (SummaryAnswered) ProtocolEvent() {}
 func (QueryFailed) ProtocolEvent()     {}
 func (ActionDone) ProtocolEvent()      {}
 func (AliveAgain) ProtocolEvent()      {}
+func (SpareJoined) ProtocolEvent()     {}
 
 // ProtocolAction marks Action as a protocol.Action (its String is the
 // one-line rendering).
@@ -96,7 +100,8 @@ func (e ActionDone) String() string {
 	return fmt.Sprintf("done #%d", e.ID)
 }
 
-func (e AliveAgain) String() string { return "alive-again " + e.Component }
+func (e AliveAgain) String() string  { return "alive-again " + e.Component }
+func (e SpareJoined) String() string { return "spare-joined " + e.Component }
 
 var _ protocol.Machine = (*Machine)(nil)
 
@@ -106,7 +111,7 @@ var errNoAnswer = errors.New("recovery: no answer")
 // Step feeds one event to the machine and returns the actions (each a
 // recovery.Action) to perform in order. It is the same as the direct
 // method the event names (Topology, Suspect, MaxSeq, LineageSummary,
-// QueryFailed, ActionDone, AliveAgain); an answer to an action the machine
+// QueryFailed, ActionDone, AliveAgain, SpareJoined); an answer to an action the machine
 // does not wait for is an error wrapping ErrUnknownAction and
 // protocol.ErrOutOfOrder.
 func (m *Machine) Step(ev protocol.Event) ([]protocol.Action, error) {
@@ -131,6 +136,8 @@ func (m *Machine) Step(ev protocol.Event) ([]protocol.Action, error) {
 		acts, err = m.ActionDone(e.ID, e.Err)
 	case AliveAgain:
 		acts = m.AliveAgain(e.Component)
+	case SpareJoined:
+		acts = m.SpareJoined(e.Component)
 	default:
 		return nil, protocol.UnknownEvent("recovery.Machine", ev)
 	}
