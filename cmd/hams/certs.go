@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/cluster"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/pki"
 )
 
@@ -34,7 +35,7 @@ func runCerts(args []string) error {
 	if *cfgPath != "" {
 		dep, err := cluster.LoadDeployment(*cfgPath)
 		if err != nil {
-			return &exitError{code: 2, err: err}
+			return &harness.ExitError{Code: 2, Err: err}
 		}
 		if *deployment == "" {
 			*deployment = dep.Name
@@ -48,12 +49,12 @@ func runCerts(args []string) error {
 	for _, s := range ids {
 		name, spec, ok := strings.Cut(s, "=")
 		if !ok || name == "" {
-			return usageErr("certs: --identity %q: want NAME=ROLE[/MODEL[/INSTANCE]]", s)
+			return harness.Usagef("certs: --identity %q: want NAME=ROLE[/MODEL[/INSTANCE]]", s)
 		}
 		parts := strings.Split(spec, "/")
 		role, err := pki.ParseRole(parts[0])
 		if err != nil {
-			return usageErr("certs: --identity %q: %v", s, err)
+			return harness.Usagef("certs: --identity %q: %v", s, err)
 		}
 		id := pki.Identity{Role: role}
 		if len(parts) > 1 {
@@ -63,18 +64,18 @@ func runCerts(args []string) error {
 			id.Instance = parts[2]
 		}
 		if len(parts) > 3 {
-			return usageErr("certs: --identity %q: too many segments", s)
+			return harness.Usagef("certs: --identity %q: too many segments", s)
 		}
 		wants = append(wants, want{name, id})
 	}
 	if *deployment == "" {
-		return usageErr("certs: --deployment or --config is required")
+		return harness.Usagef("certs: --deployment or --config is required")
 	}
 	if len(wants) == 0 {
-		return usageErr("certs: nothing to issue: give --config or --identity")
+		return harness.Usagef("certs: nothing to issue: give --config or --identity")
 	}
 	if err := (pki.Identity{Deployment: *deployment, Role: pki.RoleAdmin}).Validate(); err != nil {
-		return usageErr("certs: --deployment: %v", err)
+		return harness.Usagef("certs: --deployment: %v", err)
 	}
 	ca, err := pki.LoadOrCreateCA(*dir, *deployment, time.Now())
 	if err != nil {
@@ -85,7 +86,7 @@ func runCerts(args []string) error {
 		w.id.Deployment = *deployment
 		pair, err := ca.Issue(w.id, cluster.SplitList(*hosts), time.Now(), *validity)
 		if err != nil {
-			return usageErr("certs: %s: %v", w.name, err)
+			return harness.Usagef("certs: %s: %v", w.name, err)
 		}
 		f, err := pair.Write(*dir, cluster.CertFileName(w.name))
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"github.com/hams-go/hams/adapters/clipper/clipperstub"
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/refserver/models"
 )
 
@@ -23,7 +24,7 @@ func runClipperStub(args []string) error {
 	}
 	names := cluster.SplitList(*list)
 	if len(names) == 0 {
-		return usageErr("clipper-stub: --models is required")
+		return harness.Usagef("clipper-stub: --models is required")
 	}
 	r, err := setupRole("clipper-stub", rf)
 	if err != nil {
@@ -34,17 +35,17 @@ func runClipperStub(args []string) error {
 		mc := r.dep.Model(n)
 		if mc == nil {
 			r.close()
-			return usageErr("clipper-stub: model %q is not in deployment %q", n, r.dep.Name)
+			return harness.Usagef("clipper-stub: model %q is not in deployment %q", n, r.dep.Name)
 		}
 		m, err := models.New(mc)
 		if err != nil {
 			r.close()
-			return &exitError{code: 2, err: err}
+			return &harness.ExitError{Code: 2, Err: err}
 		}
 		app, err := clipperstub.NewApp(m)
 		if err != nil {
 			r.close()
-			return usageErr("clipper-stub: %v", err)
+			return harness.Usagef("clipper-stub: %v", err)
 		}
 		apps[mc.Backend.Model] = app
 	}

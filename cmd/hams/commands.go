@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/spf13/cobra"
 )
 
@@ -278,20 +279,20 @@ func newRootCmd() *cobra.Command {
 		RunE: func(c *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				fmt.Fprint(stderr, c.UsageString())
-				return usageErr("no command given (usage: hams <command> [flags]; 'hams help' lists the commands)")
+				return harness.Usagef("no command given (usage: hams <command> [flags]; 'hams help' lists the commands)")
 			}
 			msg := fmt.Sprintf("unknown command %q (usage: hams <command> [flags]; 'hams help' lists the commands)", args[0])
 			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
 				msg += "; did you mean " + strings.Join(s, " or ") + "?"
 			}
-			return usageErr("%s", msg)
+			return harness.Usagef("%s", msg)
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return usageErr("%s: %v (run '%s -h' for help)", c.CommandPath(), err, c.CommandPath())
+		return harness.Usagef("%s: %v (run '%s -h' for help)", c.CommandPath(), err, c.CommandPath())
 	})
 	cmdIndex = map[string]*cobra.Command{}
 	for _, s := range commandSpecs() {
@@ -321,7 +322,7 @@ parity output (ParM, SOSP'19).`,
 				if len(args) == 0 {
 					return c.Help()
 				}
-				return usageErr("completion: unknown shell %q (want bash, zsh, fish or powershell)", args[0])
+				return harness.Usagef("completion: unknown shell %q (want bash, zsh, fish or powershell)", args[0])
 			}
 			c.Example = `  source <(hams completion bash)
   hams completion zsh > "${fpath[1]}/_hams"
@@ -383,6 +384,7 @@ func leafCmd(s cmdSpec) *cobra.Command {
 // given and return without parsing or printing (shell completion reads a
 // command's flags this way).
 var captureFlags *flag.FlagSet
+
 var capturing bool
 
 // flagSetOf returns the flag set a command function registers.
@@ -445,10 +447,10 @@ func isHelpArg(a string) bool { return a == "-h" || a == "--help" || a == "-help
 func runReportCmd(args []string) error {
 	if len(args) > 0 && (isHelpArg(args[0]) || len(args) > 1 && isHelpArg(args[1])) {
 		if capturing {
-			return &exitError{code: 0}
+			return &harness.ExitError{Code: 0}
 		}
 		printCommandHelp(stdout, lookupCmd("hams report"), nil)
-		return &exitError{code: 0}
+		return &harness.ExitError{Code: 0}
 	}
 	return runReport(args)
 }
@@ -462,13 +464,13 @@ func execute(args []string) int {
 	root.SetArgs(args)
 	err := root.Execute()
 	var ce *cmdError
-	var ee *exitError
+	var ee *harness.ExitError
 	switch {
 	case errors.As(err, &ce):
 		err = ce.err // the command's own error: its exit code as it says
-	case err != nil && !errors.As(err, &ee) && !errors.Is(err, errUsage):
+	case err != nil && !errors.As(err, &ee) && !errors.Is(err, harness.ErrUsage):
 		// cobra's own errors (e.g. completion's arguments) are usage errors.
-		err = &exitError{code: 2, err: err}
+		err = &harness.ExitError{Code: 2, Err: err}
 	}
 	return exitCode(err)
 }

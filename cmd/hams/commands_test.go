@@ -5,9 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/hams-go/hams/internal/harness"
 	"github.com/spf13/cobra"
 )
 
@@ -161,23 +159,5 @@ func TestCompletion(t *testing.T) {
 	}
 	if _, out, _ = runCaptured(t, "completion", "zsh"); !strings.Contains(out, "#compdef hams") {
 		t.Fatalf("zsh completion script: %.200q", out)
-	}
-}
-
-// The demo's status line keeps its figures: elapsed of the total, the
-// bar, and what the caller reports.
-func TestLoadBar(t *testing.T) {
-	var b bytes.Buffer
-	done := make(chan struct{})
-	go func() { time.Sleep(1200 * time.Millisecond); close(done) }()
-	harness.LoadBar(&b, time.Second, done, func() string { return "replies 7  errors 0  p50 1.25ms" })
-	out := b.String()
-	for _, want := range []string{"[########################]", "1.0s/1s", "replies 7  errors 0  p50 1.25ms", "100%"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("status line lacks %q: %q", want, out)
-		}
-	}
-	if !strings.HasSuffix(out, "\n") {
-		t.Errorf("status line not ended: %q", out)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/pki"
 )
 
@@ -60,17 +61,17 @@ func (t *tlsFlags) register(fs *flag.FlagSet) {
 func (t *tlsFlags) load(name string, log *slog.Logger) (*pki.Source, error) {
 	if t.insecure {
 		if t.cert != "" || t.key != "" || t.ca != "" {
-			return nil, usageErr("%s: --insecure and --tls-cert/--tls-key/--tls-ca exclude each other", name)
+			return nil, harness.Usagef("%s: --insecure and --tls-cert/--tls-key/--tls-ca exclude each other", name)
 		}
 		log.Warn("INSECURE: internal RPCs are plaintext, unauthenticated and unauthorized (--insecure)")
 		return nil, nil
 	}
 	if t.cert == "" || t.key == "" || t.ca == "" {
-		return nil, usageErr("%s: internal mutual TLS needs --tls-cert, --tls-key and --tls-ca (create them with `hams certs`), or --insecure to run without", name)
+		return nil, harness.Usagef("%s: internal mutual TLS needs --tls-cert, --tls-key and --tls-ca (create them with `hams certs`), or --insecure to run without", name)
 	}
 	src, err := pki.Load(pki.Files{CA: t.ca, Cert: t.cert, Key: t.key})
 	if err != nil {
-		return nil, &exitError{code: 2, err: fmt.Errorf("%s: %w", name, err)}
+		return nil, &harness.ExitError{Code: 2, Err: fmt.Errorf("%s: %w", name, err)}
 	}
 	log.Info("internal mutual TLS", "identity", src.Identity().String())
 	return src, nil
@@ -133,7 +134,7 @@ func newPlainRoleFlags(name string) *roleFlags {
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if capturing { // shell completion reads the flags (commands.go)
 		captureFlags = fs
-		return &exitError{code: 0}
+		return &harness.ExitError{Code: 0}
 	}
 	help := false
 	fs.Usage = func() {
@@ -155,18 +156,14 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 				fs.SetOutput(stdout)
 				fs.PrintDefaults()
 			}
-			return &exitError{code: 0}
+			return &harness.ExitError{Code: 0}
 		}
-		return &exitError{code: 2, err: fmt.Errorf("%s: %v", fs.Name(), err)}
+		return &harness.ExitError{Code: 2, Err: fmt.Errorf("%s: %v", fs.Name(), err)}
 	}
 	if fs.NArg() > 0 {
-		return &exitError{code: 2, err: fmt.Errorf("%s: unexpected arguments %q", fs.Name(), fs.Args())}
+		return &harness.ExitError{Code: 2, Err: fmt.Errorf("%s: unexpected arguments %q", fs.Name(), fs.Args())}
 	}
 	return nil
-}
-
-func usageErr(format string, a ...any) error {
-	return &exitError{code: 2, err: fmt.Errorf(format, a...)}
 }
 
 func (r *roleFlags) parse(args []string) error {
@@ -174,7 +171,7 @@ func (r *roleFlags) parse(args []string) error {
 		return err
 	}
 	if r.config == "" {
-		return usageErr("%s: --config is required", r.fs.Name())
+		return harness.Usagef("%s: --config is required", r.fs.Name())
 	}
 	return nil
 }
@@ -182,7 +179,7 @@ func (r *roleFlags) parse(args []string) error {
 func newLogger(level, format string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, usageErr("--log-level %q: want debug, info, warn or error", level)
+		return nil, harness.Usagef("--log-level %q: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
@@ -191,7 +188,7 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
 	}
-	return nil, usageErr("--log-format %q: want json or text", format)
+	return nil, harness.Usagef("--log-format %q: want json or text", format)
 }
 
 // newRegistry is a fresh registry with the Go and process collectors.
@@ -222,7 +219,7 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 	}
 	dep, err := cluster.LoadDeployment(rf.config)
 	if err != nil {
-		return nil, &exitError{code: 2, err: err}
+		return nil, &harness.ExitError{Code: 2, Err: err}
 	}
 	r := &role{name: name, log: log.With("role", name), dep: dep, reg: newRegistry(), fields: map[string]any{"role": name}}
 	if err := startRoleTracing(name, rf.fs, dep, r.log); err != nil { // before any gRPC server or dial (tracing.go)
@@ -234,7 +231,7 @@ func setupRole(name string, rf *roleFlags) (*role, error) {
 		}
 	}
 	if r.tls != nil && r.tls.Identity().Deployment != dep.Name {
-		return nil, usageErr("hams %s: certificate %v is not of deployment %q", name, r.tls.Identity(), dep.Name)
+		return nil, harness.Usagef("hams %s: certificate %v is not of deployment %q", name, r.tls.Identity(), dep.Name)
 	}
 	if r.grpc, err = net.Listen("tcp", rf.listen); err != nil {
 		return nil, fmt.Errorf("listen %s (gRPC): %w", rf.listen, err)

@@ -108,19 +108,3 @@ func (r *role) metricsAddr() string {
 // defaultDashboard is the --dashboard default of up and demo: a free
 // loopback port.
 const defaultDashboard = "127.0.0.1:0"
-
-// dashboardURL is the URL of the i-th dashboard address ("" if none).
-func dashboardURL(addrs []string, i int) string {
-	if i >= len(addrs) {
-		return ""
-	}
-	return "http://" + addrs[i] + "/"
-}
-
-func dashboardURLs(addrs []string) []string {
-	var out []string
-	for i := range addrs {
-		out = append(out, dashboardURL(addrs, i))
-	}
-	return out
-}

@@ -4,19 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"github.com/hams-go/hams/internal/harness"
 )
-
-// exitError carries a process exit code through the command functions.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
-
-// errUsage marks a command-line mistake (exit code 2).
-var errUsage = errors.New("usage")
 
 func main() {
 	os.Exit(dispatch(os.Args[1:]))
@@ -33,14 +23,14 @@ func exitCode(err error) int {
 	if err == nil {
 		return 0
 	}
-	var ee *exitError
+	var ee *harness.ExitError
 	if errors.As(err, &ee) {
-		if ee.err != nil {
-			fmt.Fprintf(stderr, "hams: %v\n", ee.err)
+		if ee.Err != nil {
+			fmt.Fprintf(stderr, "hams: %v\n", ee.Err)
 		}
-		return ee.code
+		return ee.Code
 	}
-	if errors.Is(err, errUsage) {
+	if errors.Is(err, harness.ErrUsage) {
 		fmt.Fprintf(stderr, "hams: %v\n", err)
 		return 2
 	}

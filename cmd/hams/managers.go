@@ -5,6 +5,7 @@ import (
 
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/harness"
 )
 
 // controlFlags are the control-plane sizes of demo, chaos and up.
@@ -37,16 +38,16 @@ func (c controlFlags) options(mode string) cluster.Options {
 // check refuses negative sizes.
 func (c controlFlags) check() error {
 	if c.frontends < 0 || c.managers < 0 {
-		return usageErr("--frontends and --managers must not be negative")
+		return harness.Usagef("--frontends and --managers must not be negative")
 	}
 	if c.natsCluster < 1 || c.natsReplicas < 0 || c.natsReplicas > 5 {
-		return usageErr("--nats-cluster must be at least 1, --nats-replicas 0..5")
+		return harness.Usagef("--nats-cluster must be at least 1, --nats-replicas 0..5")
 	}
 	if c.nats != "" && c.natsCluster > 1 {
-		return usageErr("--nats (an external cluster) and --nats-cluster exclude each other")
+		return harness.Usagef("--nats (an external cluster) and --nats-cluster exclude each other")
 	}
 	if n := max(c.natsCluster, len(cluster.SplitList(c.nats))); c.natsReplicas > n && c.nats == "" {
-		return usageErr("--nats-replicas %d needs at least as many NATS servers (--nats-cluster %d)", c.natsReplicas, n)
+		return harness.Usagef("--nats-replicas %d needs at least as many NATS servers (--nats-cluster %d)", c.natsReplicas, n)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 
 	"github.com/hams-go/hams/internal/cluster"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager"
@@ -42,7 +43,7 @@ func (f *natsAuthFlags) client(id natsd.Identity, src *pki.Source) (*natsd.Clien
 	}
 	cl, err := natsd.LoadClient(f.dir, id, tc)
 	if err != nil {
-		return nil, &exitError{code: 2, err: err}
+		return nil, &harness.ExitError{Code: 2, Err: err}
 	}
 	return cl, nil
 }
@@ -58,7 +59,7 @@ func (f *natsAuthFlags) managerAuth(deployment string, src *pki.Source, external
 	a := &manager.NATSAuth{Client: cl}
 	if !external {
 		if a.Users, err = natsd.LoadAuth(f.dir); err != nil {
-			return nil, &exitError{code: 2, err: err}
+			return nil, &harness.ExitError{Code: 2, Err: err}
 		}
 	}
 	return a, nil

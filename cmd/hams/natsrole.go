@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/hams-go/hams/internal/cluster"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
 )
@@ -64,7 +65,7 @@ func runNATS(args []string) error {
 		return err
 	}
 	if *store == "" {
-		return usageErr("nats: --store is required")
+		return harness.Usagef("nats: --store is required")
 	}
 	log, err := newLogger(*logLevel, *logFormat)
 	if err != nil {
@@ -73,14 +74,14 @@ func runNATS(args []string) error {
 	log = log.With("role", "nats")
 	minFreeB, err := parseSignedSize(*minFree)
 	if err != nil {
-		return usageErr("nats: --store-min-free: %v", err)
+		return harness.Usagef("nats: --store-min-free: %v", err)
 	}
 	maxStoreB, err := natsd.ParseSize(*maxStore)
 	if err != nil {
-		return usageErr("nats: --max-store: %v", err)
+		return harness.Usagef("nats: --max-store: %v", err)
 	}
 	if (*routes != "" || *name != "") && *clusterAddr == "" {
-		return usageErr("nats: --routes and --name need --cluster")
+		return harness.Usagef("nats: --routes and --name need --cluster")
 	}
 	var serverTLS *tls.Config
 	var src *pki.Source
@@ -95,10 +96,10 @@ func runNATS(args []string) error {
 	var auth *natsd.Auth
 	if *authDirs != "" {
 		if tf.insecure {
-			return usageErr("nats: --insecure and --nats-auth exclude each other")
+			return harness.Usagef("nats: --insecure and --nats-auth exclude each other")
 		}
 		if auth, err = natsd.LoadAuth(cluster.SplitList(*authDirs)...); err != nil {
-			return &exitError{code: 2, err: err}
+			return &harness.ExitError{Code: 2, Err: err}
 		}
 		log.Info("NATS users", "users", len(auth.Users), "credentials", *authDirs)
 	}
@@ -112,7 +113,7 @@ func runNATS(args []string) error {
 	}
 	srv, err := natsd.New(cfg)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	ctx, stop := signalContext()
 	defer stop()

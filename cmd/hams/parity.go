@@ -21,6 +21,7 @@ import (
 	"github.com/hams-go/hams/adapters"
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/parity"
@@ -39,9 +40,9 @@ func runParity(args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintln(os.Stderr, "usage: hams parity train|eval [flags]\n\n  train  train ParM parity models (and deployed classifiers) on Fashion-MNIST\n  eval   Aa, Ad, agreement and Ao of parity models on the test set\n\nRun 'hams parity train -h' or 'hams parity eval -h' for their flags.")
 		if len(args) == 0 {
-			return &exitError{code: 2}
+			return &harness.ExitError{Code: 2}
 		}
-		return &exitError{code: 0}
+		return &harness.ExitError{Code: 0}
 	}
 	switch args[0] {
 	case "train":
@@ -49,7 +50,7 @@ func runParity(args []string) error {
 	case "eval":
 		return runParityEval(args[1:])
 	}
-	return usageErr("parity: unknown subcommand %q (want train or eval)", args[0])
+	return harness.Usagef("parity: unknown subcommand %q (want train or eval)", args[0])
 }
 
 // deployedFlags name the deployed model whose outputs label the data.
@@ -79,7 +80,7 @@ func (d *deployedFlags) open() (paritytrain.Deployed, string, func(), error) {
 		return dep, d.name, func() {}, err
 	}
 	if !slices.Contains(config.BackendTypes, d.backend) {
-		return nil, "", nil, usageErr("parity: --backend %q: want one of %v", d.backend, config.BackendTypes)
+		return nil, "", nil, harness.Usagef("parity: --backend %q: want one of %v", d.backend, config.BackendTypes)
 	}
 	dep := &config.Deployment{Name: "parity"}
 	m := &config.Model{Name: d.model, Backend: config.Backend{Type: d.backend, Address: d.addr, Model: d.model, Timeout: config.Duration(d.timeout)}}
@@ -277,7 +278,7 @@ func newProgress(mode, label string, epochs int) (*epochProgress, error) {
 		}
 	case "bar", "lines", "none":
 	default:
-		return nil, usageErr("parity train: --progress %q: want auto, bar, lines or none", mode)
+		return nil, harness.Usagef("parity train: --progress %q: want auto, bar, lines or none", mode)
 	}
 	switch mode {
 	case "bar":
@@ -349,7 +350,7 @@ func runParityTrain(args []string) error {
 		return err
 	}
 	if *epochs < 1 {
-		return usageErr("parity train: --epochs %d: want >= 1", *epochs)
+		return harness.Usagef("parity train: --epochs %d: want >= 1", *epochs)
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
@@ -359,10 +360,10 @@ func runParityTrain(args []string) error {
 	}
 	enc, err := parity.ParseEncoder(*encName)
 	if err != nil {
-		return usageErr("parity train: --encoder: %v", err)
+		return harness.Usagef("parity train: --encoder: %v", err)
 	}
 	if _, err := parity.NewCode(*k, *r); err != nil {
-		return usageErr("parity train: --k %d --r %d: %v", *k, *r, err)
+		return harness.Usagef("parity train: --k %d --r %d: %v", *k, *r, err)
 	}
 	js := []int{}
 	for j := range *r {
@@ -371,7 +372,7 @@ func runParityTrain(args []string) error {
 		}
 	}
 	if len(js) == 0 {
-		return usageErr("parity train: --parity %d: out of range 0..%d for --r %d", *only, *r-1, *r)
+		return harness.Usagef("parity train: --parity %d: out of range 0..%d for --r %d", *only, *r-1, *r)
 	}
 	d, depName, closeDep, err := dep.open()
 	if err != nil {
@@ -400,7 +401,7 @@ func runParityTrain(args []string) error {
 	}
 	train, valSet, err := all.Split(*val, *seed)
 	if err != nil {
-		return usageErr("parity train: --val %d: %v", *val, err)
+		return harness.Usagef("parity train: --val %d: %v", *val, err)
 	}
 	if *out == "" {
 		*out = models.ParityWeightsName(depName, enc.String(), *k, 0) + ".bin"
@@ -416,7 +417,7 @@ func runParityTrain(args []string) error {
 		loss := paritytrain.MSE
 		if *lossName != "" {
 			if loss, err = paritytrain.ParseLoss(*lossName); err != nil {
-				return usageErr("parity train: --loss: %v", err)
+				return harness.Usagef("parity train: --loss: %v", err)
 			}
 		} else if enc == parity.EncoderConcat && j == 0 {
 			loss = paritytrain.CrossEntropy
@@ -424,7 +425,7 @@ func runParityTrain(args []string) error {
 		spec := paritytrain.Spec{K: *k, R: *r, J: j, Encoder: enc, Image: paritytrain.FashionImage, Loss: loss}
 		net, err := paritytrain.NewArch(*arch, paritytrain.FashionImage, all.OutSize, false, nn.NewRand(*seed*1000003+uint64(j)))
 		if err != nil {
-			return usageErr("parity train: --arch: %v", err)
+			return harness.Usagef("parity train: --arch: %v", err)
 		}
 		tr, err := paritytrain.NewTrainer(spec, net, opts)
 		if err != nil {
@@ -533,11 +534,11 @@ func trainClassifier(ctx context.Context, data, arch string, epochs int, seed ui
 	test, _ := paritytrain.FromArrays(xt, 784, oneHot(yt), 10, yt)
 	train, valSet, err := all.Split(val, seed)
 	if err != nil {
-		return usageErr("parity train: --val %d: %v", val, err)
+		return harness.Usagef("parity train: --val %d: %v", val, err)
 	}
 	net, err := paritytrain.NewArch(arch, paritytrain.FashionImage, 10, true, nn.NewRand(seed*1000003))
 	if err != nil {
-		return usageErr("parity train: --arch: %v", err)
+		return harness.Usagef("parity train: --arch: %v", err)
 	}
 	tr, err := paritytrain.NewClassifierTrainer(net, opts)
 	if err != nil {

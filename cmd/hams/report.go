@@ -3,10 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"slices"
-	"sort"
 
 	"github.com/hams-go/hams/internal/harness"
 )
@@ -25,21 +22,21 @@ func runReport(args []string) error {
 		return reportBench(args[1:])
 	}
 	if len(args) < 2 || args[0] != "recovery" {
-		return usageErr(usage)
+		return harness.Usagef(usage)
 	}
-	var reps []chaosReport
+	var reps []harness.ChaosReport
 	for _, p := range args[1:] {
 		b, err := os.ReadFile(p)
 		if err != nil {
-			return usageErr("report: %v", err)
+			return harness.Usagef("report: %v", err)
 		}
-		var r chaosReport
+		var r harness.ChaosReport
 		if err := json.Unmarshal(b, &r); err != nil {
-			return usageErr("report: %s: %v", p, err)
+			return harness.Usagef("report: %s: %v", p, err)
 		}
 		reps = append(reps, r)
 	}
-	printRecoveryTable(os.Stdout, reps)
+	harness.PrintRecoveryTable(os.Stdout, reps)
 	return nil
 }
 
@@ -49,74 +46,25 @@ func reportBench(args []string) error {
 		plotPath, args = args[1], args[2:]
 	}
 	if len(args) == 0 {
-		return usageErr("report bench: no BENCH.json given")
+		return harness.Usagef("report bench: no BENCH.json given")
 	}
-	var rows []benchRow
+	var rows []harness.BenchRow
 	for _, p := range args {
 		b, err := os.ReadFile(p)
 		if err != nil {
-			return usageErr("report: %v", err)
+			return harness.Usagef("report: %v", err)
 		}
-		var rs []benchRow
+		var rs []harness.BenchRow
 		if err := json.Unmarshal(b, &rs); err != nil {
-			return usageErr("report: %s: %v", p, err)
+			return harness.Usagef("report: %s: %v", p, err)
 		}
 		rows = append(rows, rs...)
 	}
-	printOverheads(os.Stdout, rows)
+	harness.PrintOverheads(os.Stdout, rows)
 	if plotPath != "" {
-		if err := plotBench(plotPath, rows); err != nil {
+		if err := harness.PlotBench(plotPath, rows); err != nil {
 			return fmt.Errorf("report: plot: %w", err)
 		}
 	}
 	return nil
-}
-
-// printRecoveryTable: rows services, columns modes; each cell the p50 (and
-// count) of recovery_ms of the recovered kills, then the run's conflicts
-// and lost requests.
-func printRecoveryTable(w io.Writer, reps []chaosReport) {
-	var services, modes []string
-	cell := map[[2]string]chaosReport{}
-	for _, r := range reps {
-		if !slices.Contains(services, r.Service) {
-			services = append(services, r.Service)
-		}
-		if !slices.Contains(modes, r.Mode) {
-			modes = append(modes, r.Mode)
-		}
-		cell[[2]string{r.Service, r.Mode}] = r
-	}
-	sort.Strings(services)
-	header := []any{"service"}
-	for _, m := range modes {
-		header = append(header, m)
-	}
-	tb := harness.NewTable(1, header...)
-	for _, s := range services {
-		row := []any{s}
-		for _, m := range modes {
-			r, ok := cell[[2]string{s, m}]
-			if !ok {
-				row = append(row, "-")
-				continue
-			}
-			// The p50 is the run's own (recovery_p50_ms), so the table
-			// and the JSON it reads never disagree.
-			recovered := 0
-			for _, k := range r.Kills {
-				if k.RecoveryMs >= 0 {
-					recovered++
-				}
-			}
-			p50 := "-"
-			if recovered > 0 {
-				p50 = fmt.Sprintf("%.0f", r.RecoveryP50Ms)
-			}
-			row = append(row, fmt.Sprintf("%s (%d/%d; %d, %d)", p50, recovered, len(r.Kills), r.Conflicts, r.Lost))
-		}
-		tb.AppendRow(row)
-	}
-	fmt.Fprintln(w, "recovery time at the client, p50 ms over the kills (kills recovered/made; conflicts, lost) - the shape of the HAMS paper's Table II")
-	harness.Render(w, tb, "")
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
 	"github.com/hams-go/hams/manager"
@@ -55,7 +56,7 @@ func runManager(args []string) error {
 		hs, err := agent.NewClient(*starter, r.tls)
 		if err != nil {
 			r.close()
-			return usageErr("manager: --starter: %v", err)
+			return harness.Usagef("manager: --starter: %v", err)
 		}
 		st = hs
 	}
@@ -93,7 +94,7 @@ func runManager(args []string) error {
 	if err != nil {
 		dash.close()
 		r.close()
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	return r.serve(run, m.Ready(), func() map[string]any {
 		f := map[string]any{"nats": m.NATSClientURL(), "deployment": r.dep.Name}
@@ -119,16 +120,16 @@ func runModelServer(args []string) error {
 	if *straggle != "" {
 		sc, err := refserver.ParseStraggle(*straggle)
 		if err != nil {
-			return usageErr("modelserver: --straggle: %v", err)
+			return harness.Usagef("modelserver: --straggle: %v", err)
 		}
 		straggleCfg = &sc
 	}
 	if *instance != "primary" && *instance != "backup" && *instance != "standby" {
-		return usageErr("modelserver: --role %q: want primary, backup or standby", *instance)
+		return harness.Usagef("modelserver: --role %q: want primary, backup or standby", *instance)
 	}
 	names := cluster.SplitList(*models)
 	if len(names) == 0 {
-		return usageErr("modelserver: --models is required")
+		return harness.Usagef("modelserver: --models is required")
 	}
 	r, err := setupRole("modelserver", rf)
 	if err != nil {
@@ -137,19 +138,19 @@ func runModelServer(args []string) error {
 	for _, n := range names {
 		if r.dep.Model(n) == nil {
 			r.close()
-			return usageErr("modelserver: model %q is not in deployment %q", n, r.dep.Name)
+			return harness.Usagef("modelserver: model %q is not in deployment %q", n, r.dep.Name)
 		}
 	}
 	if *parityOf != "" {
 		m := r.dep.Model(*parityOf)
 		if m == nil || m.Parity == nil {
 			r.close()
-			return usageErr("modelserver: --parity-of %q: no model of deployment %q with a parity block", *parityOf, r.dep.Name)
+			return harness.Usagef("modelserver: --parity-of %q: no model of deployment %q with a parity block", *parityOf, r.dep.Name)
 		}
 		pms, err := cluster.ParityModelsOf(m)
 		if err != nil {
 			r.close()
-			return usageErr("modelserver: --parity-of: %v", err)
+			return harness.Usagef("modelserver: --parity-of: %v", err)
 		}
 		// The parity models live in this process's copy of the deployment
 		// only (they are no node of any service graph).
@@ -170,7 +171,7 @@ func runModelServer(args []string) error {
 	})
 	if err != nil {
 		r.close()
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	addr := r.grpc.Addr().String()
 	var clients []*client.Client
@@ -196,7 +197,7 @@ func runModelServer(args []string) error {
 			}})
 			if err != nil {
 				r.close()
-				return &exitError{code: 2, err: err}
+				return &harness.ExitError{Code: 2, Err: err}
 			}
 			clients = append(clients, c)
 		}
@@ -232,14 +233,14 @@ func runSidecar(args []string) error {
 		return err
 	}
 	if *model == "" || *mgr == "" {
-		return usageErr("sidecar: --model and --manager are required")
+		return harness.Usagef("sidecar: --model and --manager are required")
 	}
 	standby := *roleF == "standby"
 	if *roleF != sidecar.RolePrimary && *roleF != sidecar.RoleBackup && !standby {
-		return usageErr("sidecar: --role %q: want %s, %s or standby", *roleF, sidecar.RolePrimary, sidecar.RoleBackup)
+		return harness.Usagef("sidecar: --role %q: want %s, %s or standby", *roleF, sidecar.RolePrimary, sidecar.RoleBackup)
 	}
 	if *outLog < 0 {
-		return usageErr("sidecar: --output-log-bytes must not be negative")
+		return harness.Usagef("sidecar: --output-log-bytes must not be negative")
 	}
 	r, err := setupRole("sidecar", rf)
 	if err != nil {
@@ -248,21 +249,21 @@ func runSidecar(args []string) error {
 	m := r.dep.Model(*model)
 	if m == nil {
 		r.close()
-		return usageErr("sidecar: model %q is not in deployment %q", *model, r.dep.Name)
+		return harness.Usagef("sidecar: model %q is not in deployment %q", *model, r.dep.Name)
 	}
 	repl := r.dep.Replicated(m)
 	spare := r.dep.Replays(m)
 	if standby && m.Stateful && !repl {
 		r.close()
-		return usageErr("sidecar: --role standby: stateful model %q is not replicated in mode %s: it has no spare backup", *model, r.dep.Mode)
+		return harness.Usagef("sidecar: --role standby: stateful model %q is not replicated in mode %s: it has no spare backup", *model, r.dep.Mode)
 	}
 	if *roleF == sidecar.RoleBackup && !repl && !spare {
 		r.close()
-		return usageErr("sidecar: --role backup: model %q is not replicated in mode %s (stateful %v, ha %s)", *model, r.dep.Mode, m.Stateful, m.HA)
+		return harness.Usagef("sidecar: --role backup: model %q is not replicated in mode %s (stateful %v, ha %s)", *model, r.dep.Mode, m.Stateful, m.HA)
 	}
 	if (repl || spare) && *natsURL == "" {
 		r.close()
-		return usageErr("sidecar: model %q is replicated (mode %s): --nats is required", *model, r.dep.Mode)
+		return harness.Usagef("sidecar: model %q is replicated (mode %s): --nats is required", *model, r.dep.Mode)
 	}
 	if *backend == "" {
 		*backend = m.Backend.Address
@@ -275,14 +276,14 @@ func runSidecar(args []string) error {
 	}
 	if *backend == "" {
 		r.close()
-		return usageErr("sidecar: model %q has no backend.address; pass --backend", *model)
+		return harness.Usagef("sidecar: model %q has no backend.address; pass --backend", *model)
 	}
 	r.log = r.log.With("instance", *roleF)
 	var beTLS *pki.Source
 	if *backendTLS {
 		if r.tls == nil {
 			r.close()
-			return usageErr("sidecar: --backend-tls needs this sidecar's certificate (--tls-cert ...), not --insecure")
+			return harness.Usagef("sidecar: --backend-tls needs this sidecar's certificate (--tls-cert ...), not --insecure")
 		}
 		beTLS = r.tls
 	}
@@ -296,7 +297,7 @@ func runSidecar(args []string) error {
 	}
 	if err != nil {
 		r.close()
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	defer closeBE()
 	roleV := hamsv1.Role_ROLE_ACTIVE
@@ -329,7 +330,7 @@ func runSidecar(args []string) error {
 	}})
 	if err != nil {
 		r.close()
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	cfg := sidecar.Config{
 		Deployment:     r.dep,
@@ -385,7 +386,7 @@ func runSidecar(args []string) error {
 	sc, err := sidecar.New(cfg)
 	if err != nil {
 		r.close()
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	r.fields["model"] = *model
 	r.fields["backend"] = *backend
@@ -429,10 +430,10 @@ func runFrontend(args []string) error {
 		return err
 	}
 	if *mgr == "" {
-		return usageErr("frontend: --manager is required")
+		return harness.Usagef("frontend: --manager is required")
 	}
 	if *requestLog && *natsURL == "" {
-		return usageErr("frontend: --request-log needs --nats (the log lives in JetStream)")
+		return harness.Usagef("frontend: --request-log needs --nats (the log lives in JetStream)")
 	}
 	r, err := setupRole("frontend", rf)
 	if err != nil {
@@ -463,7 +464,7 @@ func runFrontend(args []string) error {
 	}})
 	if err != nil {
 		closeAll()
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	fcfg := frontend.Config{
 		Deployment:       r.dep,
@@ -484,25 +485,25 @@ func runFrontend(args []string) error {
 		self := r.tls.Identity()
 		if self.Role != pki.RoleFrontend {
 			closeAll()
-			return usageErr("frontend: certificate %v is not a frontend's", self)
+			return harness.Usagef("frontend: certificate %v is not a frontend's", self)
 		}
 		az, err := authz.New(authz.Config{Self: self, Facts: authz.NewGraphFacts(r.dep, config.Frontend), Logger: r.log})
 		if err != nil {
 			closeAll()
-			return &exitError{code: 2, err: err}
+			return &harness.ExitError{Code: 2, Err: err}
 		}
 		fcfg.InternalServerOptions = append([]grpc.ServerOption{grpcx.ServerTLS(r.tls)}, az.ServerOptions()...)
 	}
 	if r.dep.ClientAuth != nil {
 		if fcfg.ClientAuth, err = frontend.NewClientAuth(r.dep.ClientAuth, r.log); err != nil {
 			closeAll()
-			return &exitError{code: 2, err: err}
+			return &harness.ExitError{Code: 2, Err: err}
 		}
 	}
 	if r.dep.Coordinated() || *requestLog {
 		if *natsURL == "" {
 			closeAll()
-			return usageErr("frontend: deployment %q replicates stateful models (mode %s): --nats is required", r.dep.Name, r.dep.Mode)
+			return harness.Usagef("frontend: deployment %q replicates stateful models (mode %s): --nats is required", r.dep.Name, r.dep.Mode)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		cl, err := na.client(natsd.Identity{Role: natsd.RoleFrontend, Deployment: r.dep.Name}, r.tls)
@@ -526,7 +527,7 @@ func runFrontend(args []string) error {
 	fe, err := frontend.New(fcfg)
 	if err != nil {
 		closeAll()
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	r.fields["http"] = hl.Addr().String()
 	r.fields["internal"] = addr

@@ -11,13 +11,9 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/tracing"
 )
-
-// Tracing flags (docs/tracing.md): --otlp and --trace-ratio on every role
-// and on the commands that start deployments (up, demo, chaos, bench),
-// which pass them on to their children. OTEL_EXPORTER_OTLP_ENDPOINT in
-// the environment (children inherit it) turns tracing on as well.
 
 // traceFlagCommands are the commands that take the tracing flags.
 var traceFlagCommands = map[string]bool{
@@ -57,7 +53,7 @@ func traceArgs() []string {
 // and the instance (--role / --id / --name).
 func startRoleTracing(name string, fs *flag.FlagSet, dep *config.Deployment, log *slog.Logger) error {
 	if traceOpt.ratio < 0 || traceOpt.ratio > 1 {
-		return usageErr("hams %s: --trace-ratio %v: want a fraction in [0, 1]", name, traceOpt.ratio)
+		return harness.Usagef("hams %s: --trace-ratio %v: want a fraction in [0, 1]", name, traceOpt.ratio)
 	}
 	if !tracing.Configured(traceOpt.endpoint) {
 		return nil

@@ -7,45 +7,18 @@ import (
 
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/harness"
 )
 
-// taskFlags are shared by up, demo and bench.
-type taskFlags struct {
-	runDir   string
-	keep     bool
-	logLevel string
-	verbose  bool
-}
-
-func (t *taskFlags) register(fs interface {
+// registerTaskFlags defines the task flags of fs into t.
+func registerTaskFlags(t *harness.Task, fs interface {
 	StringVar(*string, string, string, string)
 	BoolVar(*bool, string, bool, string)
 }) {
-	fs.StringVar(&t.runDir, "run-dir", "", "directory for the deployment file, child logs and JetStream store (default: a new temporary directory)")
-	fs.BoolVar(&t.keep, "keep", false, "keep the run directory after a successful run")
-	fs.StringVar(&t.logLevel, "log-level", "info", "log level of the child processes (their logs go to <run-dir>/logs)")
-	fs.BoolVar(&t.verbose, "v", false, "log the supervisor's events on stderr")
-}
-
-// prepare returns the run dir and a cleanup that removes it unless kept.
-func (t *taskFlags) prepare(prefix string) (dir string, cleanup func(ok bool), err error) {
-	if t.runDir != "" {
-		if err := os.MkdirAll(t.runDir, 0o755); err != nil {
-			return "", nil, fmt.Errorf("create run dir: %w", err)
-		}
-		return t.runDir, func(bool) {}, nil
-	}
-	dir, err = os.MkdirTemp("", prefix)
-	if err != nil {
-		return "", nil, fmt.Errorf("create run dir: %w", err)
-	}
-	return dir, func(ok bool) {
-		if ok && !t.keep {
-			os.RemoveAll(dir)
-		} else {
-			fmt.Fprintf(os.Stderr, "hams: logs kept in %s\n", dir)
-		}
-	}, nil
+	fs.StringVar(&t.RunDir, "run-dir", "", "directory for the deployment file, child logs and JetStream store (default: a new temporary directory)")
+	fs.BoolVar(&t.Keep, "keep", false, "keep the run directory after a successful run")
+	fs.StringVar(&t.LogLevel, "log-level", "info", "log level of the child processes (their logs go to <run-dir>/logs)")
+	fs.BoolVar(&t.Verbose, "v", false, "log the supervisor's events on stderr")
 }
 
 func runUp(args []string) error {
@@ -59,16 +32,16 @@ func runUp(args []string) error {
 	dash := fs.String("dashboard", defaultDashboard, "listen address of the first manager's live dashboard (plain HTTP; the other managers take a free port of the same host; empty: none; docs/dashboard.md)")
 	var cf controlFlags
 	cf.register(fs)
-	var tf taskFlags
-	tf.register(fs)
+	var tf harness.Task
+	registerTaskFlags(&tf, fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *cfgPath == "" {
-		return usageErr("up: --config is required")
+		return harness.Usagef("up: --config is required")
 	}
 	if *mode != "" {
-		if err := checkMode(*mode); err != nil {
+		if err := harness.CheckMode(*mode); err != nil {
 			return err
 		}
 	}
@@ -77,7 +50,7 @@ func runUp(args []string) error {
 	}
 	dep, err := cluster.LoadDeployment(*cfgPath)
 	if err != nil {
-		return &exitError{code: 2, err: err}
+		return &harness.ExitError{Code: 2, Err: err}
 	}
 	applyModeFlag(dep, *mode)
 	if *audit != "" {
@@ -85,7 +58,7 @@ func runUp(args []string) error {
 			return err
 		}
 	}
-	dir, cleanup, err := tf.prepare("hams-up-")
+	dir, cleanup, err := tf.Prepare("hams-up-")
 	if err != nil {
 		return err
 	}
@@ -93,9 +66,9 @@ func runUp(args []string) error {
 	defer func() { cleanup(ok) }()
 	ctx, stop := signalContext()
 	defer stop()
-	log := taskLogger(tf.verbose)
+	log := harness.TaskLogger(tf.Verbose)
 	opt := cf.options(dep.Mode)
-	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.logLevel, log
+	opt.RunDir, opt.LogLevel, opt.Logger = dir, tf.LogLevel, log
 	opt.SuspicionTimeout, opt.Audit = cluster.SuspicionFor(*suspicion), *audit
 	opt.FrontendListen, opt.FrontendHTTP, opt.Dashboard = *feListen, *feHTTP, *dash
 	d, err := cluster.Start(ctx, dep, opt)
@@ -111,7 +84,7 @@ func runUp(args []string) error {
 	b, _ := json.Marshal(cluster.UpReady{BackendsNotReady: notReady, FrontendGRPC: d.FrontendGRPC, FrontendHTTP: d.FrontendHTTP, TFServingGRPC: tfs, KServeGRPC: ks, Manager: d.Manager, NATS: d.NATS,
 		Frontends: d.Frontends, FrontendsHTTP: d.FrontendHTTPs, Managers: d.Managers,
 		FrontendInternal: d.FrontendInternals[0], FrontendsInternal: d.FrontendInternals, Metrics: d.MetricsAddrs(),
-		Dashboard: dashboardURL(d.Dashboards, 0), Dashboards: dashboardURLs(d.Dashboards)})
+		Dashboard: cluster.DashboardURL(d.Dashboards, 0), Dashboards: cluster.DashboardURLs(d.Dashboards)})
 	fmt.Println(string(b))
 	<-ctx.Done()
 	fmt.Fprintln(os.Stderr, "hams up: stopping")

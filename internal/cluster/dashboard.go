@@ -20,3 +20,20 @@ func dashboardArgs(addr string, i int) []string {
 	}
 	return []string{"--dashboard", addr}
 }
+
+// DashboardURL is the URL of the i-th dashboard address ("" if none).
+func DashboardURL(addrs []string, i int) string {
+	if i >= len(addrs) {
+		return ""
+	}
+	return "http://" + addrs[i] + "/"
+}
+
+// DashboardURLs are the URLs of every dashboard address.
+func DashboardURLs(addrs []string) []string {
+	var out []string
+	for i := range addrs {
+		out = append(out, DashboardURL(addrs, i))
+	}
+	return out
+}

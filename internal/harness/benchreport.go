@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"fmt"
@@ -8,27 +8,26 @@ import (
 	"sort"
 	"time"
 
-	"github.com/hams-go/hams/internal/harness"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 )
 
-// printOverheads prints the rows in the shape of the HAMS paper's Table I:
+// PrintOverheads prints the rows in the shape of the HAMS paper's Table I:
 // per (service, batch) the p50 of every mode, and each mode's overhead
 // over bare measured in the same run.
-func printOverheads(w io.Writer, rows []benchRow) {
+func PrintOverheads(w io.Writer, rows []BenchRow) {
 	type key struct {
 		service string
 		batch   int
 	}
 	var keys []key
-	byKey := map[key]map[string]benchRow{}
+	byKey := map[key]map[string]BenchRow{}
 	var modes []string
 	for _, r := range rows {
 		k := key{r.Service, r.Batch}
 		if byKey[k] == nil {
-			byKey[k] = map[string]benchRow{}
+			byKey[k] = map[string]BenchRow{}
 			keys = append(keys, k)
 		}
 		byKey[k][r.Mode] = r
@@ -43,7 +42,7 @@ func printOverheads(w io.Writer, rows []benchRow) {
 	for _, m := range modes {
 		header = append(header, m)
 	}
-	tb := harness.NewTable(1, header...)
+	tb := NewTable(1, header...)
 	for _, k := range keys {
 		row := []any{k.service, k.batch}
 		bare, ok := byKey[k]["bare"]
@@ -61,14 +60,14 @@ func printOverheads(w io.Writer, rows []benchRow) {
 		tb.AppendRow(row)
 	}
 	fmt.Fprintf(w, "\np50 latency (ms) and overhead over bare, one run (the shape of the HAMS paper's Table I)\n")
-	harness.Render(w, tb, "")
+	Render(w, tb, "")
 }
 
 // printShipping prints, per replicated model and mode, what a snapshot
 // costs and the shipping throughput next to this machine's memcpy
 // bandwidth.
-func printShipping(w io.Writer, rows []benchRow, memcpyMBs float64) {
-	tb := harness.NewTable(3, "service", "mode", "model", "state_bytes", "bytes/snap", "snapshots", "copy_ms", "delivery_ms", "ship_MB/s", "x_memcpy")
+func printShipping(w io.Writer, rows []BenchRow, memcpyMBs float64) {
+	tb := NewTable(3, "service", "mode", "model", "state_bytes", "bytes/snap", "snapshots", "copy_ms", "delivery_ms", "ship_MB/s", "x_memcpy")
 	for _, r := range rows {
 		names := make([]string, 0, len(r.State))
 		for n := range r.State {
@@ -87,7 +86,7 @@ func printShipping(w io.Writer, rows []benchRow, memcpyMBs float64) {
 	}
 	if tb.Length() > 0 {
 		fmt.Fprintf(w, "\nstate shipping (memcpy on this machine: %.0f MB/s)\n", memcpyMBs)
-		harness.Render(w, tb, "")
+		Render(w, tb, "")
 	}
 }
 
@@ -108,10 +107,10 @@ func memcpyMBs() float64 {
 	return float64(size) / best.Seconds() / 1e6
 }
 
-// plotBench draws p50 latency normalised to bare, per service and mode
+// PlotBench draws p50 latency normalised to bare, per service and mode
 // (the shape of the HAMS paper's Fig. 10), one group of bars per service
 // and batch size, into a PNG.
-func plotBench(path string, rows []benchRow) error {
+func PlotBench(path string, rows []BenchRow) error {
 	type key struct {
 		service string
 		batch   int

@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"bytes"
@@ -10,16 +10,16 @@ import (
 // per line, columns aligned.
 func TestTables(t *testing.T) {
 	var b bytes.Buffer
-	printBench(&b, []benchRow{
+	printBench(&b, []BenchRow{
 		{Service: "ap", Mode: "bare", Batch: 1, Requests: 400, P50Ms: 2.25, Hops: 3},
 		{Service: "ap", Mode: "direct", Batch: 1, Requests: 400, P50Ms: 1.25, P99Ms: 2, MeanMs: 1.3, ThroughputRPS: 800, Hops: 3},
 		{Service: "ap", Mode: "nspb", Batch: 1, Requests: 400, P50Ms: 3.5, P99Ms: 7.25, MeanMs: 3.75, ThroughputRPS: 250.55, Errors: 2, Hops: 3},
 	})
-	printOverheads(&b, []benchRow{
+	PrintOverheads(&b, []BenchRow{
 		{Service: "ap", Mode: "bare", Batch: 16, P50Ms: 2},
 		{Service: "ap", Mode: "nspb", Batch: 16, P50Ms: 3},
 	})
-	printRecoveryTable(&b, []chaosReport{{Service: "ap", Mode: "nspb", Kills: []killReport{{RecoveryMs: 120}, {RecoveryMs: -1}}, RecoveryP50Ms: 120, Conflicts: 0, Lost: 1}})
+	PrintRecoveryTable(&b, []ChaosReport{{Service: "ap", Mode: "nspb", Kills: []killReport{{RecoveryMs: 120}, {RecoveryMs: -1}}, RecoveryP50Ms: 120, Conflicts: 0, Lost: 1}})
 	out := b.String()
 	for _, want := range []string{
 		"service  mode    batch  requests  p50_ms  p99_ms  mean_ms  thr_rps  errors  lin_ms/b  gate_ms\n",

@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"context"
@@ -10,14 +10,13 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/cluster"
-	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/parmload"
 )
 
-// parmService is the demo and bench service of the ParM pool
+// ParmService is the demo and bench service of the ParM pool
 // (examples/parm.yaml).
-const parmService = "parm"
+const ParmService = "parm"
 
 // parmDemoReport is hams demo --service parm's JSON report: the demo
 // report's fields plus tail latency, the approximate fraction and the
@@ -34,7 +33,7 @@ type parmDemoReport struct {
 // replicas of the Fashion-MNIST classifier, k = 2, replica 0 straggling),
 // closed-loop load of labelled images, and a summary.
 func runParmDemo(ctx context.Context, o parmDemoOptions) error {
-	dep, _, err := exampleDeployment(parmService, o.opt.RunDir)
+	dep, _, err := exampleDeployment(ParmService, o.opt.RunDir)
 	if err != nil {
 		return err
 	}
@@ -44,7 +43,7 @@ func runParmDemo(ctx context.Context, o parmDemoOptions) error {
 		fmt.Fprintln(os.Stderr, "hams demo: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist): random pixels, no accuracy")
 	}
 	fmt.Fprintf(os.Stderr, "hams demo: starting %s (ParM pool: %d replicas, k = %d, %d parity instances, mode %s) in %s\n",
-		parmService, dep.Models[0].Replicas.N(), dep.Models[0].Parity.K, dep.Models[0].Parity.Backends.N(), o.mode, o.opt.RunDir)
+		ParmService, dep.Models[0].Replicas.N(), dep.Models[0].Parity.K, dep.Models[0].Parity.Backends.N(), o.mode, o.opt.RunDir)
 	t0 := time.Now()
 	d, err := cluster.Start(ctx, dep, o.opt)
 	if err != nil {
@@ -74,7 +73,7 @@ func runParmDemo(ctx context.Context, o parmDemoOptions) error {
 	if err != nil {
 		return err
 	}
-	rep := parmDemoReport{Service: parmService, Mode: o.mode, DurationS: cluster.Round3(res.Elapsed.Seconds()), Summary: res.Summary(), Labelled: data != nil}
+	rep := parmDemoReport{Service: ParmService, Mode: o.mode, DurationS: cluster.Round3(res.Elapsed.Seconds()), Summary: res.Summary(), Labelled: data != nil}
 	printParmSummary(os.Stdout, rep)
 	if o.json != "" {
 		if err := writeJSON(o.json, rep); err != nil {
@@ -86,9 +85,9 @@ func runParmDemo(ctx context.Context, o parmDemoOptions) error {
 	}
 	switch {
 	case rep.Replies == 0:
-		return &exitError{code: 1, err: fmt.Errorf("demo: no replies")}
+		return &ExitError{Code: 1, Err: fmt.Errorf("demo: no replies")}
 	case rep.Errors > 0:
-		return &exitError{code: 1, err: fmt.Errorf("demo: %d requests failed", rep.Errors)}
+		return &ExitError{Code: 1, Err: fmt.Errorf("demo: %d requests failed", rep.Errors)}
 	}
 	return nil
 }
@@ -104,7 +103,7 @@ type parmDemoOptions struct {
 // parmProgress draws one status line (replies, approximate, p99.9 so far)
 // until done (progress.go).
 func parmProgress(w io.Writer, last *atomic.Pointer[parmload.Result], total time.Duration, done <-chan struct{}) {
-	harness.LoadBar(w, total, done, func() string {
+	LoadBar(w, total, done, func() string {
 		var s parmload.Summary
 		if r := last.Load(); r != nil {
 			s = r.Summary()
