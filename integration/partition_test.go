@@ -63,6 +63,8 @@ type netDeployment struct {
 	// sidecars by role (primary, backup, standby): the process and how
 	// to start it again under the same id (restart_test.go).
 	sidecars map[string]*netSidecar
+	// servers: the model servers by role, likewise.
+	servers map[string]*netSidecar
 	// suspicion is the manager's --suspicion-timeout.
 	suspicion time.Duration
 }
@@ -97,7 +99,7 @@ func startNetDeployment(t *testing.T, opts ...netOption) *netDeployment {
 	lab := newNetLab(t)
 	dir := t.TempDir()
 	d := &netDeployment{t: t, lab: lab, cfg: filepath.Join(dir, "np.yaml"), certs: filepath.Join(dir, "certs"), natsDir: filepath.Join(dir, "nats-auth"),
-		inst: map[string]*labHost{}, sidecars: map[string]*netSidecar{}, suspicion: netSuspicion}
+		inst: map[string]*labHost{}, sidecars: map[string]*netSidecar{}, servers: map[string]*netSidecar{}, suspicion: netSuspicion}
 	for _, o := range opts {
 		o(d)
 	}
@@ -130,9 +132,11 @@ func startNetDeployment(t *testing.T, opts ...netOption) *netDeployment {
 	d.mgr = mgr.str(t, "grpc")
 	for _, role := range []string{"primary", "backup", "standby"} {
 		h := d.inst[role]
-		ms := startProc(t, 60*time.Second, h.cmd(append(append([]string{"modelserver", "--models", "np-state", "--role", role, "--manager", d.mgr,
+		msArgs := append(append([]string{"modelserver", "--models", "np-state", "--role", role, "--manager", d.mgr,
 			"--id", "modelserver/np-state/" + role, "--listen", h.ip + ":0"}, common...),
-			d.tlsArgs("ms-"+role, pki.Identity{Role: pki.RoleModelServer, Model: "np-state", Instance: role}, h)...)...), []string{"modelserver"})
+			d.tlsArgs("ms-"+role, pki.Identity{Role: pki.RoleModelServer, Model: "np-state", Instance: role}, h)...)
+		ms := startProc(t, 60*time.Second, h.cmd(msArgs...), []string{"modelserver"})
+		d.servers[role] = &netSidecar{p: ms, host: h, args: msArgs}
 		args := append(append(append([]string{"sidecar", "--model", "np-state", "--role", role, "--id", "sidecar/np-state/" + role,
 			"--epoch", "1", "--backend", ms.str(t, "grpc"), "--backend-tls", "--manager", d.mgr, "--listen", h.ip + ":0"}, common...), natsArgs...),
 			d.tlsArgs("sc-"+role, pki.Identity{Role: pki.RoleSidecar, Model: "np-state", Instance: role}, h)...)

@@ -75,3 +75,59 @@ func TestSidecarRestartedInPlaceIsFailedOver(t *testing.T) {
 	default:
 	}
 }
+
+// The reverse: the primary's model server (which holds the model's state)
+// is SIGKILLed and restarted in place, on its address, under a living
+// sidecar. Its state is gone; the sidecar must not go on computing on the
+// fresh state as if nothing happened. sidecar/backendloss.go makes a call
+// that changes the server-held state and meets an unreachable backend
+// lost at once (fail-stop, not repeated), so the sidecar stops and the
+// instance is failed over (here by its missed heartbeats: nothing
+// restarts the sidecar; under a restart policy it comes back as a new
+// incarnation, TestSidecarRestartedInPlaceIsFailedOver).
+func TestModelServerRestartedInPlaceIsFailedOver(t *testing.T) {
+	d := startNetDeployment(t)
+	l := d.load(4)
+	waitUntil(t, 30*time.Second, "replies flowing", func() bool { return l.clock.rate(time.Now().Add(-time.Second), time.Now()) > 0 })
+	time.Sleep(time.Second) // a window of load before the fault
+	ep0 := d.primaryEpoch()
+	old := d.servers["primary"]
+	addr := old.p.str(t, "grpc")
+	args := append([]string(nil), old.args...)
+	for i := range args {
+		if args[i] == "--listen" {
+			args[i+1] = addr // the sidecar's --backend
+		}
+	}
+	t0 := time.Now()
+	if err := syscall.Kill(-old.p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-old.p.done
+	startProc(t, 60*time.Second, old.host.cmd(args...), []string{"modelserver", "restarted"})
+	tUp := time.Now()
+	waitUntil(t, 30*time.Second, "the backup promoted", func() bool { return d.primaryEpoch() > ep0 })
+	recovered := time.Since(t0)
+	waitUntil(t, 30*time.Second, "replies after the restart", func() bool {
+		return l.clock.rate(time.Now().Add(-time.Second), time.Now()) > 0
+	})
+	time.Sleep(2 * time.Second) // a window of load after recovery
+	t2 := time.Now()
+	st := l.stop()
+	sum := l.chk.Finish()
+	stall := l.clock.maxGap(t0, t2)
+	t.Log("| fault | restart to ready line | failed over | client-visible stall | lost/failed | conflicts | replies |")
+	t.Logf("| primary's model server SIGKILLed and restarted in place | %v | %v | %v | %d | %d | %d |",
+		tUp.Sub(t0).Round(time.Millisecond), recovered.Round(time.Millisecond), stall.Round(time.Millisecond), sum.Errors, sum.Violations, st.Replies)
+	if sum.Violations != 0 {
+		t.Errorf("checker: %+v", sum)
+	}
+	if sum.Errors != 0 {
+		t.Errorf("%d requests lost or failed: %+v", sum.Errors, sum)
+	}
+	select {
+	case <-d.sidecars["primary"].p.done:
+	default:
+		t.Errorf("the primary's sidecar outlived its model server's state")
+	}
+}
