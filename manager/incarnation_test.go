@@ -305,3 +305,25 @@ func TestReportedBackupWithoutSpare(t *testing.T) {
 		t.Fatalf("primary changed: %v", p)
 	}
 }
+
+// A primary restarted while its model has no backup cannot be replaced:
+// the new process is readmitted in the primary's role (what the old one
+// held is lost; the model is reported unrecoverable) rather than leaving
+// the model without a primary.
+func TestRestartedPrimaryWithoutBackupReadmitted(t *testing.T) {
+	r := startManager(t, func(c *manager.Config) { c.SuspicionTimeout = restartSuspicion }, nil)
+	fp := startFake(t, &fakeRepl{})
+	rp := sidecarReg("sidecar/b-p", "b", fp.addr)
+	rp.Role, rp.Incarnation = hamsv1.Role_ROLE_PRIMARY, "p#1"
+	c := startClient(t, r.addr, rp)
+	waitFor(t, "the primary alive", 10*time.Second, func() bool { return placement(r.m.Topology(), "sidecar/b-p").GetAlive() })
+	c.stop()
+	_, fnew, _ := restart(t, r, rp, "p#2")
+	waitFor(t, "the new process readmitted as the primary", 10*time.Second, func() bool {
+		p := placement(r.m.Topology(), "sidecar/b-p")
+		return p.GetRole() == hamsv1.Role_ROLE_PRIMARY && p.GetAlive() && p.GetEpoch() == 1 && p.GetSidecarAddress() == fnew.addr
+	})
+	waitFor(t, "b reported unrecoverable", 5*time.Second, func() bool {
+		return metricValue(t, r.reg, "hams_manager_unrecoverable_total") >= 1
+	})
+}

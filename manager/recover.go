@@ -206,6 +206,13 @@ func (d *driver) perform(acts []recovery.Action) {
 					m.admitFresh(d.ctx, a)
 				}()
 			case recovery.Readmit:
+				if m.takeReincarnated(a.Component) {
+					// Nobody could take its role (no backup, no
+					// standby): the new process serves in it, and what
+					// the old one held is lost.
+					m.log.Error("restarted component readmitted in its old role: nobody could replace it; the state its previous incarnation held is lost",
+						"id", a.Component, "model", a.Model, "role", a.Role.String(), "epoch", a.Epoch)
+				}
 				d.wg.Add(1)
 				go func() {
 					defer d.wg.Done()
