@@ -39,3 +39,37 @@ func runBench(args []string) error {
 	defer stop()
 	return harness.RunBench(ctx, c)
 }
+
+// runParmBench is hams bench --service parm: one deployment holding a
+// pool per arm (none, and er, hedge, parm per k), the same replicas and
+// the same straggler schedule on replica 0 in every arm, open-loop Poisson
+// arrivals, arms interleaved round by round.
+func runParmBench(args []string) error {
+	fs := newFlagSet("bench")
+	var c harness.ParmBenchConfig
+	fs.String("service", harness.ParmService, "parm")
+	fs.StringVar(&c.RedFlag, "redundancy", "none,er,hedge,parm", "comma-separated arms: none, er, hedge, parm")
+	fs.StringVar(&c.KFlag, "k", "2", "comma-separated coding group sizes (er and hedge get the same extra instances as parm at each k)")
+	fs.StringVar(&c.Batches, "batch", "1", "comma-separated batch sizes: images per request, so queries per coded batch")
+	fs.IntVar(&c.Requests, "requests", 2000, "measured requests per (redundancy, k, batch)")
+	fs.IntVar(&c.Warmup, "warmup", 100, "unmeasured requests per arm before the rounds")
+	fs.IntVar(&c.Rounds, "rounds", 4, "rounds (arms alternate round by round)")
+	fs.Float64Var(&c.Rate, "rate", 150, "open-loop Poisson arrival rate, requests/s")
+	fs.IntVar(&c.Replicas, "replicas", 4, "data replicas of the deployed model (m)")
+	fs.StringVar(&c.Straggle, "straggle", "seed=7,period=100ms,fraction=0.25,delay=40ms,jitter=10ms", "straggler schedule of replica 0 in every arm (the model server's --straggle; empty: none)")
+	fs.StringVar(&c.DecodeAfter, "decode-after", "0", "comma-separated decode_after values of parm, one arm each (0: first-k, the paper's rule; e.g. 0,5ms)")
+	fs.BoolVar(&c.Online, "online", false, "also run, per k, a parm arm whose parity models are trained online from its own traffic (parity.train online), reporting queries served before the first swap and the agreement reached")
+	fs.DurationVar(&c.FillAfter, "fill-after", -1, "parm's fill_after: close a coding group short of k batches with recently answered ones after this long (-1: examples/parm.yaml's; 0: off, the paper's rule)")
+	fs.StringVar(&c.JSON, "json", "", "write the JSON array to this file")
+	fs.StringVar(&c.Plot, "plot", "", "draw p50, p99 and p99.9 per arm into this PNG")
+	fs.Uint64Var(&c.Seed, "seed", 1, "arrival and input seed")
+	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "per-request deadline")
+	registerTaskFlags(&c.Task, fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	c.Task.TraceArgs = traceArgs()
+	ctx, stop := signalContext()
+	defer stop()
+	return harness.RunParmBench(ctx, c)
+}

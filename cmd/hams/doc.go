@@ -24,4 +24,12 @@
 // integration/checker, executes --kill specs and measures recovery; bench
 // compares a full bare deployment with the model servers chained directly
 // by the client, modes interleaved round by round.
+//
+// Layout: this package holds the command tree (commands.go), one file per
+// subcommand with its flag definitions and wiring, and the role plumbing
+// shared by the long-running roles (common.go). The work lives in
+// libraries: internal/cluster (the deployment orchestrator: Start,
+// Deployment), internal/harness (the demo, chaos, bench and parity
+// drivers, fault injection, tables and progress) and adapters (New, the
+// backend adapter factory).
 package main

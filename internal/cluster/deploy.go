@@ -83,7 +83,7 @@ type Options struct {
 	// JetStream cluster on loopback instead of a single one.
 	NATSCluster int
 	// NATSReplicas of the coordination streams and buckets (0: 3 with
-	// several NATS URLs, else 1; cmd/hams natsReplicas).
+	// several NATS URLs, else 1; NATSReplicas).
 	NATSReplicas int
 	// Dashboard, if set, is the first manager's --dashboard address; the
 	// others serve theirs on a free port of the same host.
@@ -248,7 +248,7 @@ func Start(ctx context.Context, dep *config.Deployment, opt Options) (_ *Deploym
 	ctx, cancel := context.WithTimeout(ctx, opt.ReadyTimeout)
 	defer cancel()
 	d.common = []string{"--config", d.cfgPath, "--log-level", opt.LogLevel, "--metrics", "127.0.0.1:0"} // free metrics ports: many of one role per host (the roles' defaults are fixed)
-	// --otlp, --trace-ratio when set (tracing.go).
+	// --otlp, --trace-ratio when set (cmd/hams tracing.go sets them).
 	d.common = append(d.common, opt.TraceArgs...)
 	d.startedPools = map[string]bool{}
 	if opt.Insecure {

@@ -14,7 +14,7 @@ import (
 
 // NATSReplicas is the replica count of the coordination streams and
 // buckets: flag when set, else 3 when url lists more than one server (a
-// cluster: nats.go takes a comma-separated list), else 1. coord.Open never
+// cluster: hams nats takes a comma-separated list), else 1. coord.Open never
 // lowers an existing stream's count, so a component that defaults to 1
 // against a cluster's R3 streams leaves them R3.
 func NATSReplicas(url string, flag int) int {
