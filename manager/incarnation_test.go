@@ -1,6 +1,7 @@
 package manager_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -239,8 +240,15 @@ func TestPrimaryReportsUnreachableBackup(t *testing.T) {
 		t.Fatalf("backup reports = %v, want 6 (refused)", v)
 	}
 
+	// The primary's sidecar reports through its manager client (reporter:
+	// its own id; suspect: the id the topology gives the backup's
+	// address).
+	pc := clients["sidecar/b-p"].c
+	if err := pc.ReportBackup(ctx, "b", "127.0.0.1:1", "no such backup"); !errors.Is(err, client.ErrNoSuchBackup) {
+		t.Fatalf("report of an address that is no backup: %v, want ErrNoSuchBackup", err)
+	}
 	t0 := time.Now()
-	if err := report("sidecar/b-p", "sidecar/b-b", "b"); err != nil {
+	if err := pc.ReportBackup(ctx, "b", fakes["sidecar/b-b"].addr, "ship to backup failing for 3s"); err != nil {
 		t.Fatalf("the primary's report of its backup: %v", err)
 	}
 	waitFor(t, "the spare made backup at the primary's epoch, the old backup dead", 10*time.Second, func() bool {
