@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -70,6 +71,16 @@ type BenchRow struct {
 	// a batch's time goes (backend call, update, capture, send, the
 	// backup's apply wait and apply, the durability notice, gating).
 	StagesMs map[string]map[string]float64 `json:"stages_ms,omitempty"`
+	// CPUMsPerRequest: CPU time (utime+stime of /proc/<pid>/stat, sampled
+	// at the start and end of every measured run of this mode) per
+	// request in ms, summed by process role (sidecar, modelserver,
+	// frontend, backup-sidecar, manager, nats, ...; client: the bench
+	// process, i.e. the load generator; total: all of them).
+	CPUMsPerRequest map[string]float64 `json:"cpu_ms_per_request,omitempty"`
+	// MemcpyMsPerMB: this machine's memcpy cost per MB (1e6 bytes),
+	// measured in the same run (the best of five 64 MiB copies): the
+	// physical floor the replication CPU figures are compared with.
+	MemcpyMsPerMB float64 `json:"memcpy_ms_per_mb,omitempty"`
 }
 
 // stateStats is one replicated model's snapshot cost in a bench row.
@@ -87,6 +98,15 @@ type stateStats struct {
 	BytesPerSnapshot float64 `json:"bytes_per_snapshot"`
 	// ShipMBs: shipped bytes over the time spent in ShipSnapshot calls.
 	ShipMBs float64 `json:"ship_mb_per_s"`
+	// ReplicatedMB: state MB (1e6 bytes) the backup acknowledged during
+	// the measured rounds (hams_sidecar_snapshot_shipped_bytes_total of
+	// the primary sidecar; the backup receives and applies those bytes).
+	ReplicatedMB float64 `json:"replicated_mb"`
+	// PrimaryCPUMsPerMB and BackupCPUMsPerMB: the CPU time of the
+	// model's primary and backup sidecar processes during the measured
+	// runs, in ms per replicated MB (all of their work, serving included).
+	PrimaryCPUMsPerMB float64 `json:"primary_cpu_ms_per_mb"`
+	BackupCPUMsPerMB  float64 `json:"backup_cpu_ms_per_mb"`
 }
 
 // modeRun accumulates one mode's rounds.
@@ -230,10 +250,18 @@ func RunBench(ctx context.Context, c BenchConfig) error {
 		}
 		rows = append(rows, r...)
 	}
+	// The memcpy floor, measured here after every deployment of the run
+	// has stopped (an idle machine).
+	mcMBs := memcpyMBs()
+	for i := range rows {
+		rows[i].MemcpyMsPerMB = math.Round(memcpyMsPerMB(mcMBs)*1e4) / 1e4
+	}
 	printBench(os.Stdout, rows)
 	printTLSCost(os.Stdout, rows)
 	PrintOverheads(os.Stdout, rows)
-	printShipping(os.Stdout, rows, memcpyMBs())
+	printShipping(os.Stdout, rows, mcMBs)
+	printCPU(os.Stdout, rows)
+	printReplicationCPU(os.Stdout, rows)
 	if *plotPath != "" {
 		if err := PlotBench(*plotPath, rows); err != nil {
 			return fmt.Errorf("bench: plot: %w", err)
@@ -316,6 +344,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		run       func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
 		acc       modeRun
 		m0        metricSnap
+		cpu       cpuAcc // CPU seconds per process over the measured runs
 	}
 	var runners []*runner
 	defer func() {
@@ -348,7 +377,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			if err != nil {
 				return nil, fmt.Errorf("start %s deployment: %w", label, err)
 			}
-			r := &runner{mode: mode, transport: transport, label: label, d: d}
+			r := &runner{mode: mode, transport: transport, label: label, d: d, cpu: cpuAcc{}}
 			runners = append(runners, r)
 			if o.serving != nil {
 				if err := cluster.IsolateReplicas(d, o.serving, o.replicas); err != nil {
@@ -435,10 +464,12 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			break
 		}
 		for _, r := range runners {
+			c0 := sampleCPU(r.d)
 			rec, el, err := r.run(ctx, n)
 			if err != nil {
 				return nil, fmt.Errorf("%s round %d: %w", r.label, round+1, err)
 			}
+			r.cpu.add(c0, sampleCPU(r.d))
 			r.acc.add(rec, el)
 			fmt.Fprintf(os.Stderr, "  round %d/%d %-6s %5d requests in %v\n", round+1, o.rounds, r.label, n, el.Round(time.Millisecond))
 		}
@@ -451,6 +482,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		row := r.acc.row(o.service, r.mode, o.batch, hops)
 		row.Backends = backends
 		row.Transport = r.transport
+		row.CPUMsPerRequest = r.cpu.msPerRequest(row.Requests)
 		if r.mode != "direct" {
 			m1 := scrapeMetrics(benchMetrics(r.d))
 			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && config.Mode(r.mode).Protected() {
@@ -483,6 +515,10 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 				if sec := d("hams_sidecar_snapshot_send_seconds_sum"); sec > 0 {
 					st.ShipMBs = cluster.Round3(d("hams_sidecar_snapshot_shipped_bytes_total") / sec / 1e6)
 				}
+				shipped := d("hams_sidecar_snapshot_shipped_bytes_total")
+				st.ReplicatedMB = cluster.Round3(shipped / 1e6)
+				st.PrimaryCPUMsPerMB = cluster.Round3(cpuMsPerMB(r.cpu.ofChild(cluster.RoleSidecar, m.Name), shipped))
+				st.BackupCPUMsPerMB = cluster.Round3(cpuMsPerMB(r.cpu.ofChild(cluster.RoleBackupSidecar, m.Name), shipped))
 				if row.State == nil {
 					row.State = map[string]stateStats{}
 				}

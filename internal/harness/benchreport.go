@@ -171,3 +171,58 @@ func PlotBench(path string, rows []BenchRow) error {
 	p.Add(one)
 	return p.Save(vg.Length(max(6, len(keys)))*vg.Inch, 4*vg.Inch, path)
 }
+
+// printCPU prints, per (service, mode, batch), the CPU time per request
+// of each process role over the measured runs.
+func printCPU(w io.Writer, rows []BenchRow) {
+	roles := cpuRoles(rows)
+	if len(roles) == 0 {
+		return
+	}
+	header := []any{"service", "mode", "batch"}
+	for _, r := range roles {
+		header = append(header, r)
+	}
+	tb := NewTable(2, header...)
+	for _, r := range rows {
+		row := []any{r.Service, r.Mode, r.Batch}
+		for _, role := range roles {
+			if v, ok := r.CPUMsPerRequest[role]; ok {
+				row = append(row, f3(v))
+			} else {
+				row = append(row, "-")
+			}
+		}
+		tb.AppendRow(row)
+	}
+	fmt.Fprintf(w, "\nCPU ms per request by process role (utime+stime from /proc/<pid>/stat over the measured runs; client: the load generator)\n")
+	Render(w, tb, "")
+}
+
+// printReplicationCPU prints, per replicated model and mode, the CPU the
+// primary and the backup sidecar spent per replicated MB beside this
+// machine's memcpy cost per MB, and their ratio to it.
+func printReplicationCPU(w io.Writer, rows []BenchRow) {
+	tb := NewTable(3, "service", "mode", "model", "replicated_MB", "primary_cpu_ms/MB", "backup_cpu_ms/MB", "memcpy_ms/MB", "primary_x_memcpy", "backup_x_memcpy")
+	for _, r := range rows {
+		names := make([]string, 0, len(r.State))
+		for n := range r.State {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			st := r.State[n]
+			px, bx := "-", "-"
+			if r.MemcpyMsPerMB > 0 && st.ReplicatedMB > 0 {
+				px = fmt.Sprintf("%.1f", st.PrimaryCPUMsPerMB/r.MemcpyMsPerMB)
+				bx = fmt.Sprintf("%.1f", st.BackupCPUMsPerMB/r.MemcpyMsPerMB)
+			}
+			tb.AppendRow([]any{r.Service, r.Mode, n, f3(st.ReplicatedMB), f3(st.PrimaryCPUMsPerMB), f3(st.BackupCPUMsPerMB),
+				fmt.Sprintf("%.4f", r.MemcpyMsPerMB), px, bx})
+		}
+	}
+	if tb.Length() > 0 {
+		fmt.Fprintf(w, "\nreplication CPU per replicated MB (primary and backup sidecar processes, all their work) and the memcpy floor\n")
+		Render(w, tb, "")
+	}
+}
