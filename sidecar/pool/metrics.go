@@ -17,6 +17,9 @@ type metrics struct {
 	parityFailed   *prometheus.CounterVec
 	instance       *prometheus.HistogramVec
 	instanceErrors *prometheus.CounterVec
+	// driverErrors: events the parity machine refused (a bug of the
+	// pool's driver; the machine was left unchanged).
+	driverErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, model string) *metrics {
@@ -52,9 +55,11 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 			Help: "Calls on the pool's instances, by kind (data, parity).", ConstLabels: cl, Buckets: prometheus.ExponentialBuckets(1e-4, 2, 16)}, []string{"kind"}),
 		instanceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hams_pool_instance_errors_total",
 			Help: "Failed calls on the pool's instances, by kind and gRPC code.", ConstLabels: cl}, []string{"kind", "code"}),
+		driverErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "hams_pool_driver_errors_total",
+			Help: "Events the pool's parity machine refused (a bug of the pool's driver, logged at error level with the event; 0 in a healthy pool).", ConstLabels: cl}),
 	}
 	reg.MustRegister(m.outcome, m.encode, m.decode, m.queue, m.lateRows, m.lateDiff, m.hedges, m.hedgeAfter,
-		m.withdrawn, m.standIns, m.parityDropped, m.parityFailed, m.instance, m.instanceErrors)
+		m.withdrawn, m.standIns, m.parityDropped, m.parityFailed, m.instance, m.instanceErrors, m.driverErrors)
 	return m
 }
 

@@ -7,7 +7,10 @@
 //
 // The decisions are protocol/parity's Machine (pure); this package is its
 // driver: it performs the machine's actions (calls on instances, encoding
-// off the dispatch path, decoding) and feeds it their outcomes. A Pool is a
+// off the dispatch path, decoding) and feeds it their outcomes. Every
+// event goes through the machine's Step (Pool.step), under mu; the reads
+// (NextDeadline, QueueDepth) and hedge's delay (SetHedgeAfter) are plain
+// methods, as package protocol's doc has it. A Pool is a
 // sidecar.ConcurrentBackend: the sidecar runs several batches through it
 // at once, and one output comes back per batch (a reconstruction is marked
 // approximate in BatchResponse.approximate).
@@ -29,6 +32,7 @@ import (
 
 	"github.com/hams-go/hams/internal/paritytrain"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/protocol"
 	"github.com/hams-go/hams/protocol/parity"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/sidecar"
@@ -354,7 +358,12 @@ func (p *Pool) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.Bat
 	p.nextID++
 	c.id = p.nextID
 	p.calls[c.id] = c
-	p.perform(p.m.Submit(c.id, p.now()))
+	if err := p.step(parity.Submitted{Batch: c.id, Now: p.now()}); err != nil {
+		// The machine did not take the batch: nothing would ever answer it.
+		delete(p.calls, c.id)
+		p.mu.Unlock()
+		return nil, status.Errorf(codes.Internal, "pool %s: submit batch: %v", p.cfg.Model, err)
+	}
 	p.mu.Unlock()
 	p.wake()
 	select {
@@ -362,7 +371,7 @@ func (p *Pool) Infer(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.Bat
 		return r.resp, r.err
 	case <-ctx.Done():
 		p.mu.Lock()
-		p.perform(p.m.Cancel(c.id, p.now()))
+		_ = p.step(parity.Cancelled{Batch: c.id, Now: p.now()}) // logged and counted by step
 		p.mu.Unlock()
 		p.wake()
 		return nil, ctx.Err()
@@ -374,6 +383,24 @@ func (p *Pool) wake() {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// step feeds one event to the machine and performs the actions it returns
+// (caller holds mu). An error from Step is a bug of this driver (an event
+// the machine does not handle, or one its state forbids, e.g. a batch
+// submitted twice): the machine is unchanged, so step logs it with the
+// event, counts it in hams_pool_driver_errors_total and returns it; it
+// never panics. Callers whose event had to create work (Submitted) answer
+// their caller with it; for the others nothing more can be done.
+func (p *Pool) step(ev protocol.Event) error {
+	acts, err := p.m.Step(ev)
+	if err != nil {
+		p.metrics.driverErrors.Inc()
+		p.log.Error("pool driver bug: the parity machine refused an event", "event", ev.String(), "err", err)
+		return fmt.Errorf("pool %s: step %v: %w", p.cfg.Model, ev, err)
+	}
+	p.perform(protocol.Select[parity.Action](acts))
+	return nil
 }
 
 // perform carries out the machine's actions in order (caller holds mu).
@@ -391,7 +418,7 @@ func (p *Pool) perform(acts []parity.Action) {
 			if c == nil {
 				// Cannot happen (calls live until answered and settled);
 				// tell the machine the instance is free again.
-				p.perform(p.m.DataFailed(a.Batch, a.Instance, false, p.now()))
+				_ = p.step(parity.DataFailed{Batch: a.Batch, Instance: a.Instance, Retryable: false, Now: p.now()})
 				continue
 			}
 			if a.Hedge {
@@ -404,14 +431,14 @@ func (p *Pool) perform(acts []parity.Action) {
 			if p.online != nil && !p.online.ready.Load() {
 				// No parity model trained yet: no reconstruction.
 				p.metrics.parityFailed.WithLabelValues("untrained").Inc()
-				p.perform(p.m.Encoded(a.Group, a.Parity, false, p.now()))
+				_ = p.step(parity.ParityEncoded{Group: a.Group, Parity: a.Parity, OK: false, Now: p.now()})
 				continue
 			}
 			if a.Fill > 0 && g.standIns == nil {
 				if len(p.recent) < a.Fill {
 					// Nothing answered yet to stand in: this group gets
 					// no parity.
-					p.perform(p.m.Encoded(a.Group, a.Parity, false, p.now()))
+					_ = p.step(parity.ParityEncoded{Group: a.Group, Parity: a.Parity, OK: false, Now: p.now()})
 					continue
 				}
 				g.standIns = slices.Clone(p.recent[len(p.recent)-a.Fill:])
@@ -546,13 +573,13 @@ func (p *Pool) decode(a parity.Action) {
 	if err != nil {
 		p.metrics.parityFailed.WithLabelValues("decode").Inc()
 		p.log.Warn("parity output unusable, reconstruction skipped", "group", a.Group, "parities", a.Parities, "err", err)
-		p.perform(p.m.Decoded(a.Group, a.Parities, false, p.now()))
+		_ = p.step(parity.GroupDecoded{Group: a.Group, Parities: a.Parities, OK: false, Now: p.now()})
 		return
 	}
 	for i, c := range missing {
 		c.recon = recon[i]
 	}
-	p.perform(p.m.Decoded(a.Group, a.Parities, true, p.now()))
+	_ = p.step(parity.GroupDecoded{Group: a.Group, Parities: a.Parities, OK: true, Now: p.now()})
 }
 
 // compare scores a reconstruction against the late original: top-1
@@ -652,20 +679,20 @@ func (p *Pool) dataWorker(ctx context.Context, i int) {
 			return
 		}
 		p.mu.Lock()
-		var acts []parity.Action
+		var ev protocol.Event
 		if err == nil {
 			if c.resp == nil {
 				c.resp = resp
 			}
 			p.sample(elapsed)
-			acts = p.m.DataDone(c.id, parity.Instance(i), p.now())
+			ev = parity.DataDone{Batch: c.id, Instance: parity.Instance(i), Now: p.now()}
 		} else {
 			c.lastErr = err
 			p.log.Debug("pool instance call failed", "replica", i, "err", err)
 			p.metrics.instanceErrors.WithLabelValues("data", status.Code(err).String()).Inc()
-			acts = p.m.DataFailed(c.id, parity.Instance(i), retryable(err), p.now())
+			ev = parity.DataFailed{Batch: c.id, Instance: parity.Instance(i), Retryable: retryable(err), Now: p.now()}
 		}
-		p.perform(acts)
+		_ = p.step(ev) // logged and counted by step
 		p.mu.Unlock()
 		p.wake()
 	}
@@ -723,26 +750,27 @@ func (p *Pool) parityWorker(ctx context.Context, i int) {
 			return
 		}
 		p.mu.Lock()
-		var acts []parity.Action
+		inst := parity.Instance(i)
+		var ev protocol.Event
 		g := p.groups[job.g]
 		switch {
 		case g == nil:
-			acts = p.m.ParityDone(job.g, job.j, parity.Instance(i), p.now()) // forgotten: frees the instance
+			ev = parity.ParityDone{Group: job.g, Parity: job.j, Instance: inst, Now: p.now()} // forgotten: frees the instance
 		case err != nil:
 			p.metrics.parityFailed.WithLabelValues(status.Code(err).String()).Inc()
-			acts = p.m.ParityFailed(job.g, job.j, parity.Instance(i), retryable(err), p.now())
+			ev = parity.ParityFailed{Group: job.g, Parity: job.j, Instance: inst, Retryable: retryable(err), Now: p.now()}
 		default:
 			if err := p.checkParity(g, resp); err != nil {
 				// Garbage from a parity model costs the reconstruction only.
 				p.metrics.parityFailed.WithLabelValues("shape").Inc()
 				p.log.Warn("parity output refused", "group", job.g, "parity", job.j, "err", err)
-				acts = p.m.ParityFailed(job.g, job.j, parity.Instance(i), false, p.now())
+				ev = parity.ParityFailed{Group: job.g, Parity: job.j, Instance: inst, Retryable: false, Now: p.now()}
 			} else {
 				g.outputs[job.j] = resp.GetOutputs()
-				acts = p.m.ParityDone(job.g, job.j, parity.Instance(i), p.now())
+				ev = parity.ParityDone{Group: job.g, Parity: job.j, Instance: inst, Now: p.now()}
 			}
 		}
-		p.perform(acts)
+		_ = p.step(ev) // logged and counted by step
 		p.mu.Unlock()
 		p.wake()
 	}
@@ -803,7 +831,7 @@ func (p *Pool) encoder(ctx context.Context) {
 			p.metrics.parityFailed.WithLabelValues("encode").Inc()
 			p.log.Warn("group does not encode, no parity", "group", job.g, "parity", job.j, "err", err)
 		}
-		p.perform(p.m.Encoded(job.g, job.j, ok, p.now()))
+		_ = p.step(parity.ParityEncoded{Group: job.g, Parity: job.j, OK: ok, Now: p.now()}) // logged and counted by step
 		p.mu.Unlock()
 		p.wake()
 	}
@@ -826,7 +854,7 @@ func (p *Pool) timer(ctx context.Context) {
 		select {
 		case <-t.C:
 			p.mu.Lock()
-			p.perform(p.m.Tick(p.now()))
+			_ = p.step(parity.TimePassed{Now: p.now()}) // logged and counted by step
 			p.mu.Unlock()
 		case <-p.kick:
 		case <-ctx.Done():
