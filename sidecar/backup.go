@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -493,7 +492,7 @@ func (b *backupState) install(r *received) error {
 			// as patched.
 			cp := b.takeWarmLocked(len(b.cur))
 			if cp == nil {
-				cp = make([]byte, len(b.cur))
+				cp = makeNoZero(len(b.cur)) // the copy fills it
 			}
 			bigmem.Copy(cp, b.cur)
 			b.cur = cp
@@ -806,8 +805,11 @@ type snapshotSink struct {
 	data   []byte
 	ranges []*hamsv1.StateRange
 	got    uint64
-	check  *xxhash.Digest
-	sum    *stateHash
+	// kind: the wire digest the header announced (headerDigestKind),
+	// check: its running sum of the data.
+	kind  uint64
+	check wireHash
+	sum   *stateHash
 	// audit: the contract's SHA-256 is wanted; marks: the sender's
 	// intermediate states to resume it from (then sum stays nil until
 	// finish).
@@ -839,7 +841,8 @@ func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
 	case h.GetDelta() && h.GetDeltaBytes() > maxDeltaStates*h.GetStateBytes():
 		return nil, status.Errorf(codes.ResourceExhausted, "ship snapshot %d: %d delta bytes for a %d-byte state (limit %d states)", h.GetBatchId(), h.GetDeltaBytes(), h.GetStateBytes(), maxDeltaStates)
 	}
-	k := &snapshotSink{h: h, check: xxhash.New()}
+	kind := headerDigestKind(h)
+	k := &snapshotSink{h: h, kind: kind, check: newWireHash(kind)}
 	if h.GetDelta() {
 		k.ranges = []*hamsv1.StateRange{}
 		return k, nil
@@ -848,7 +851,9 @@ func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
 	k.data = b.takeWarmLocked(int(h.GetStateBytes()))[:0]
 	b.mu.Unlock()
 	if k.data == nil {
-		k.data = make([]byte, 0, h.GetStateBytes())
+		// Not zeroed: every byte is received into it before any is
+		// read (finish checks the count; a short snapshot is dropped).
+		k.data = makeNoZero(int(h.GetStateBytes()))[:0]
 	}
 	if k.audit = s.cfg.AuditDir != ""; k.audit {
 		if m := h.GetSha256Marks(); len(m) > 0 && len(m) == (int(h.GetStateBytes())+stateHashMark-1)/stateHashMark {
@@ -866,15 +871,11 @@ func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
 func (k *snapshotSink) add(off uint64, d []byte) error {
 	h := k.h
 	if h.GetDelta() {
-		if k.got += uint64(len(d)); k.got > h.GetDeltaBytes() {
-			return status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d delta bytes", h.GetBatchId(), h.GetDeltaBytes())
-		}
-		r := &hamsv1.StateRange{Offset: off, Data: d}
-		if err := checkRanges([]*hamsv1.StateRange{r}, h.GetStateBytes()); err != nil {
-			return status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
+		if err := k.checkRange(off, d); err != nil {
+			return err
 		}
 		_, _ = k.check.Write(d)
-		k.ranges = append(k.ranges, r)
+		k.ranges = append(k.ranges, &hamsv1.StateRange{Offset: off, Data: d})
 		return nil
 	}
 	if uint64(len(k.data)+len(d)) > h.GetStateBytes() {
@@ -882,6 +883,29 @@ func (k *snapshotSink) add(off uint64, d []byte) error {
 	}
 	k.data = append(k.data, d...)
 	k.hash(d)
+	return nil
+}
+
+// addHashed is add of a delta's range whose bytes were fed to check
+// already (the bulk stream hashes them as they arrive).
+func (k *snapshotSink) addHashed(off uint64, d []byte) error {
+	if err := k.checkRange(off, d); err != nil {
+		return err
+	}
+	k.ranges = append(k.ranges, &hamsv1.StateRange{Offset: off, Data: d})
+	return nil
+}
+
+// checkRange counts a delta's range against the announced total and
+// checks that it lies inside the state.
+func (k *snapshotSink) checkRange(off uint64, d []byte) error {
+	h := k.h
+	if k.got += uint64(len(d)); k.got > h.GetDeltaBytes() {
+		return status.Errorf(codes.InvalidArgument, "ship snapshot %d: more than the announced %d delta bytes", h.GetBatchId(), h.GetDeltaBytes())
+	}
+	if err := checkRanges([]*hamsv1.StateRange{{Offset: off, Data: d}}, h.GetStateBytes()); err != nil {
+		return status.Errorf(codes.InvalidArgument, "ship snapshot %d: %v", h.GetBatchId(), err)
+	}
 	return nil
 }
 
@@ -903,7 +927,7 @@ func (k *snapshotSink) finish(digest string) (*received, error) {
 		if k.got != h.GetDeltaBytes() {
 			return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d delta bytes", h.GetBatchId(), k.got, h.GetDeltaBytes())
 		}
-		if got := deltaDigest(k.check.Sum64()); got != digest {
+		if got := formatWireDigest(k.kind, k.check.Sum64()); got != digest {
 			return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: delta digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 		}
 		return &received{header: h, delta: k.ranges, digest: digest, at: time.Now()}, nil
@@ -911,7 +935,7 @@ func (k *snapshotSink) finish(digest string) (*received, error) {
 	if uint64(len(k.data)) != h.GetStateBytes() {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: %d of %d state bytes", h.GetBatchId(), len(k.data), h.GetStateBytes())
 	}
-	if got := deltaDigest(k.check.Sum64()); got != digest {
+	if got := formatWireDigest(k.kind, k.check.Sum64()); got != digest {
 		return nil, status.Errorf(codes.DataLoss, "ship snapshot %d: state digest %s does not match the data (%s)", h.GetBatchId(), digest, got)
 	}
 	if _, err := tensor.SplitBySpecs(h.GetStateTensors(), k.data); err != nil {

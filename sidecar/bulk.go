@@ -10,11 +10,9 @@ import (
 	"io"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -61,9 +59,20 @@ var bulkMinBytes uint64 = 1 << 20
 // message of that limit too) and its buffer grows as its bytes arrive, so
 // a length alone allocates nothing; a digest frame is a few dozen bytes;
 // a full state is at most the model's state size as its model server
-// describes it (newSink); a delta's ranges are each at most that size and
-// allocated as they arrive, never delta_bytes up front; and a backup
-// receives at most maxReceiving snapshots at once on both transports.
+// describes it (newSink); a delta's ranges are each at most that size,
+// checked against the announced total and the state before the range's
+// buffer is allocated (one range at a time, never delta_bytes up front);
+// and a backup receives at most maxReceiving snapshots at once on both
+// transports.
+//
+// Copies (issue 22): the primary writes the header, each range's offset
+// and length and the data itself with writev (net.Buffers) of slices
+// that point into the snapshot's own buffers, so the only copy on its
+// side is the kernel's; the data is hashed in pieces just before the
+// write that sends them, so the kernel reads them from cache. The backup
+// reads the data straight into the buffer it keeps (the state buffer; a
+// range's own buffer, not zeroed first: every byte is read into it
+// before it is used), hashing each piece as it arrives.
 
 const (
 	// bulkMaxFrame bounds a header frame when the message limit is not
@@ -72,9 +81,15 @@ const (
 	// bulkMaxDigest bounds a digest frame (an "xxh64:" digest is 22
 	// bytes).
 	bulkMaxDigest = 256
-	// bulkReadBytes is the piece size of reads into a state buffer, each
-	// hashed after it arrives.
-	bulkReadBytes   = 1 << 20
+	// bulkReadBytes is the piece size of reads into a state or range
+	// buffer, each hashed after it arrives (it fits the L2 cache, so the
+	// hash reads what the kernel just wrote).
+	bulkReadBytes = 1 << 20
+	// bulkPieceBytes is the piece size a shipper hashes before it is
+	// written, and bulkWriteBytes the most data one writev carries (the
+	// pieces hashed since the last write, still in cache).
+	bulkPieceBytes  = 256 << 10
+	bulkWriteBytes  = 1 << 20
 	bulkDialTimeout = 5 * time.Second
 )
 
@@ -253,8 +268,9 @@ func (s *Sidecar) bulkSnapshot(br *bufio.Reader, hb []byte) (resp *hamsv1.ShipSn
 }
 
 // readFrom reads the snapshot's data off a bulk stream: a full state
-// straight into the state buffer, in pieces hashed as they arrive; a
-// delta's ranges into one buffer of delta_bytes.
+// straight into the state buffer, a delta's ranges each into its own
+// buffer (not zeroed: ReadFull fills it, and a failed read drops it), in
+// pieces hashed as they arrive.
 func (k *snapshotSink) readFrom(br *bufio.Reader) error {
 	h := k.h
 	if !h.GetDelta() {
@@ -272,8 +288,8 @@ func (k *snapshotSink) readFrom(br *bufio.Reader) error {
 		return nil
 	}
 	// Each range is checked against the announced total and the state
-	// (checkRanges: inside state_bytes, itself bounded by newSink) before
-	// its buffer is allocated, and read in pieces.
+	// (inside state_bytes, itself bounded by newSink) before its buffer
+	// is allocated.
 	left := h.GetDeltaBytes()
 	for left > 0 {
 		off, err := binary.ReadUvarint(br)
@@ -290,12 +306,17 @@ func (k *snapshotSink) readFrom(br *bufio.Reader) error {
 		if off > h.GetStateBytes() || n > h.GetStateBytes()-off {
 			return status.Errorf(codes.InvalidArgument, "bulk snapshot %d: state range of %d bytes at %d outside the %d-byte state", h.GetBatchId(), n, off, h.GetStateBytes())
 		}
-		d, err := readBytes(br, n)
-		if err != nil {
-			return fmt.Errorf("bulk snapshot %d: range data: %w", h.GetBatchId(), err)
+		d := makeNoZero(int(n))
+		for got := 0; got < len(d); {
+			p := d[got:min(got+bulkReadBytes, len(d))]
+			if _, err := io.ReadFull(br, p); err != nil {
+				return fmt.Errorf("bulk snapshot %d: range data at %d (%d of %d bytes read): %w", h.GetBatchId(), off, got, n, err)
+			}
+			_, _ = k.check.Write(p)
+			got += len(p)
 		}
 		left -= n
-		if err := k.add(off, d); err != nil {
+		if err := k.addHashed(off, d); err != nil {
 			return err
 		}
 	}
@@ -359,7 +380,7 @@ func writeBulkAnswer(bw *bufio.Writer, resp *hamsv1.ShipSnapshotResponse, err er
 		}
 	} else {
 		var merr error
-		if payload, merr = proto.Marshal(resp); merr != nil {
+		if payload, merr = marshalAnswer(resp); merr != nil {
 			code, payload = codes.Internal, []byte(merr.Error())
 		}
 	}
@@ -378,7 +399,15 @@ type bulkClient struct {
 	addr string
 	c    net.Conn
 	br   *bufio.Reader
-	bw   *bufio.Writer
+	// xxh3: an answer on this connection said the backup checks XXH3
+	// (wiredigest.go); until then the wire digest is XXH64.
+	xxh3 bool
+	// vec and small are reused from snapshot to snapshot: vec holds the
+	// slices of the next writev; small the frames' lengths and the
+	// ranges' offsets and lengths, which vec's slices point into (it is
+	// only appended to between two writes, never past its capacity).
+	vec   net.Buffers
+	small []byte
 }
 
 func (bc *bulkClient) close() {
@@ -403,30 +432,95 @@ func (sh *shipper) bulkTo(ctx context.Context, addr string) (*bulkClient, error)
 	if err != nil {
 		return nil, fmt.Errorf("dial bulk stream to %s: %w", addr, err)
 	}
+	// The magic in plaintext, then (with TLS) mutual TLS (bulkHandshake).
+	_ = c.SetDeadline(time.Now().Add(bulkDialTimeout))
+	if _, err := c.Write([]byte(bulkMagic)); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
+	}
 	if tlsSrc := sh.s.cfg.TLS; tlsSrc != nil {
-		// The magic in plaintext, then mutual TLS (bulkHandshake).
-		_ = c.SetDeadline(time.Now().Add(bulkDialTimeout))
-		if _, err := c.Write([]byte(bulkMagic)); err != nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
-		}
 		tc := tls.Client(c, tlsSrc.ClientConfig())
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = c.Close()
 			return nil, fmt.Errorf("bulk stream TLS handshake with %s: %w", addr, err)
 		}
-		_ = c.SetDeadline(time.Time{})
 		c = tc
 	}
-	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), bw: bufio.NewWriterSize(c, 64<<10)}
-	if sh.s.cfg.TLS == nil {
-		if _, err := bc.bw.WriteString(bulkMagic); err != nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
-		}
+	_ = c.SetDeadline(time.Time{})
+	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), small: make([]byte, 0, 1<<10)}
+	if sh.bulk != nil {
+		bc.vec, bc.small = sh.bulk.vec[:0], sh.bulk.small[:0]
 	}
 	sh.bulk = bc
 	return bc, nil
+}
+
+// bulkWriter writes one snapshot's frames and data to a bulk connection
+// with writev, hashing the data (when sum is set) piece by piece just
+// before the write that carries it.
+type bulkWriter struct {
+	bc      *bulkClient
+	sum     wireHash
+	pending int // data bytes in bc.vec
+}
+
+// frame queues a uvarint length and b (not hashed).
+func (w *bulkWriter) frame(b []byte) error {
+	if err := w.varints(uint64(len(b))); err != nil {
+		return err
+	}
+	if len(b) > 0 {
+		w.bc.vec = append(w.bc.vec, b)
+	}
+	return nil
+}
+
+// varints queues uvarints (not hashed) in small, writing out what is
+// queued first when small has no room left (its slices must not move).
+func (w *bulkWriter) varints(vs ...uint64) error {
+	bc := w.bc
+	if cap(bc.small)-len(bc.small) < binary.MaxVarintLen64*len(vs) {
+		if err := w.flush(); err != nil {
+			return err
+		}
+	}
+	start := len(bc.small)
+	for _, v := range vs {
+		bc.small = binary.AppendUvarint(bc.small, v)
+	}
+	bc.vec = append(bc.vec, bc.small[start:len(bc.small):len(bc.small)])
+	return nil
+}
+
+// data queues d, hashing it piece by piece, and writes out every
+// bulkWriteBytes.
+func (w *bulkWriter) data(d []byte) error {
+	for len(d) > 0 {
+		k := min(len(d), bulkPieceBytes, bulkWriteBytes-w.pending)
+		if w.sum != nil {
+			_, _ = w.sum.Write(d[:k])
+		}
+		w.bc.vec = append(w.bc.vec, d[:k:k])
+		w.pending += k
+		d = d[k:]
+		if w.pending >= bulkWriteBytes {
+			if err := w.flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// flush writes what is queued (one writev on a TCP connection; a write
+// per slice on TLS) and empties the queue.
+func (w *bulkWriter) flush() error {
+	bc := w.bc
+	v := bc.vec
+	_, err := v.WriteTo(bc.c) // consumes v, not bc.vec's array
+	clear(bc.vec)             // drop the references to the snapshot's data
+	bc.vec, bc.small, w.pending = bc.vec[:0], bc.small[:0], 0
+	return err
 }
 
 // sendBulk ships sn over the bulk stream to addr. An I/O error closes the
@@ -450,56 +544,50 @@ func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (app
 	if err != nil {
 		return false, fmt.Errorf("encode header of batch %d: %w", sn.batch, err)
 	}
-	var sum *xxhash.Digest
-	if !strings.HasPrefix(sn.digest, xxhPrefix) {
-		sum = xxhash.New()
+	kind := digestXXH64
+	if bc.xxh3 {
+		kind = digestXXH3
+	}
+	hb = appendDigestKind(hb, kind)
+	// A resend of a snapshot hashed with this kind already reuses its
+	// digest.
+	w := &bulkWriter{bc: bc}
+	if !isWireDigest(sn.digest) || digestKindOf(sn.digest) != kind {
+		w.sum = newWireHash(kind)
 	}
 	ioErr := func(what string, err error) error {
 		return fmt.Errorf("bulk stream to %s: %s of batch %d: %w", addr, what, sn.batch, err)
 	}
-	if err := writeFrame(bc.bw, hb); err != nil {
+	if err := w.frame(hb); err != nil {
 		return false, ioErr("header", err)
-	}
-	write := func(d []byte) error {
-		for len(d) > 0 {
-			k := min(len(d), bulkReadBytes)
-			if sum != nil {
-				_, _ = sum.Write(d[:k])
-			}
-			if _, err := bc.bw.Write(d[:k]); err != nil {
-				return err
-			}
-			d = d[k:]
-		}
-		return nil
 	}
 	if sn.isDelta() {
 		for _, r := range sn.delta {
 			if len(r.GetData()) == 0 {
 				continue
 			}
-			if _, err := bc.bw.Write(binary.AppendUvarint(binary.AppendUvarint(nil, r.GetOffset()), uint64(len(r.GetData())))); err != nil {
+			if err := w.varints(r.GetOffset(), uint64(len(r.GetData()))); err != nil {
 				return false, ioErr("range", err)
 			}
-			if err := write(r.GetData()); err != nil {
+			if err := w.data(r.GetData()); err != nil {
 				return false, ioErr("range data", err)
 			}
 		}
 	} else {
 		for _, t := range sn.state {
-			if err := write(t.GetData()); err != nil {
+			if err := w.data(t.GetData()); err != nil {
 				return false, ioErr("state data", err)
 			}
 		}
 	}
-	if sum != nil {
-		sn.digest = deltaDigest(sum.Sum64())
+	if w.sum != nil {
+		sn.digest = formatWireDigest(kind, w.sum.Sum64())
 	}
-	if err := writeFrame(bc.bw, []byte(sn.digest)); err != nil {
+	if err := w.frame([]byte(sn.digest)); err != nil {
 		return false, ioErr("digest", err)
 	}
-	if err := bc.bw.Flush(); err != nil {
-		return false, ioErr("flush", err)
+	if err := w.flush(); err != nil {
+		return false, ioErr("write", err)
 	}
 	code, err := binary.ReadUvarint(bc.br)
 	if err != nil {
@@ -519,5 +607,6 @@ func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (app
 	if resp.GetBatchId() != sn.batch {
 		return false, fmt.Errorf("backup acknowledged batch %d for batch %d", resp.GetBatchId(), sn.batch)
 	}
+	bc.xxh3 = answerTakesXXH3(resp)
 	return resp.GetApplied(), nil
 }

@@ -74,13 +74,14 @@ func patchRanges(state []byte, rs []*hamsv1.StateRange) {
 	}
 }
 
-// joinState is the concatenated bytes of state tensors, in a new buffer.
+// joinState is the concatenated bytes of state tensors, in a new buffer
+// (not zeroed first: the tensors fill it, n bytes in all).
 func joinState(ts []*hamsv1.Tensor) []byte {
 	n := 0
 	for _, t := range ts {
 		n += len(t.GetData())
 	}
-	out := make([]byte, n)
+	out := makeNoZero(n)
 	off := 0
 	for _, t := range ts {
 		off += bigmem.Copy(out[off:], t.GetData())
@@ -102,20 +103,27 @@ func specsOf(ts []*hamsv1.Tensor) []*hamsv1.TensorSpec {
 // itself is never written: a send or a rollback may be reading it). The
 // result carries the header, ids and coverage of the last of tail.
 func fold(full *snapshot, tail []*snapshot) (*snapshot, error) {
+	m, _, err := foldBuf(full, tail)
+	return m, err
+}
+
+// foldBuf is fold that also returns the new buffer its tensors are views
+// of (nil when tail is empty: then it returns full itself).
+func foldBuf(full *snapshot, tail []*snapshot) (*snapshot, []byte, error) {
 	if len(tail) == 0 {
-		return full, nil
+		return full, nil, nil
 	}
 	state := joinState(full.state)
 	for _, d := range tail {
 		if err := checkRanges(d.delta, uint64(len(state))); err != nil {
-			return nil, fmt.Errorf("fold delta snapshot %d: %w", d.batch, err)
+			return nil, nil, fmt.Errorf("fold delta snapshot %d: %w", d.batch, err)
 		}
 		patchRanges(state, d.delta)
 	}
 	specs := full.header.GetStateTensors()
 	ts, err := tensor.SplitBySpecs(specs, state)
 	if err != nil {
-		return nil, fmt.Errorf("fold delta snapshots into the state of %d: %w", full.batch, err)
+		return nil, nil, fmt.Errorf("fold delta snapshots into the state of %d: %w", full.batch, err)
 	}
 	top := tail[len(tail)-1]
 	th := top.header
@@ -123,5 +131,5 @@ func fold(full *snapshot, tail []*snapshot) (*snapshot, error) {
 		Requests: th.GetRequests(), StateTensors: specs, StateBytes: uint64(len(state)), Outputs: th.GetOutputs(), OutputRows: th.GetOutputRows()}
 	m := *top
 	m.header, m.state, m.delta, m.digest = h, ts, nil, ""
-	return &m, nil
+	return &m, state, nil
 }

@@ -72,7 +72,15 @@ type shipper struct {
 	// state the backup applied is applied's with them patched in (fold).
 	// Kept apart so no applied state is ever written in place.
 	appliedTail []*snapshot
-	unapplied   []*snapshot
+	// appliedOwn: applied's state is one buffer (appliedBuf) that only
+	// the shipper references, made by a fold, so the next fold patches
+	// the tail into it in place (cost: the tail's bytes) instead of
+	// copying the whole state (issue 22). Whoever takes applied out of
+	// the shipper (Applied, a rebase) takes the buffer with it: the flag
+	// is cleared first and the next fold copies again.
+	appliedOwn bool
+	appliedBuf []byte
+	unapplied  []*snapshot
 	// appliedMax is the highest batch the backup is known to have
 	// applied. A durability notice can arrive before the shipper has
 	// recorded the ack of the same snapshot (the notice races the ack's
@@ -265,7 +273,7 @@ func (sh *shipper) Unapplied() int {
 }
 
 // Applied returns the rollback target: the last state the backup applied,
-// as a full snapshot.
+// as a full snapshot. The shipper never writes its state afterwards.
 func (sh *shipper) Applied() *snapshot {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -273,23 +281,53 @@ func (sh *shipper) Applied() *snapshot {
 		sh.s.log.Error("rollback target not materialized", "err", err)
 		return nil
 	}
+	sh.disownApplied()
 	return sh.applied
 }
 
+// disownApplied gives applied's buffer up (caller holds mu): it is about
+// to be read outside the shipper.
+func (sh *shipper) disownApplied() { sh.appliedOwn, sh.appliedBuf = false, nil }
+
 // foldApplied makes applied the full state with appliedTail patched in
-// (caller holds mu).
+// (caller holds mu): in place when the shipper owns applied's buffer
+// (the tail's ranges, merged, are all it writes), else into a new one.
 func (sh *shipper) foldApplied() error {
 	if len(sh.appliedTail) == 0 {
 		return nil
 	}
-	f, err := fold(sh.applied, sh.appliedTail)
-	if err != nil {
-		return err
+	if !sh.appliedOwn {
+		f, buf, err := foldBuf(sh.applied, sh.appliedTail)
+		if err != nil {
+			return err
+		}
+		sh.applied, sh.appliedOwn, sh.appliedBuf = f, true, buf
+	} else {
+		rs := mergeRanges(deltasOf(sh.appliedTail)...)
+		if err := checkRanges(rs, uint64(len(sh.appliedBuf))); err != nil {
+			return fmt.Errorf("fold delta snapshots into the state of %d: %w", sh.applied.batch, err)
+		}
+		patchRanges(sh.appliedBuf, rs)
+		top := sh.appliedTail[len(sh.appliedTail)-1]
+		th, ah := top.header, sh.applied.header
+		h := &hamsv1.SnapshotHeader{Model: th.GetModel(), Epoch: th.GetEpoch(), BatchId: th.GetBatchId(), StateVersion: th.GetStateVersion(),
+			Requests: th.GetRequests(), StateTensors: ah.GetStateTensors(), StateBytes: ah.GetStateBytes(), Outputs: th.GetOutputs(), OutputRows: th.GetOutputRows()}
+		m := *top
+		m.header, m.state, m.delta, m.digest = h, sh.applied.state, nil, ""
+		sh.applied = &m
 	}
-	sh.applied = f
 	clear(sh.appliedTail)
 	sh.appliedTail = sh.appliedTail[:0]
 	return nil
+}
+
+// deltasOf is the delta of each snapshot, in order.
+func deltasOf(sns []*snapshot) [][]*hamsv1.StateRange {
+	out := make([][]*hamsv1.StateRange, len(sns))
+	for i, sn := range sns {
+		out[i] = sn.delta
+	}
+	return out
 }
 
 // setApplied records that the backup applied batch n (caller holds mu).
@@ -305,6 +343,7 @@ func (sh *shipper) setApplied(n uint64) {
 			sh.appliedTail = append(sh.appliedTail, sn)
 		} else {
 			sh.applied, sh.appliedTail = sn, sh.appliedTail[:0]
+			sh.disownApplied()
 		}
 		i++
 	}
@@ -355,6 +394,7 @@ func (sh *shipper) reset(base *snapshot, ship bool) {
 	clear(sh.appliedTail)
 	sh.appliedTail = nil
 	sh.applied, sh.kept, sh.sentTo = base, base, ""
+	sh.disownApplied()
 	sh.nextID, sh.appliedMax = 0, 0
 	if base != nil {
 		sh.nextID, sh.appliedMax = base.batch+1, base.batch
@@ -726,6 +766,7 @@ func (sh *shipper) rebaseSnapshots() []*snapshot {
 			sh.s.log.Error("no full base for a new backup", "err", err)
 			return nil
 		}
+		sh.disownApplied() // it is sent, and may become kept
 		return append([]*snapshot{sh.applied}, sh.unapplied...)
 	}
 	if n == 0 || sh.unapplied[n-1] != sh.kept {
