@@ -369,7 +369,10 @@ func TestFoldInPlaceSparesHandedOutTarget(t *testing.T) {
 // testWriter logs through t.
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 func TestMakeNoZero(t *testing.T) {
 	if makeNoZero(0) != nil {
