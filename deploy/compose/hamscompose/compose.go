@@ -139,7 +139,7 @@ services:
 	}
 	var primaries []string
 	for _, p := range l.pods {
-		if p.role == "primary" {
+		if p.role.OnDataPath() {
 			primaries = append(primaries, p.sidecar()+"=service_healthy")
 		}
 	}
@@ -173,7 +173,7 @@ services:
 `, sc, n, p.model, p.role, l.cfgFile, sidecarPort, modelPort, manager, nats, natsAuth, tls(sc))
 		b.WriteString(health(fmt.Sprintf("%s:%d", n, sidecarPort)))
 		deps := []string{n + "=service_healthy"}
-		if p.role != "primary" {
+		if !p.role.OnDataPath() {
 			// Spares after the serving instances (startDeployment: a
 			// promoted standby must be younger than its senders).
 			deps = append(deps, primaries...)

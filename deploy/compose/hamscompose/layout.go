@@ -32,11 +32,14 @@ const (
 // pod is one model instance: a model-server container (owning the
 // network and IPC namespaces) and its sidecar's container.
 type pod struct {
-	model, role string // role as started: primary, backup, standby
+	model string
+	// role as started: primary (the serving instance, on the data path),
+	// backup or standby (spares, started after every primary).
+	role config.Role
 }
 
 // name is the pod's compose service (the model server's) and host name.
-func (p pod) name() string    { return p.model + "-" + p.role }
+func (p pod) name() string    { return p.model + "-" + p.role.String() }
 func (p pod) sidecar() string { return p.name() + "-sidecar" }
 
 type layout struct {
@@ -57,12 +60,12 @@ func layoutOf(dep *config.Deployment) (*layout, error) {
 		if m.Pooled() || m.Backend.Address != "" || (m.Backend.Type != "" && m.Backend.Type != "reference") {
 			return nil, fmt.Errorf("model %q: the compose generator starts reference model servers only (no pools, no external backends)", m.Name)
 		}
-		l.pods = append(l.pods, pod{m.Name, "primary"})
+		l.pods = append(l.pods, pod{m.Name, config.RolePrimary})
 		switch {
 		case m.Stateful:
-			l.pods = append(l.pods, pod{m.Name, "backup"}, pod{m.Name, "standby"})
+			l.pods = append(l.pods, pod{m.Name, config.RoleBackup}, pod{m.Name, config.RoleStandby})
 		case dep.HasStandby(m.Name):
-			l.pods = append(l.pods, pod{m.Name, "standby"})
+			l.pods = append(l.pods, pod{m.Name, config.RoleStandby})
 		}
 	}
 	return l, nil

@@ -101,7 +101,7 @@ func restarted(args []string, gen int) []string {
 			out[i+1] += ".r" + strconv.Itoa(gen)
 		case "--role", "-role":
 			if instance {
-				out[i+1] = "standby"
+				out[i+1] = config.RoleStandby.String()
 			}
 		}
 	}
