@@ -71,9 +71,15 @@ type Pool struct {
 
 // Instance is one process of a model (or a frontend).
 type Instance struct {
-	ID      string `json:"id"`
-	Kind    string `json:"kind"` // sidecar, model-server, frontend
-	Role    string `json:"role"`
+	ID   string `json:"id"`
+	Kind string `json:"kind"` // sidecar, model-server, frontend
+	// Role is what the page shows: a sidecar's role (shownRole), "model
+	// server", a frontend's "leader" or "follower", a pool instance's
+	// "replica" or "parity". The page's script reads these values.
+	Role string `json:"role"`
+	// role is a sidecar's role as the manager records it (unset for
+	// every other kind); health and ordering decide on it, not on Role.
+	role    config.Role
 	Alive   bool   `json:"alive"`
 	Epoch   uint64 `json:"epoch,omitempty"`
 	Address string `json:"address,omitempty"`
@@ -180,7 +186,9 @@ func (s *Server) State(now time.Time) State {
 				continue
 			}
 			m.Epoch = max(m.Epoch, p.GetEpoch())
-			in := inst(p.GetComponentId(), "sidecar", roleOf(p.GetRole()), p.GetAlive(), p.GetEpoch(), p.GetSidecarAddress())
+			role := config.RoleFromProto(p.GetRole())
+			in := inst(p.GetComponentId(), "sidecar", shownRole(role), p.GetAlive(), p.GetEpoch(), p.GetSidecarAddress())
+			in.role = role
 			if ms := servers[p.GetBackendAddress()]; ms != nil {
 				in.Server, in.ServerAlive = ms.GetComponentId(), ms.GetAlive()
 				delete(servers, p.GetBackendAddress())
@@ -196,7 +204,7 @@ func (s *Server) State(now time.Time) State {
 			}
 		}
 		sort.SliceStable(m.Items, func(a, b int) bool {
-			ra, rb := roleRank(m.Items[a].Role), roleRank(m.Items[b].Role)
+			ra, rb := rank(m.Items[a]), rank(m.Items[b])
 			if ra != rb {
 				return ra < rb
 			}
@@ -243,26 +251,30 @@ func (s *Server) State(now time.Time) State {
 	return st
 }
 
-// roleOf is a role as the page shows it.
-func roleOf(r hamsv1.Role) string {
-	switch r {
-	case hamsv1.Role_ROLE_UNSPECIFIED:
+// shownRole is a sidecar's role as the page shows it: a stateless model's
+// serving instance (active) is shown as its primary, an unset role as
+// "none".
+func shownRole(r config.Role) string {
+	switch {
+	case r == "":
 		return "none"
-	case hamsv1.Role_ROLE_ACTIVE:
-		return "primary"
+	case r.OnDataPath():
+		return config.RolePrimary.String()
 	}
-	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+	return r.String()
 }
 
-func roleRank(r string) int {
-	switch r {
-	case "primary":
+// rank orders a model's instances: the serving sidecar, its backup, its
+// standbys, the model servers no sidecar drives, the rest.
+func rank(in Instance) int {
+	switch {
+	case in.role.OnDataPath():
 		return 0
-	case "backup":
+	case in.role == config.RoleBackup:
 		return 1
-	case "standby":
+	case in.role == config.RoleStandby:
 		return 2
-	case "model server":
+	case in.Kind == "model-server":
 		return 3
 	}
 	return 4
@@ -277,10 +289,10 @@ func modelHealth(cm *config.Model, items []Instance) string {
 		if in.Kind != "sidecar" || !in.Alive {
 			continue
 		}
-		switch in.Role {
-		case "primary":
+		switch {
+		case in.role.OnDataPath():
 			primary = true
-		case "backup", "standby":
+		case in.role.Spare():
 			spare = true
 		}
 	}
@@ -296,7 +308,7 @@ func modelHealth(cm *config.Model, items []Instance) string {
 // hasSidecarSpare: the model ever had a backup or standby sidecar.
 func hasSidecarSpare(items []Instance) bool {
 	for _, in := range items {
-		if in.Kind == "sidecar" && (in.Role == "backup" || in.Role == "standby") {
+		if in.Kind == "sidecar" && in.role.Spare() {
 			return true
 		}
 	}
