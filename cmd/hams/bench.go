@@ -8,6 +8,7 @@ import (
 	"github.com/hams-go/hams/internal/harness"
 )
 
+// runBench is `hams bench`: its flags, then the library call that does the work.
 func runBench(args []string) error {
 	if harness.ServiceArg(args) == harness.ParmService {
 		return runParmBench(args)
@@ -35,9 +36,13 @@ func runBench(args []string) error {
 		return err
 	}
 	c.Task.TraceArgs = traceArgs()
+	x, err := harness.NewBench(c)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signalContext()
 	defer stop()
-	return harness.RunBench(ctx, c)
+	return x.Run(ctx)
 }
 
 // runParmBench is hams bench --service parm: one deployment holding a

@@ -10,6 +10,7 @@ import (
 	"github.com/hams-go/hams/internal/harness"
 )
 
+// runChaos is `hams chaos`: its flags, then the library call that does the work.
 func runChaos(args []string) error {
 	fs := newFlagSet("chaos")
 	var c harness.ChaosConfig
@@ -39,7 +40,11 @@ func runChaos(args []string) error {
 	}
 	c.Options = cf.options(c.Mode)
 	fs.Visit(func(f *flag.Flag) { c.ServiceSet = c.ServiceSet || f.Name == "service" })
+	x, err := harness.NewChaos(c)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signalContext()
 	defer stop()
-	return harness.RunChaos(ctx, c)
+	return x.Run(ctx)
 }

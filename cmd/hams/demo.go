@@ -9,6 +9,7 @@ import (
 	"github.com/hams-go/hams/internal/harness"
 )
 
+// runDemo is `hams demo`: its flags, then the library call that does the work.
 func runDemo(args []string) error {
 	fs := newFlagSet("demo")
 	var c harness.DemoConfig
@@ -36,7 +37,11 @@ func runDemo(args []string) error {
 		return err
 	}
 	c.Options = cf.options(c.Mode)
+	x, err := harness.NewDemo(c)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signalContext()
 	defer stop()
-	return harness.RunDemo(ctx, c)
+	return x.Run(ctx)
 }

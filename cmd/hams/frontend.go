@@ -20,6 +20,7 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
+// runFrontend is `hams frontend`: its flags, then the library call that does the work.
 func runFrontend(args []string) error {
 	rf := newRoleFlags("frontend")
 	mgr := rf.fs.String("manager", "", "manager gRPC address (required; comma-separated for an active manager and standbys: the frontend follows the active one)")

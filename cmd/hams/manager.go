@@ -9,6 +9,7 @@ import (
 	"github.com/hams-go/hams/manager"
 )
 
+// runManager is `hams manager`: its flags, then the library call that does the work.
 func runManager(args []string) error {
 	rf := newRoleFlags("manager")
 	natsURL := rf.fs.String("nats", "", "external NATS URL (JetStream enabled); empty starts an embedded nats-server")

@@ -11,6 +11,7 @@ import (
 	"github.com/hams-go/hams/refserver"
 )
 
+// runModelServer is `hams modelserver`: its flags, then the library call that does the work.
 func runModelServer(args []string) error {
 	rf := newRoleFlags("modelserver")
 	models := rf.fs.String("models", "", "comma-separated models of the deployment to host (required)")

@@ -44,6 +44,7 @@ func registerDeployedFlags(d *harness.DeployedModel, fs interface {
 	fs.DurationVar(&d.Timeout, "deployed-timeout", 30*time.Second, "timeout of one labelling call to --deployed-addr")
 }
 
+// runParityTrain is `hams parity train`: its flags, then the library call that does the work.
 func runParityTrain(args []string) error {
 	fs := newFlagSet("parity train")
 	var c harness.ParityTrainConfig
@@ -78,6 +79,7 @@ func runParityTrain(args []string) error {
 	return harness.RunParityTrain(ctx, c)
 }
 
+// runParityEval is `hams parity eval`: its flags, then the library call that does the work.
 func runParityEval(args []string) error {
 	fs := newFlagSet("parity eval")
 	var c harness.ParityEvalConfig

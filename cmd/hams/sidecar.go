@@ -16,6 +16,7 @@ import (
 	"github.com/hams-go/hams/sidecar"
 )
 
+// runSidecar is `hams sidecar`: its flags, then the library call that does the work.
 func runSidecar(args []string) error {
 	rf := newRoleFlags("sidecar")
 	model := rf.fs.String("model", "", "model this sidecar fronts (required)")

@@ -21,6 +21,7 @@ func registerTaskFlags(t *harness.Task, fs interface {
 	fs.BoolVar(&t.Verbose, "v", false, "log the supervisor's events on stderr")
 }
 
+// runUp is `hams up`: its flags, then the library call that does the work.
 func runUp(args []string) error {
 	fs := newFlagSet("up")
 	cfgPath := fs.String("config", "", "deployment YAML file (required)")

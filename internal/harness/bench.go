@@ -153,8 +153,54 @@ type BenchConfig struct {
 	Task           Task          // the task flags
 }
 
-// benchRun runs the command configured by c until it is done or ctx ends.
-func RunBench(ctx context.Context, c BenchConfig) error {
+// Bench is a configured hams bench run.
+type Bench struct{ c BenchConfig }
+
+// NewBench validates c (the modes, transports, sizes and shapes it
+// names); it does no I/O. A zero-or-negative Warmup becomes the default,
+// max(2*Batch, 20).
+func NewBench(c BenchConfig) (*Bench, error) {
+	modes := cluster.SplitList(c.ModesFlag)
+	if len(modes) == 0 {
+		return nil, Usagef("bench: --modes is empty")
+	}
+	for _, m := range modes {
+		if !slices.Contains(BenchModes, m) {
+			return nil, Usagef("bench: unknown mode %q (one of %s)", m, strings.Join(BenchModes, ", "))
+		}
+		if !slices.Contains(benchImplemented, m) {
+			return nil, Usagef("bench: mode %s is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
+		}
+	}
+	transports := cluster.SplitList(c.TransportsFlag)
+	if len(transports) == 0 {
+		return nil, Usagef("bench: --transport is empty")
+	}
+	for _, t := range transports {
+		if t != "tls" && t != "insecure" {
+			return nil, Usagef("bench: --transport %q: tls or insecure", t)
+		}
+	}
+	if c.Batch < 1 || c.Batch > 4096 || c.Requests < 1 || c.Rounds < 1 || c.Timeout <= 0 {
+		return nil, Usagef("bench: --batch must be 1..4096; --requests, --rounds and --timeout positive")
+	}
+	if c.Warmup < 0 {
+		c.Warmup = max(2*c.Batch, 20)
+	}
+	if c.Set != examples.SetDefault && c.Set != examples.SetPaper {
+		return nil, Usagef("bench: --examples %q: %s or %s", c.Set, examples.SetDefault, examples.SetPaper)
+	}
+	if c.Load != "closed" && c.Load != "waves" {
+		return nil, Usagef("bench: --load %q: closed or waves", c.Load)
+	}
+	return &Bench{c: c}, nil
+}
+
+// Run benches every service of the configuration, prints the tables and
+// writes the JSON and plot it asks for; it returns when done or when ctx
+// ends.
+func (b *Bench) Run(ctx context.Context) error {
+	c := b.c
 	service := &c.Service
 	cfgFile := &c.CfgFile
 	modesFlag := &c.ModesFlag
@@ -172,39 +218,7 @@ func RunBench(ctx context.Context, c BenchConfig) error {
 	transportsFlag := &c.TransportsFlag
 	suspicion := &c.Suspicion
 	tf := &c.Task
-	modes := cluster.SplitList(*modesFlag)
-	if len(modes) == 0 {
-		return Usagef("bench: --modes is empty")
-	}
-	for _, m := range modes {
-		if !slices.Contains(BenchModes, m) {
-			return Usagef("bench: unknown mode %q (one of %s)", m, strings.Join(BenchModes, ", "))
-		}
-		if !slices.Contains(benchImplemented, m) {
-			return Usagef("bench: mode %s is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
-		}
-	}
-	transports := cluster.SplitList(*transportsFlag)
-	if len(transports) == 0 {
-		return Usagef("bench: --transport is empty")
-	}
-	for _, t := range transports {
-		if t != "tls" && t != "insecure" {
-			return Usagef("bench: --transport %q: tls or insecure", t)
-		}
-	}
-	if *batch < 1 || *batch > 4096 || *requests < 1 || *rounds < 1 || *timeout <= 0 {
-		return Usagef("bench: --batch must be 1..4096; --requests, --rounds and --timeout positive")
-	}
-	if *warmup < 0 {
-		*warmup = max(2**batch, 20)
-	}
-	if *set != examples.SetDefault && *set != examples.SetPaper {
-		return Usagef("bench: --examples %q: %s or %s", *set, examples.SetDefault, examples.SetPaper)
-	}
-	if *load != "closed" && *load != "waves" {
-		return Usagef("bench: --load %q: closed or waves", *load)
-	}
+	modes, transports := cluster.SplitList(*modesFlag), cluster.SplitList(*transportsFlag)
 	services := examples.Names()
 	var fileRaw []byte
 	if *cfgFile != "" {
@@ -587,10 +601,20 @@ func scrapeMetrics(addrs map[string]string, prefixes ...string) metricSnap {
 		prefixes = []string{"hams_sidecar_", "hams_frontend_"}
 	}
 	out := metricSnap{}
-	hc := &http.Client{Timeout: 3 * time.Second}
+	// A sidecar busy with a large state on a loaded machine can take
+	// seconds to answer: a scrape is retried, and one that fails is
+	// reported, since its figures are then missing from the row.
+	hc := &http.Client{Timeout: 10 * time.Second}
 	for model, a := range addrs {
-		resp, err := hc.Get("http://" + a + "/metrics")
+		var resp *http.Response
+		var err error
+		for range 3 {
+			if resp, err = hc.Get("http://" + a + "/metrics"); err == nil {
+				break
+			}
+		}
 		if err != nil {
+			fmt.Fprintf(os.Stderr, "hams bench: scrape the metrics of %s at %s: %v (its figures are missing)\n", model, a, err)
 			continue
 		}
 		vals := map[string]float64{}

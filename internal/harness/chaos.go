@@ -151,8 +151,26 @@ type ChaosConfig struct {
 	Options     cluster.Options // deployment options of the control flags (--frontends, --managers, --insecure, --nats...)
 }
 
-// chaosRun runs the command configured by c until it is done or ctx ends.
-func RunChaos(ctx context.Context, c ChaosConfig) error {
+// Chaos is a configured hams chaos run.
+type Chaos struct{ c ChaosConfig }
+
+// NewChaos validates c (mode, durations, sizes); it does no I/O. The
+// deployment file and the audit directory are checked in Run.
+func NewChaos(c ChaosConfig) (*Chaos, error) {
+	if err := CheckMode(c.Mode); err != nil {
+		return nil, err
+	}
+	if c.Duration <= 0 || c.Conc < 1 || c.Timeout <= 0 || c.Settle <= 0 {
+		return nil, Usagef("chaos: --duration, --concurrency, --timeout and --settle must be positive")
+	}
+	return &Chaos{c: c}, nil
+}
+
+// Run starts the deployment, drives load while killing components at
+// random, checks every reply and the audit logs, and prints (and writes)
+// the report; it returns when done or when ctx ends.
+func (ch *Chaos) Run(ctx context.Context) error {
+	c := ch.c
 	service := &c.Service
 	cfgFile := &c.CfgFile
 	duration := &c.Duration
@@ -168,12 +186,6 @@ func RunChaos(ctx context.Context, c ChaosConfig) error {
 	suspicion := &c.Suspicion
 	kinds := &c.Kinds
 	tf := &c.Task
-	if err := CheckMode(*mode); err != nil {
-		return err
-	}
-	if *duration <= 0 || *conc < 1 || *timeout <= 0 || *settle <= 0 {
-		return Usagef("chaos: --duration, --concurrency, --timeout and --settle must be positive")
-	}
 	var (
 		dep      *config.Deployment
 		services []string

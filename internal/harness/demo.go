@@ -238,8 +238,31 @@ type DemoConfig struct {
 	Options   cluster.Options // deployment options of the control flags (--frontends, --managers, --insecure, --nats...)
 }
 
-// demoRun runs the command configured by c until it is done or ctx ends.
-func RunDemo(ctx context.Context, c DemoConfig) error {
+// Demo is a configured hams demo run.
+type Demo struct{ c DemoConfig }
+
+// NewDemo validates c (mode, durations, sizes, kill times); it does no
+// I/O. Kill targets are checked against the deployment in Run.
+func NewDemo(c DemoConfig) (*Demo, error) {
+	if err := CheckMode(c.Mode); err != nil {
+		return nil, err
+	}
+	if c.Duration <= 0 || c.Conc < 1 || c.Rows < 1 || c.Timeout <= 0 {
+		return nil, Usagef("demo: --duration, --timeout, --concurrency and --rows must be positive")
+	}
+	for _, k := range c.Kills {
+		if k.After >= c.Duration {
+			return nil, Usagef("demo: --kill %s@%v is not before the end of the run (%v)", k.target(), k.After, c.Duration)
+		}
+	}
+	return &Demo{c: c}, nil
+}
+
+// Run starts the deployment, drives load for the configured duration,
+// executes the kills, checks every reply and prints (and writes) the
+// report; it returns when done or when ctx ends.
+func (dm *Demo) Run(ctx context.Context) error {
+	c := dm.c
 	service := &c.Service
 	duration := &c.Duration
 	kills := c.Kills
@@ -254,18 +277,7 @@ func RunDemo(ctx context.Context, c DemoConfig) error {
 	suspicion := &c.Suspicion
 	dash := &c.Dash
 	tf := &c.Task
-	if err := CheckMode(*mode); err != nil {
-		return err
-	}
-	if *duration <= 0 || *conc < 1 || *rows < 1 || *timeout <= 0 {
-		return Usagef("demo: --duration, --timeout, --concurrency and --rows must be positive")
-	}
 	nFrontends, nManagers := c.Options.Counts(*mode)
-	for _, k := range kills {
-		if k.After >= *duration {
-			return Usagef("demo: --kill %s@%v is not before the end of the run (%v)", k.target(), k.After, *duration)
-		}
-	}
 	dir, cleanup, err := tf.Prepare("hams-demo-")
 	if err != nil {
 		return err
