@@ -150,8 +150,12 @@ func (k *olearn) delta(staged any) []Range {
 	return out
 }
 
-// patch copies every block it writes first (captures hold block
-// pointers; installed blocks are never written in place).
+// patch never writes an installed block in place (captures hold block
+// pointers): a block it writes gets a new expert, and each part of it a
+// new slice, copied from the old one only when the ranges do not cover
+// the part whole (a delta ships whole blocks: copying a part that is
+// overwritten next was one copy per replicated byte for nothing on the
+// backup's model server, issue 22).
 func (k *olearn) patch(ranges []Range) error {
 	k.ready()
 	parts := k.parts()
@@ -161,7 +165,7 @@ func (k *olearn) patch(ranges []Range) error {
 		per[p] = len(part(k.experts[0]))
 		sizes[p] = per[p] * k.e
 	}
-	fresh := map[int]bool{}
+	fresh := map[int]*[4]bool{} // block -> parts already new
 	for _, r := range ranges {
 		var err error
 		floatSpans(sizes, r, func(p, i int, data []byte) {
@@ -171,12 +175,23 @@ func (k *olearn) patch(ranges []Range) error {
 					err = fmt.Errorf("range at %d past the state", r.Off)
 					return
 				}
-				if !fresh[e] {
-					k.experts[e] = k.experts[e].clone()
-					fresh[e] = true
+				f := fresh[e]
+				if f == nil {
+					x := *k.experts[e] // a new block sharing the parts until written
+					k.experts[e], f = &x, new([4]bool)
+					fresh[e] = f
 				}
 				n := min(len(data)/4, per[p]-j)
-				readF32(parts[p](k.experts[e])[j:j+n], data[:4*n])
+				dst := partRef(k.experts[e], p)
+				if !f[p] {
+					if j == 0 && n == per[p] {
+						*dst = make([]float32, per[p]) // written whole just below
+					} else {
+						*dst = append([]float32(nil), *dst...)
+					}
+					f[p] = true
+				}
+				readF32((*dst)[j:j+n], data[:4*n])
 				data, i = data[4*n:], i+n
 			}
 		})
@@ -187,7 +202,16 @@ func (k *olearn) patch(ranges []Range) error {
 	return nil
 }
 
-func (x *expert) clone() *expert {
-	return &expert{w1: append([]float32(nil), x.w1...), b1: append([]float32(nil), x.b1...),
-		w2: append([]float32(nil), x.w2...), b2: append([]float32(nil), x.b2...)}
+// partRef is part p of x in parts' order (w1, b1, w2, b2).
+func partRef(x *expert, p int) *[]float32 {
+	switch p {
+	case 0:
+		return &x.w1
+	case 1:
+		return &x.b1
+	case 2:
+		return &x.w2
+	default:
+		return &x.b2
+	}
 }

@@ -246,3 +246,38 @@ func TestComputeWithInstallRepeated(t *testing.T) {
 		t.Fatal("the state after a repeated compute differs")
 	}
 }
+
+// olearn's patch allocates a part a range covers whole without copying
+// it and copies a part it writes partly: either way the state is the old
+// one with the ranges written, and a capture taken before reads the old
+// state.
+func TestOLearnPatchWholeAndPartialParts(t *testing.T) {
+	m := mk(t, "olearn", map[string]any{"in_dim": 8, "state_mb": 1, "expert_width": 4})
+	k := m.(*core).k.(*olearn)
+	k.ready()
+	w1 := uint64(4 * len(k.experts[0].w1)) // bytes of one block's w1
+	before := stateBytes(t, m)
+	rs := []Range{
+		{Off: w1, Data: bytes.Repeat([]byte{1}, int(w1))},        // block 1's w1, whole
+		{Off: 2*w1 + 4, Data: bytes.Repeat([]byte{2}, 8)},        // two floats inside block 2's w1
+		{Off: 3*w1 - 4, Data: bytes.Repeat([]byte{3}, 8)},        // the end of block 2's w1 and block 3's first float
+		{Off: w1 + 8, Data: bytes.Repeat([]byte{4}, 4)},          // block 1's w1 again, after it was made whole
+		{Off: uint64(len(before)) - 4, Data: []byte{5, 5, 5, 5}}, // the state's last float
+	}
+	var captured bytes.Buffer
+	err := m.ReadState(func(StateInfo) (io.Writer, error) {
+		if _, err := m.WriteStateRanges(0, 1, rs); err != nil {
+			t.Fatal(err)
+		}
+		return &captured, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(captured.Bytes(), before) {
+		t.Fatal("the patch changed a captured state")
+	}
+	if got := stateBytes(t, m); !bytes.Equal(got, applyRanges(before, rs)) {
+		t.Fatal("patched state is not the old one with the ranges written")
+	}
+}
