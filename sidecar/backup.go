@@ -875,6 +875,7 @@ func (k *snapshotSink) add(off uint64, d []byte) error {
 			return err
 		}
 		_, _ = k.check.Write(d)
+		k.check.EndRange()
 		k.ranges = append(k.ranges, &hamsv1.StateRange{Offset: off, Data: d})
 		return nil
 	}

@@ -315,6 +315,7 @@ func (k *snapshotSink) readFrom(br *bufio.Reader) error {
 			_, _ = k.check.Write(p)
 			got += len(p)
 		}
+		k.check.EndRange()
 		left -= n
 		if err := k.addHashed(off, d); err != nil {
 			return err
@@ -571,6 +572,9 @@ func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (app
 			}
 			if err := w.data(r.GetData()); err != nil {
 				return false, ioErr("range data", err)
+			}
+			if w.sum != nil {
+				w.sum.EndRange()
 			}
 		}
 	} else {

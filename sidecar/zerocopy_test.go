@@ -242,6 +242,7 @@ func encodeDelta(sn *snapshot, kind uint64, damage func([]byte)) []byte {
 	for _, r := range sn.delta {
 		_, _ = bw.Write(binary.AppendUvarint(binary.AppendUvarint(nil, r.GetOffset()), uint64(len(r.GetData()))))
 		_, _ = sum.Write(r.GetData())
+		sum.EndRange()
 		d := bytes.Clone(r.GetData())
 		if damage != nil {
 			damage(d)
@@ -387,5 +388,41 @@ func TestMakeNoZero(t *testing.T) {
 	}
 	if a[len(a)-1] != 1 || b[0] != 2 {
 		t.Fatal("two buffers share memory")
+	}
+}
+
+// The XXH3 wire digest of a range does not depend on how the writes cut
+// it (the sender writes pieces of bulkPieceBytes, the backup reads
+// pieces of bulkReadBytes), it does depend on where ranges end, and a
+// flipped byte changes it.
+func TestChunkXXH3Splits(t *testing.T) {
+	data := bytesOf(3*wireChunk+12345, 9)
+	sum := func(cuts []int, ends ...int) uint64 {
+		h := newWireHash(digestXXH3)
+		prev := 0
+		for _, c := range append(cuts, len(data)) {
+			_, _ = h.Write(data[prev:c])
+			for _, e := range ends {
+				if e == c {
+					h.EndRange()
+				}
+			}
+			prev = c
+		}
+		h.EndRange()
+		return h.Sum64()
+	}
+	whole := sum(nil)
+	for _, cuts := range [][]int{{1}, {wireChunk - 1, wireChunk + 1}, {100, 200, 2*wireChunk + 7}, {wireChunk, 2 * wireChunk}} {
+		if got := sum(cuts); got != whole {
+			t.Fatalf("writes cut at %v: %x, whole: %x", cuts, got, whole)
+		}
+	}
+	if sum([]int{1000}, 1000) == whole {
+		t.Fatal("a range ending at 1000 hashes as one range")
+	}
+	data[len(data)/2] ^= 1
+	if sum(nil) == whole {
+		t.Fatal("a flipped byte does not change the digest")
 	}
 }
