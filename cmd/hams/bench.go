@@ -16,8 +16,8 @@ func runBench(args []string) error {
 	fs := newFlagSet("bench")
 	var c harness.BenchConfig
 	fs.StringVar(&c.Service, "service", "all", "example service ("+strings.Join(examples.Names(), ", ")+") or all; with --config, a service of that file or all of them; parm: the ParM pool benchmark (its own flags: hams bench --service parm -h)")
-	fs.StringVar(&c.CfgFile, "config", "", "deployment file to bench instead of the examples (each service is run with only its own models; triton, tfserving and clipper backends without an address get a started backend, see docs/adapters.md)")
-	fs.StringVar(&c.ModesFlag, "modes", "direct,bare", "comma-separated modes, interleaved in rounds: "+strings.Join(harness.BenchModes, ", "))
+	fs.StringVar(&c.ConfigFile, "config", "", "deployment file to bench instead of the examples (each service is run with only its own models; triton, tfserving and clipper backends without an address get a started backend, see docs/adapters.md)")
+	fs.StringVar(&c.Modes, "modes", "direct,bare", "comma-separated modes, interleaved in rounds: "+strings.Join(harness.BenchModes, ", "))
 	fs.IntVar(&c.Batch, "batch", 1, "batch size of every model (bare: also the number of concurrent clients; direct: requests per call)")
 	fs.IntVar(&c.Requests, "requests", 400, "measured requests per (service, mode)")
 	fs.IntVar(&c.Warmup, "warmup", -1, "unmeasured requests per (service, mode) before the rounds (default: max(2*batch, 20))")
@@ -29,7 +29,7 @@ func runBench(args []string) error {
 	fs.BoolVar(&c.Isolate, "isolate-replicas", false, "pin the serving path (frontend, serving sidecars and model servers) to half of the CPUs and backups, standbys, the manager and the load generator to the other half, in every mode (the paper's separate hosts; see pin.go)")
 	fs.Uint64Var(&c.Seed, "seed", 1, "input seed")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "per-request deadline")
-	fs.StringVar(&c.TransportsFlag, "transport", "tls", "comma-separated internal transports, each a deployment of every mode, interleaved: tls (mutual TLS with per-process certificates, the default) and insecure (plaintext, --insecure): tls,insecure measures what mutual TLS costs")
+	fs.StringVar(&c.Transports, "transport", "tls", "comma-separated internal transports, each a deployment of every mode, interleaved: tls (mutual TLS with per-process certificates, the default) and insecure (plaintext, --insecure): tls,insecure measures what mutual TLS costs")
 	fs.DurationVar(&c.Suspicion, "suspicion-timeout", time.Second, "failure-suspicion timeout of each deployment's manager (bench measures the failure-free case; every mode's deployment shares the cores, so scheduling delays must not pass for failures)")
 	registerTaskFlags(&c.Task, fs)
 	if err := parseFlags(fs, args); err != nil {

@@ -134,23 +134,23 @@ func (m *modeRun) row(service, mode string, batch, hops int) BenchRow {
 
 // BenchConfig is what the flags of the command set.
 type BenchConfig struct {
-	Service        string        // --service
-	CfgFile        string        // --config
-	ModesFlag      string        // --modes
-	Batch          int           // --batch
-	Requests       int           // --requests
-	Warmup         int           // --warmup
-	Rounds         int           // --rounds
-	Load           string        // --load
-	JSON           string        // --json
-	Set            string        // --examples
-	Plot           string        // --plot
-	Isolate        bool          // --isolate-replicas
-	Seed           uint64        // --seed
-	Timeout        time.Duration // --timeout
-	TransportsFlag string        // --transport
-	Suspicion      time.Duration // --suspicion-timeout
-	Task           Task          // the task flags
+	Service    string        // --service
+	ConfigFile string        // --config
+	Modes      string        // --modes
+	Batch      int           // --batch
+	Requests   int           // --requests
+	Warmup     int           // --warmup
+	Rounds     int           // --rounds
+	Load       string        // --load
+	JSON       string        // --json
+	Set        string        // --examples
+	Plot       string        // --plot
+	Isolate    bool          // --isolate-replicas
+	Seed       uint64        // --seed
+	Timeout    time.Duration // --timeout
+	Transports string        // --transport
+	Suspicion  time.Duration // --suspicion-timeout
+	Task       Task          // the task flags
 }
 
 // Bench is a configured hams bench run.
@@ -160,7 +160,7 @@ type Bench struct{ c BenchConfig }
 // names); it does no I/O. A zero-or-negative Warmup becomes the default,
 // max(2*Batch, 20).
 func NewBench(c BenchConfig) (*Bench, error) {
-	modes := cluster.SplitList(c.ModesFlag)
+	modes := cluster.SplitList(c.Modes)
 	if len(modes) == 0 {
 		return nil, Usagef("bench: --modes is empty")
 	}
@@ -172,7 +172,7 @@ func NewBench(c BenchConfig) (*Bench, error) {
 			return nil, Usagef("bench: mode %s is not implemented yet (this build runs %s)", m, strings.Join(benchImplemented, ", "))
 		}
 	}
-	transports := cluster.SplitList(c.TransportsFlag)
+	transports := cluster.SplitList(c.Transports)
 	if len(transports) == 0 {
 		return nil, Usagef("bench: --transport is empty")
 	}
@@ -202,8 +202,8 @@ func NewBench(c BenchConfig) (*Bench, error) {
 func (b *Bench) Run(ctx context.Context) error {
 	c := b.c
 	service := &c.Service
-	cfgFile := &c.CfgFile
-	modesFlag := &c.ModesFlag
+	cfgFile := &c.ConfigFile
+	modesFlag := &c.Modes
 	batch := &c.Batch
 	requests := &c.Requests
 	warmup := &c.Warmup
@@ -215,7 +215,7 @@ func (b *Bench) Run(ctx context.Context) error {
 	isolate := &c.Isolate
 	seed := &c.Seed
 	timeout := &c.Timeout
-	transportsFlag := &c.TransportsFlag
+	transportsFlag := &c.Transports
 	suspicion := &c.Suspicion
 	tf := &c.Task
 	modes, transports := cluster.SplitList(*modesFlag), cluster.SplitList(*transportsFlag)

@@ -132,23 +132,23 @@ var chaosFaultKinds = []string{"freeze", "partition"}
 type ChaosConfig struct {
 	// ServiceSet: --service was given (with --config, the default is all
 	// of the file's services).
-	ServiceSet  bool
-	Service     string          // --service
-	CfgFile     string          // --config
-	Duration    time.Duration   // --duration
-	Seed        uint64          // --seed
-	Audit       string          // --audit
-	JSON        string          // --json
-	Mode        string          // --mode
-	CkptEvery   int             // --checkpoint-every
-	Conc        int             // --concurrency
-	Timeout     time.Duration   // --timeout
-	Settle      time.Duration   // --settle
-	MaxRecovery time.Duration   // --max-recovery
-	Suspicion   time.Duration   // --suspicion-timeout
-	Kinds       string          // --kinds
-	Task        Task            // the task flags
-	Options     cluster.Options // deployment options of the control flags (--frontends, --managers, --insecure, --nats...)
+	ServiceSet      bool
+	Service         string          // --service
+	ConfigFile      string          // --config
+	Duration        time.Duration   // --duration
+	Seed            uint64          // --seed
+	Audit           string          // --audit
+	JSON            string          // --json
+	Mode            string          // --mode
+	CheckpointEvery int             // --checkpoint-every
+	Concurrency     int             // --concurrency
+	Timeout         time.Duration   // --timeout
+	Settle          time.Duration   // --settle
+	MaxRecovery     time.Duration   // --max-recovery
+	Suspicion       time.Duration   // --suspicion-timeout
+	Kinds           string          // --kinds
+	Task            Task            // the task flags
+	Options         cluster.Options // deployment options of the control flags (--frontends, --managers, --insecure, --nats...)
 }
 
 // Chaos is a configured hams chaos run.
@@ -160,7 +160,7 @@ func NewChaos(c ChaosConfig) (*Chaos, error) {
 	if err := CheckMode(c.Mode); err != nil {
 		return nil, err
 	}
-	if c.Duration <= 0 || c.Conc < 1 || c.Timeout <= 0 || c.Settle <= 0 {
+	if c.Duration <= 0 || c.Concurrency < 1 || c.Timeout <= 0 || c.Settle <= 0 {
 		return nil, Usagef("chaos: --duration, --concurrency, --timeout and --settle must be positive")
 	}
 	return &Chaos{c: c}, nil
@@ -172,14 +172,14 @@ func NewChaos(c ChaosConfig) (*Chaos, error) {
 func (ch *Chaos) Run(ctx context.Context) error {
 	c := ch.c
 	service := &c.Service
-	cfgFile := &c.CfgFile
+	cfgFile := &c.ConfigFile
 	duration := &c.Duration
 	seed := &c.Seed
 	audit := &c.Audit
 	jsonPath := &c.JSON
 	mode := &c.Mode
-	ckptEvery := &c.CkptEvery
-	conc := &c.Conc
+	ckptEvery := &c.CheckpointEvery
+	conc := &c.Concurrency
 	timeout := &c.Timeout
 	settle := &c.Settle
 	maxRecovery := &c.MaxRecovery

@@ -221,21 +221,21 @@ func (k *killList) Set(s string) error {
 
 // DemoConfig is what the flags of the command set.
 type DemoConfig struct {
-	Service   string          // --service
-	Duration  time.Duration   // --duration
-	Kills     killList        // --kill
-	JSON      string          // --json
-	Mode      string          // --mode
-	CkptEvery int             // --checkpoint-every
-	Audit     string          // --audit
-	Conc      int             // --concurrency
-	Seed      uint64          // --seed
-	Timeout   time.Duration   // --timeout
-	Rows      int             // --rows
-	Suspicion time.Duration   // --suspicion-timeout
-	Dash      string          // --dashboard
-	Task      Task            // the task flags
-	Options   cluster.Options // deployment options of the control flags (--frontends, --managers, --insecure, --nats...)
+	Service         string          // --service
+	Duration        time.Duration   // --duration
+	Kills           killList        // --kill
+	JSON            string          // --json
+	Mode            string          // --mode
+	CheckpointEvery int             // --checkpoint-every
+	Audit           string          // --audit
+	Concurrency     int             // --concurrency
+	Seed            uint64          // --seed
+	Timeout         time.Duration   // --timeout
+	Rows            int             // --rows
+	Suspicion       time.Duration   // --suspicion-timeout
+	Dashboard       string          // --dashboard
+	Task            Task            // the task flags
+	Options         cluster.Options // deployment options of the control flags (--frontends, --managers, --insecure, --nats...)
 }
 
 // Demo is a configured hams demo run.
@@ -247,7 +247,7 @@ func NewDemo(c DemoConfig) (*Demo, error) {
 	if err := CheckMode(c.Mode); err != nil {
 		return nil, err
 	}
-	if c.Duration <= 0 || c.Conc < 1 || c.Rows < 1 || c.Timeout <= 0 {
+	if c.Duration <= 0 || c.Concurrency < 1 || c.Rows < 1 || c.Timeout <= 0 {
 		return nil, Usagef("demo: --duration, --timeout, --concurrency and --rows must be positive")
 	}
 	for _, k := range c.Kills {
@@ -268,14 +268,14 @@ func (dm *Demo) Run(ctx context.Context) error {
 	kills := c.Kills
 	jsonPath := &c.JSON
 	mode := &c.Mode
-	ckptEvery := &c.CkptEvery
+	ckptEvery := &c.CheckpointEvery
 	audit := &c.Audit
-	conc := &c.Conc
+	conc := &c.Concurrency
 	seed := &c.Seed
 	timeout := &c.Timeout
 	rows := &c.Rows
 	suspicion := &c.Suspicion
-	dash := &c.Dash
+	dash := &c.Dashboard
 	tf := &c.Task
 	nFrontends, nManagers := c.Options.Counts(*mode)
 	dir, cleanup, err := tf.Prepare("hams-demo-")

@@ -11,8 +11,8 @@ import (
 // The New constructors validate without I/O: a bad configuration is a
 // usage error (exit code 2), a good one is accepted with its defaults set.
 func TestNewValidates(t *testing.T) {
-	bench := BenchConfig{Service: "olv", ModesFlag: "bare,nspb", Batch: 64, Requests: 640, Warmup: -1, Rounds: 4,
-		Load: "waves", Set: examples.SetPaper, Timeout: time.Second, TransportsFlag: "tls"}
+	bench := BenchConfig{Service: "olv", Modes: "bare,nspb", Batch: 64, Requests: 640, Warmup: -1, Rounds: 4,
+		Load: "waves", Set: examples.SetPaper, Timeout: time.Second, Transports: "tls"}
 	b, err := NewBench(bench)
 	if err != nil {
 		t.Fatalf("NewBench(valid): %v", err)
@@ -20,11 +20,11 @@ func TestNewValidates(t *testing.T) {
 	if b.c.Warmup != 128 {
 		t.Errorf("default warm-up = %d, want max(2*64, 20) = 128", b.c.Warmup)
 	}
-	demo := DemoConfig{Mode: "nspb", Duration: 10 * time.Second, Conc: 4, Rows: 1, Timeout: time.Second}
+	demo := DemoConfig{Mode: "nspb", Duration: 10 * time.Second, Concurrency: 4, Rows: 1, Timeout: time.Second}
 	if _, err := NewDemo(demo); err != nil {
 		t.Fatalf("NewDemo(valid): %v", err)
 	}
-	chaos := ChaosConfig{Mode: "nspb", Duration: 10 * time.Second, Conc: 4, Timeout: time.Second, Settle: time.Second}
+	chaos := ChaosConfig{Mode: "nspb", Duration: 10 * time.Second, Concurrency: 4, Timeout: time.Second, Settle: time.Second}
 	if _, err := NewChaos(chaos); err != nil {
 		t.Fatalf("NewChaos(valid): %v", err)
 	}
@@ -33,9 +33,9 @@ func TestNewValidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, f := range map[string]func() error{
-		"bench modes":     func() error { c := bench; c.ModesFlag = "bare,bogus"; _, err := NewBench(c); return err },
-		"bench empty":     func() error { c := bench; c.ModesFlag = " , "; _, err := NewBench(c); return err },
-		"bench transport": func() error { c := bench; c.TransportsFlag = "udp"; _, err := NewBench(c); return err },
+		"bench modes":     func() error { c := bench; c.Modes = "bare,bogus"; _, err := NewBench(c); return err },
+		"bench empty":     func() error { c := bench; c.Modes = " , "; _, err := NewBench(c); return err },
+		"bench transport": func() error { c := bench; c.Transports = "udp"; _, err := NewBench(c); return err },
 		"bench batch":     func() error { c := bench; c.Batch = 5000; _, err := NewBench(c); return err },
 		"bench load":      func() error { c := bench; c.Load = "open"; _, err := NewBench(c); return err },
 		"bench examples":  func() error { c := bench; c.Set = "huge"; _, err := NewBench(c); return err },
