@@ -717,6 +717,13 @@ func (f *Frontend) deliver(from string, items []*hamsv1.Item) {
 // that is not pending is kept among the orphans (a request this frontend
 // is about to take over, or a re-executed item that overtook a rollback).
 func (f *Frontend) deliverLocked(from string, it *hamsv1.Item) {
+	if f.holds != nil && f.holds.lostLater(it.GetLineage()) {
+		// Computed from state a failover lost (see holds.lostLater): the
+		// re-execution will come.
+		f.m.lateItems.Inc()
+		f.log.Debug("sink item from lost state dropped", "req_id", it.GetReqId(), "from", from)
+		return
+	}
 	{
 		res, comp := f.table.deliver(from, it)
 		switch res {

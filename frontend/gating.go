@@ -63,7 +63,18 @@ type holds struct {
 	byDue     heldHeap
 	epochs    map[string]uint64
 	durableAt map[string]uint64
+	// failovers lists, per model, the failovers seen (the new epoch and
+	// the durable seq it took over from), oldest first, at most
+	// maxFailovers: an item that names an execution one of them lost
+	// must not be used, whenever it arrives (lostLater).
+	failovers map[string][]failover
 }
+
+// failover is one new epoch of a model and the seq it took over from.
+type failover struct{ epoch, seq uint64 }
+
+// maxFailovers bounds the failovers remembered per model.
+const maxFailovers = 16
 
 // heldReply is one reply waiting for durability.
 type heldReply struct {
@@ -79,7 +90,8 @@ type heldReply struct {
 }
 
 func newHolds() *holds {
-	return &holds{gate: nspb.NewReplyGate(), byID: map[uint64]*heldReply{}, epochs: map[string]uint64{}, durableAt: map[string]uint64{}}
+	return &holds{gate: nspb.NewReplyGate(), byID: map[uint64]*heldReply{}, epochs: map[string]uint64{}, durableAt: map[string]uint64{},
+		failovers: map[string][]failover{}}
 }
 
 // notice applies a durability notice of model at epoch: it returns the
@@ -93,6 +105,11 @@ func (h *holds) notice(model string, epoch, seq uint64) (released, rolled []*hel
 		return nil, nil, false
 	case known && epoch > last:
 		h.epochs[model] = epoch
+		fo := append(h.failovers[model], failover{epoch: epoch, seq: seq})
+		if len(fo) > maxFailovers {
+			fo = fo[len(fo)-maxFailovers:]
+		}
+		h.failovers[model] = fo
 		rolled, released = h.rollback(model, seq)
 		return released, rolled, true
 	}
@@ -149,6 +166,30 @@ func (h *holds) holdComp(c *completion, deps map[string]uint64, since time.Time)
 	r := &heldReply{reqID: reqID, resp: resp, deps: deps, since: since, deadline: deadline, comp: c}
 	h.byID[reqID] = r
 	heap.Push(&h.byDue, r)
+	return false
+}
+
+// lostLater reports whether lineage names an execution that a failover
+// seen before lost: an entry of the model stamped with an older epoch than
+// the failover's and a seq beyond the seq it took over from. Such an item
+// is the deposed primary's speculative output (or one computed from it
+// downstream) still on its way when the failover's notice came, or kept
+// aside for a request injected since (a takeover): its seq is re-executed
+// by the new primary, with another output, and the gate, which compares
+// seqs, would release it once the new history is durable that far.
+// Unstamped entries (epoch 0) are not judged here (they are at the
+// failover itself, dropParts).
+func (h *holds) lostLater(lineage []*hamsv1.LineageEntry) bool {
+	for _, l := range lineage {
+		if l.GetEpoch() == 0 {
+			continue
+		}
+		for _, fo := range h.failovers[l.GetModel()] {
+			if l.GetEpoch() < fo.epoch && l.GetSeq() > fo.seq {
+				return true
+			}
+		}
+	}
 	return false
 }
 

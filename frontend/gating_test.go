@@ -162,3 +162,47 @@ func TestAuditReplyRecord(t *testing.T) {
 		t.Fatalf("a reply without lineage must write lineage [] (not null): %#v", empty.Lineage)
 	}
 }
+
+// An item that names an execution a failover lost is refused whenever it
+// arrives (a late speculative output of the deposed primary, or one kept
+// aside for a request injected after the failover); the re-execution,
+// stamped with the new epoch, and what the failover kept are not.
+func TestHoldsLostLater(t *testing.T) {
+	h := newHolds()
+	ent := func(model string, seq, epoch uint64) []*hamsv1.LineageEntry {
+		return []*hamsv1.LineageEntry{{Model: "m0", Seq: 7, Epoch: 1}, {Model: model, Seq: seq, Epoch: epoch}}
+	}
+	h.notice("route", 1, 480)
+	if h.lostLater(ent("route", 490, 1)) {
+		t.Fatal("no failover yet: nothing is lost")
+	}
+	h.notice("route", 2, 488) // the backup took over from 488
+	h.notice("route", 2, 494) // and re-executed beyond it
+	cases := []struct {
+		name    string
+		lineage []*hamsv1.LineageEntry
+		lost    bool
+	}{
+		{"old epoch beyond the takeover point", ent("route", 490, 1), true},
+		{"old epoch at the takeover point", ent("route", 488, 1), false},
+		{"the re-execution", ent("route", 490, 2), false},
+		{"another model", ent("motion", 490, 1), false},
+		{"unstamped (judged at the failover only)", ent("route", 490, 0), false},
+	}
+	for _, c := range cases {
+		if got := h.lostLater(c.lineage); got != c.lost {
+			t.Errorf("%s: lost %v, want %v", c.name, got, c.lost)
+		}
+	}
+	// A second failover: what the first lost stays lost.
+	h.notice("route", 3, 500)
+	if !h.lostLater(ent("route", 495, 1)) || !h.lostLater(ent("route", 501, 2)) || h.lostLater(ent("route", 499, 2)) {
+		t.Fatal("after a second failover")
+	}
+	for i := range 2 * maxFailovers {
+		h.notice("route", uint64(4+i), 600)
+	}
+	if n := len(h.failovers["route"]); n != maxFailovers {
+		t.Fatalf("%d failovers remembered, want %d", n, maxFailovers)
+	}
+}
