@@ -809,7 +809,10 @@ type snapshotSink struct {
 	// check: its running sum of the data.
 	kind  uint64
 	check wireHash
-	sum   *stateHash
+	// aeadOK: the snapshot arrives on a TLS connection, so a header may
+	// announce digestAEAD (no digest of the data).
+	aeadOK bool
+	sum    *stateHash
 	// audit: the contract's SHA-256 is wanted; marks: the sender's
 	// intermediate states to resume it from (then sum stays nil until
 	// finish).
@@ -923,6 +926,9 @@ func (k *snapshotSink) finish(digest string) (*received, error) {
 	h := k.h
 	if digest == "" {
 		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: stream ended without the state digest", h.GetBatchId())
+	}
+	if k.kind == digestAEAD && !k.aeadOK {
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot %d: no digest of the data, on a connection without TLS", h.GetBatchId())
 	}
 	if h.GetDelta() {
 		if k.got != h.GetDeltaBytes() {

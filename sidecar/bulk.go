@@ -206,7 +206,7 @@ func (s *Sidecar) bulkConn(c net.Conn) {
 			return
 		}
 		resp, err, fatal := s.bulkSnapshot(br, hb)
-		if err := writeBulkAnswer(bw, resp, err); err != nil || fatal {
+		if err := writeBulkAnswerTLS(bw, resp, err, s.cfg.TLS != nil); err != nil || fatal {
 			return
 		}
 	}
@@ -252,6 +252,7 @@ func (s *Sidecar) bulkSnapshot(br *bufio.Reader, hb []byte) (resp *hamsv1.ShipSn
 	if err != nil {
 		return nil, err, true
 	}
+	sink.aeadOK = s.cfg.TLS != nil // this connection is TLS
 	if err := sink.readFrom(br); err != nil {
 		return nil, err, true
 	}
@@ -370,8 +371,19 @@ func writeFrame(bw *bufio.Writer, b []byte) error {
 	return err
 }
 
-// writeBulkAnswer writes the code and frame answering a snapshot.
+// writeBulkAnswer writes the code and frame answering a snapshot on a
+// connection without TLS.
 func writeBulkAnswer(bw *bufio.Writer, resp *hamsv1.ShipSnapshotResponse, err error) error {
+	return writeBulkAnswerTLS(bw, resp, err, false)
+}
+
+// writeBulkAnswerTLS writes the code and frame answering a snapshot; an
+// answer over TLS offers digestAEAD too.
+func writeBulkAnswerTLS(bw *bufio.Writer, resp *hamsv1.ShipSnapshotResponse, err error, tls bool) error {
+	kinds := digestXXH64 | digestXXH3
+	if tls {
+		kinds |= digestAEAD
+	}
 	code, payload := codes.OK, []byte(nil)
 	if err != nil {
 		st, _ := status.FromError(err)
@@ -381,7 +393,7 @@ func writeBulkAnswer(bw *bufio.Writer, resp *hamsv1.ShipSnapshotResponse, err er
 		}
 	} else {
 		var merr error
-		if payload, merr = marshalAnswer(resp); merr != nil {
+		if payload, merr = marshalAnswer(resp, kinds); merr != nil {
 			code, payload = codes.Internal, []byte(merr.Error())
 		}
 	}
@@ -400,9 +412,11 @@ type bulkClient struct {
 	addr string
 	c    net.Conn
 	br   *bufio.Reader
-	// xxh3: an answer on this connection said the backup checks XXH3
-	// (wiredigest.go); until then the wire digest is XXH64.
-	xxh3 bool
+	// kinds: the digest kinds the last answer on this connection
+	// offered (wiredigest.go; 0 until then: XXH64); tls: the connection
+	// is TLS.
+	kinds uint64
+	tls   bool
 	// vec and small are reused from snapshot to snapshot: vec holds the
 	// slices of the next writev; small the frames' lengths and the
 	// ranges' offsets and lengths, which vec's slices point into (it is
@@ -448,7 +462,7 @@ func (sh *shipper) bulkTo(ctx context.Context, addr string) (*bulkClient, error)
 		c = tc
 	}
 	_ = c.SetDeadline(time.Time{})
-	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), small: make([]byte, 0, 1<<10)}
+	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), small: make([]byte, 0, 1<<10), tls: sh.s.cfg.TLS != nil}
 	if sh.bulk != nil {
 		bc.vec, bc.small = sh.bulk.vec[:0], sh.bulk.small[:0]
 	}
@@ -545,10 +559,7 @@ func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (app
 	if err != nil {
 		return false, fmt.Errorf("encode header of batch %d: %w", sn.batch, err)
 	}
-	kind := digestXXH64
-	if bc.xxh3 {
-		kind = digestXXH3
-	}
+	kind := pickDigest(bc.kinds, bc.tls)
 	hb = appendDigestKind(hb, kind)
 	// A resend of a snapshot hashed with this kind already reuses its
 	// digest.
@@ -611,6 +622,6 @@ func (sh *shipper) sendBulk(ctx context.Context, addr string, sn *snapshot) (app
 	if resp.GetBatchId() != sn.batch {
 		return false, fmt.Errorf("backup acknowledged batch %d for batch %d", resp.GetBatchId(), sn.batch)
 	}
-	bc.xxh3 = answerTakesXXH3(resp)
+	bc.kinds = answerKinds(resp)
 	return resp.GetApplied(), nil
 }

@@ -90,6 +90,11 @@ func TestTLSBulkAndShipments(t *testing.T) {
 			if got := counterValue(h.sidecars["a"].metrics.shipBulk); bulk != (got > 0) {
 				t.Fatalf("%v shipments over the bulk stream (bulk %v)", got, bulk)
 			}
+			// Over TLS the bulk stream's data carries no digest of its
+			// own once the backup offered it (wiredigest.go).
+			if kept, _ := h.sidecars["a"].ship.Kept(); bulk && counterValue(h.sidecars["a"].metrics.shipBulk) > 1 && kept.digest != aeadDigest {
+				t.Fatalf("last bulk shipment's digest %q, want %q", kept.digest, aeadDigest)
+			}
 		})
 	}
 }

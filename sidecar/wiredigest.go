@@ -38,6 +38,13 @@ import (
 //     SnapshotHeader message: value the kind), so the backup hashes the
 //     data with the right function as it arrives, not in a second pass.
 //
+// Over TLS the data needs no digest of its own: TLS's AEAD authenticates
+// every byte of the stream, so what the backup reads is what the primary
+// wrote. A TLS backup also offers digestAEAD ("aead:", no hash at either
+// end), and a TLS primary takes it; a backup refuses it on a connection
+// without TLS (the flag is the sender's to set: the receiver checks its
+// own transport).
+//
 // ShipSnapshot (gRPC, snapshots under bulkMinBytes) keeps XXH64.
 //
 // The field number is outside the ones replication.proto uses; a field
@@ -49,10 +56,16 @@ const wireDigestKindsField protowire.Number = 22022
 const (
 	digestXXH64 uint64 = 1
 	digestXXH3  uint64 = 2
+	digestAEAD  uint64 = 4
 )
 
-// xxh3Prefix starts an XXH3 state_digest (xxhPrefix an XXH64 one).
-const xxh3Prefix = "xxh3:"
+// xxh3Prefix starts an XXH3 state_digest (xxhPrefix an XXH64 one);
+// aeadDigest is the digest of a snapshot the TLS connection's AEAD
+// checks.
+const (
+	xxh3Prefix = "xxh3:"
+	aeadDigest = "aead:"
+)
 
 // wireHash is a running wire digest. EndRange marks the end of a
 // delta's range (a full state is one range).
@@ -63,11 +76,21 @@ type wireHash interface {
 }
 
 func newWireHash(kind uint64) wireHash {
-	if kind == digestXXH3 {
+	switch kind {
+	case digestXXH3:
 		return &chunkXXH3{}
+	case digestAEAD:
+		return noHash{}
 	}
 	return xxh64Hash{xxhash.New()}
 }
+
+// noHash is the wire hash of digestAEAD: nothing to compute.
+type noHash struct{}
+
+func (noHash) Write(p []byte) (int, error) { return len(p), nil }
+func (noHash) EndRange()                   {}
+func (noHash) Sum64() uint64               { return 0 }
 
 type xxh64Hash struct{ *xxhash.Digest }
 
@@ -132,8 +155,11 @@ func (c *chunkXXH3) Sum64() uint64 {
 
 // formatWireDigest formats a sum of kind as a state_digest.
 func formatWireDigest(kind, sum uint64) string {
-	if kind == digestXXH3 {
+	switch kind {
+	case digestXXH3:
 		return xxh3Prefix + strconv.FormatUint(sum, 16)
+	case digestAEAD:
+		return aeadDigest
 	}
 	return deltaDigest(sum)
 }
@@ -141,14 +167,17 @@ func formatWireDigest(kind, sum uint64) string {
 // isWireDigest reports whether d is a wire digest of either kind (a
 // snapshot's digest once its shipper computed it).
 func isWireDigest(d string) bool {
-	return strings.HasPrefix(d, xxhPrefix) || strings.HasPrefix(d, xxh3Prefix)
+	return strings.HasPrefix(d, xxhPrefix) || strings.HasPrefix(d, xxh3Prefix) || d == aeadDigest
 }
 
 // digestKindOf is the kind of a formatted wire digest (XXH64 for anything
 // else: it then fails the check).
 func digestKindOf(d string) uint64 {
-	if strings.HasPrefix(d, xxh3Prefix) {
+	switch {
+	case strings.HasPrefix(d, xxh3Prefix):
 		return digestXXH3
+	case d == aeadDigest:
+		return digestAEAD
 	}
 	return digestXXH64
 }
@@ -183,8 +212,9 @@ func uvarintField(raw []byte, num protowire.Number) uint64 {
 // headerDigestKind is the wire digest kind a bulk header announces
 // (XXH64 when it announces none: an older primary).
 func headerDigestKind(h *hamsv1.SnapshotHeader) uint64 {
-	if uvarintField(h.ProtoReflect().GetUnknown(), wireDigestKindsField) == digestXXH3 {
-		return digestXXH3
+	switch k := uvarintField(h.ProtoReflect().GetUnknown(), wireDigestKindsField); k {
+	case digestXXH3, digestAEAD:
+		return k
 	}
 	return digestXXH64
 }
@@ -198,20 +228,33 @@ func appendDigestKind(hb []byte, kind uint64) []byte {
 	return protowire.AppendVarint(hb, kind)
 }
 
-// marshalAnswer encodes a bulk answer with the kinds this backup checks.
-func marshalAnswer(resp *hamsv1.ShipSnapshotResponse) ([]byte, error) {
+// marshalAnswer encodes a bulk answer with the kinds this backup takes
+// (kinds: bits).
+func marshalAnswer(resp *hamsv1.ShipSnapshotResponse, kinds uint64) ([]byte, error) {
 	b, err := proto.Marshal(resp)
 	if err != nil {
 		return nil, err
 	}
 	b = protowire.AppendTag(b, wireDigestKindsField, protowire.VarintType)
-	return protowire.AppendVarint(b, digestXXH64|digestXXH3), nil
+	return protowire.AppendVarint(b, kinds), nil
 }
 
-// answerTakesXXH3 reports whether a decoded bulk answer says its backup
-// checks XXH3.
-func answerTakesXXH3(resp *hamsv1.ShipSnapshotResponse) bool {
-	return uvarintField(resp.ProtoReflect().GetUnknown(), wireDigestKindsField)&digestXXH3 != 0
+// answerKinds is the digest kinds (bits) a decoded bulk answer says its
+// backup takes (0: a backup before XXH3, which takes XXH64 only).
+func answerKinds(resp *hamsv1.ShipSnapshotResponse) uint64 {
+	return uvarintField(resp.ProtoReflect().GetUnknown(), wireDigestKindsField)
+}
+
+// pickDigest is the kind a shipper uses given the kinds its backup takes
+// and whether the connection is TLS.
+func pickDigest(kinds uint64, tls bool) uint64 {
+	switch {
+	case tls && kinds&digestAEAD != 0:
+		return digestAEAD
+	case kinds&digestXXH3 != 0:
+		return digestXXH3
+	}
+	return digestXXH64
 }
 
 // makeNoZero returns a buffer of n bytes whose contents are arbitrary

@@ -426,3 +426,52 @@ func TestChunkXXH3Splits(t *testing.T) {
 		t.Fatal("a flipped byte does not change the digest")
 	}
 }
+
+// A snapshot without a digest of its data (digestAEAD) is taken only on
+// a TLS connection: the backup checks its own transport, not the
+// sender's word.
+func TestBulkAEADOnlyOverTLS(t *testing.T) {
+	const n = 1 << 20
+	sn := deltaSnap(1, n, &hamsv1.StateRange{Offset: 4096, Data: bytesOf(3*wireChunk+5, 1)})
+	for _, onTLS := range []bool{true, false} {
+		b := fuzzBackup()
+		b.s.maxMsg = 1 << 20
+		b.setKnown(n)
+		br := bufio.NewReader(bytes.NewReader(encodeDelta(sn, digestAEAD, nil)))
+		hb, err := readFrame(br, 1<<20, "header")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &hamsv1.SnapshotHeader{}
+		if err := proto.Unmarshal(hb, h); err != nil {
+			t.Fatal(err)
+		}
+		k, err := b.newSink(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.aeadOK = onTLS
+		if err := k.readFrom(br); err != nil {
+			t.Fatal(err)
+		}
+		db, err := readFrame(br, bulkMaxDigest, "digest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := k.finish(string(db))
+		switch {
+		case onTLS && err != nil:
+			t.Fatalf("over TLS: %v", err)
+		case onTLS && !bytes.Equal(r.delta[0].GetData(), sn.delta[0].GetData()):
+			t.Fatal("over TLS: range differs")
+		case !onTLS && status.Code(err) != codes.InvalidArgument:
+			t.Fatalf("without TLS: err %v, want InvalidArgument", err)
+		}
+	}
+	if got := pickDigest(digestXXH64|digestXXH3|digestAEAD, false); got != digestXXH3 {
+		t.Fatalf("a plaintext shipper picks kind %d, want XXH3", got)
+	}
+	if got := pickDigest(0, true); got != digestXXH64 {
+		t.Fatalf("a shipper to an older backup picks kind %d, want XXH64", got)
+	}
+}
