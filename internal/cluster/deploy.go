@@ -172,24 +172,41 @@ type Deployment struct {
 	next  int                  // instances started for recovery so far
 }
 
-// Roles of supervised children besides manager and frontend: a model's
-// primary (or only) sidecar and model server, and a replicated model's
-// backup pair.
+// ChildRole is the role of a supervised child process, the ROLE of a
+// --kill ROLE[:MODEL] target and the first part of a child's name.
+type ChildRole string
+
+// Roles of supervised children: the control plane (NATS, managers,
+// frontends), a model's primary (or only) sidecar and model server, a
+// replicated model's backup pair, and a standby pair.
 const (
-	RoleSidecar           = "sidecar"
-	RoleModelServer       = "modelserver"
-	RoleBackupSidecar     = "backup-sidecar"
-	RoleBackupModelServer = "backup-modelserver"
-	RoleStandbySidecar    = "standby-sidecar"
-	RoleStandbyModelSrv   = "standby-modelserver"
+	RoleNATS              ChildRole = "nats"
+	RoleManager           ChildRole = "manager"
+	RoleFrontend          ChildRole = "frontend"
+	RoleSidecar           ChildRole = "sidecar"
+	RoleModelServer       ChildRole = "modelserver"
+	RoleBackupSidecar     ChildRole = "backup-sidecar"
+	RoleBackupModelServer ChildRole = "backup-modelserver"
+	RoleStandbySidecar    ChildRole = "standby-sidecar"
+	RoleStandbyModelSrv   ChildRole = "standby-modelserver"
 )
 
+// ControlPlane reports whether r is a process of the control plane (NATS,
+// a manager, a frontend): it belongs to no model.
+func (r ChildRole) ControlPlane() bool {
+	return r == RoleNATS || r == RoleManager || r == RoleFrontend
+}
+
+// Numbered reports whether r's children are numbered (manager:0,
+// frontend:1) rather than named by model.
+func (r ChildRole) Numbered() bool { return r == RoleManager || r == RoleFrontend }
+
 // Names of the supervised children.
-func ChildName(role, model string) string {
+func ChildName(role ChildRole, model string) string {
 	if model == "" {
-		return role
+		return string(role)
 	}
-	return role + ":" + model
+	return string(role) + ":" + model
 }
 
 // WriteDeployment writes the effective deployment for the children.
@@ -596,7 +613,7 @@ func (d *Deployment) SidecarMetrics() map[string]string {
 
 // metricsOf returns model -> metrics address of the running children of
 // role (roleSidecar, roleBackupSidecar, ...).
-func (d *Deployment) metricsOf(role string) map[string]string {
+func (d *Deployment) metricsOf(role ChildRole) map[string]string {
 	out := map[string]string{}
 	for _, m := range d.Config.Models {
 		if r, ok := d.Supervisor.Ready(ChildName(role, m.Name)); ok && r.String("metrics") != "" {

@@ -53,15 +53,16 @@ func (d *Deployment) Protected() bool { return d.Config.RunMode().Protected() }
 // instanceNames returns the child names of the sidecar and model server
 // of an instance.
 func instanceNames(model, role string, n int) (sc, ms string) {
+	var scRole, msRole ChildRole
 	switch role {
 	case roleBackup:
-		sc, ms = RoleBackupSidecar, RoleBackupModelServer
+		scRole, msRole = RoleBackupSidecar, RoleBackupModelServer
 	case roleStandby:
-		sc, ms = RoleStandbySidecar, RoleStandbyModelSrv
+		scRole, msRole = RoleStandbySidecar, RoleStandbyModelSrv
 	default:
-		sc, ms = RoleSidecar, RoleModelServer
+		scRole, msRole = RoleSidecar, RoleModelServer
 	}
-	sc, ms = ChildName(sc, model), ChildName(ms, model)
+	sc, ms = ChildName(scRole, model), ChildName(msRole, model)
 	if n > 0 {
 		suf := "." + strconv.Itoa(n)
 		sc, ms = sc+suf, ms+suf
@@ -278,9 +279,9 @@ type resolvedTarget struct {
 // active manager or the leading frontend (the one the topology names
 // first: it receives the sink edges and injects every request), a number
 // that process.
-func (d *Deployment) resolveControl(ctx context.Context, role, index string) (resolvedTarget, error) {
+func (d *Deployment) resolveControl(ctx context.Context, role ChildRole, index string) (resolvedTarget, error) {
 	n := len(d.Managers)
-	if role == "frontend" {
+	if role == RoleFrontend {
 		n = len(d.Frontends)
 	}
 	i := -1
@@ -302,18 +303,18 @@ func (d *Deployment) resolveControl(ctx context.Context, role, index string) (re
 	}
 	if i < 0 {
 		if lead < 0 {
-			what := map[string]string{"manager": "no manager is active", "frontend": "no frontend leads"}[role]
+			what := map[ChildRole]string{RoleManager: "no manager is active", RoleFrontend: "no frontend leads"}[role]
 			return resolvedTarget{}, fmt.Errorf("%s: %s now", role, what)
 		}
 		i = lead
 	}
-	rt := resolvedTarget{Child: ChildName(role, strconv.Itoa(i)), Kind: role, Index: i}
+	rt := resolvedTarget{Child: ChildName(role, strconv.Itoa(i)), Kind: string(role), Index: i}
 	switch {
-	case i == lead && role == "manager":
+	case i == lead && role == RoleManager:
 		rt.Note = "active"
 	case i == lead:
 		rt.Note = "leading"
-	case role == "manager":
+	case role == RoleManager:
 		rt.Note = "standby"
 	default:
 		rt.Note = "follower"
@@ -324,9 +325,9 @@ func (d *Deployment) resolveControl(ctx context.Context, role, index string) (re
 // ResolveTarget maps a --kill role and model to the child that plays it
 // now: sidecar/modelserver name the model's serving instance (primary or
 // active), backup-* its live backup, standby-* its live standby.
-func (d *Deployment) ResolveTarget(ctx context.Context, role, model string) (resolvedTarget, error) {
+func (d *Deployment) ResolveTarget(ctx context.Context, role ChildRole, model string) (resolvedTarget, error) {
 	switch role {
-	case "manager", "frontend":
+	case RoleManager, RoleFrontend:
 		return d.resolveControl(ctx, role, model)
 	case "nats":
 		return resolvedTarget{Child: ChildName("nats", ""), Kind: "nats", Index: -1}, nil

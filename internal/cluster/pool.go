@@ -73,7 +73,7 @@ func (d *Deployment) startPools(ctx context.Context) error {
 // startPoolServers starts n model servers of m in parallel (role names the
 // children) and returns their addresses in index order. Replicas named by
 // m.Straggle get its --straggle schedule.
-func (d *Deployment) startPoolServers(ctx context.Context, m *config.Model, role string, n int, extra []string) ([]string, error) {
+func (d *Deployment) startPoolServers(ctx context.Context, m *config.Model, role ChildRole, n int, extra []string) ([]string, error) {
 	addrs := make([]string, n)
 	errs := make([]error, n)
 	done := make(chan struct{}, n)

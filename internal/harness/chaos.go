@@ -76,7 +76,10 @@ type recoveryStats struct {
 }
 
 // chaosTarget is one kill candidate: a --kill role and model.
-type chaosTarget struct{ role, model, kind string }
+type chaosTarget struct {
+	role        cluster.ChildRole
+	model, kind string
+}
 
 // chaosTargets lists the candidates per kind: primaries and backups of
 // replicated models, stateless models' serving instances (sidecar or
@@ -90,11 +93,11 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 		// runs a pool of servers started beside it and restarted in place
 		// on their addresses: only the sidecar is failed over).
 		own := cluster.ExternalAddr(&dep.Models[i]) == ""
-		procs := func(sc, ms string) []string {
+		procs := func(sc, ms cluster.ChildRole) []cluster.ChildRole {
 			if own {
-				return []string{sc, ms}
+				return []cluster.ChildRole{sc, ms}
 			}
-			return []string{sc}
+			return []cluster.ChildRole{sc}
 		}
 		switch {
 		case dep.HasBackup(&dep.Models[i]):
@@ -110,11 +113,11 @@ func chaosTargets(dep *config.Deployment, protected bool, frontends int) map[str
 			}
 		}
 	}
-	out["manager"] = []chaosTarget{{"manager", "", "manager"}}
-	out["nats"] = []chaosTarget{{"nats", "", "nats"}}
-	out["frontend"] = []chaosTarget{{"frontend", "", "frontend"}}
+	out["manager"] = []chaosTarget{{cluster.RoleManager, "", "manager"}}
+	out["nats"] = []chaosTarget{{cluster.RoleNATS, "", "nats"}}
+	out["frontend"] = []chaosTarget{{cluster.RoleFrontend, "", "frontend"}}
 	for i := range frontends {
-		out["frontend"] = append(out["frontend"], chaosTarget{"frontend", strconv.Itoa(i), "frontend"})
+		out["frontend"] = append(out["frontend"], chaosTarget{cluster.RoleFrontend, strconv.Itoa(i), "frontend"})
 	}
 	return out
 }
@@ -327,7 +330,7 @@ func (ch *Chaos) Run(ctx context.Context) error {
 				kind = targetKinds[rng.IntN(len(targetKinds))]
 			}
 			tg := cands[kind][rng.IntN(len(cands[kind]))]
-			kr := &killReport{Target: tg.role, Kind: tg.kind, RecoveryMs: -1, RestartMs: -1, RestoredMs: -1, services: services}
+			kr := &killReport{Target: string(tg.role), Kind: tg.kind, RecoveryMs: -1, RestartMs: -1, RestoredMs: -1, services: services}
 			if tg.model != "" {
 				kr.Target += ":" + tg.model
 			}

@@ -101,7 +101,9 @@ func roleOf(child string) string {
 
 // ofChild is the CPU seconds of the child that plays role for model (the
 // first instance, cluster.ChildName).
-func (a cpuAcc) ofChild(role, model string) float64 { return a[cluster.ChildName(role, model)] }
+func (a cpuAcc) ofChild(role cluster.ChildRole, model string) float64 {
+	return a[cluster.ChildName(role, model)]
+}
 
 // msPerRequest is the CPU time per request in ms, summed by role, plus
 // "total" over every process; nil without requests.
@@ -142,8 +144,8 @@ func memcpyMsPerMB(mbs float64) float64 {
 
 // cpuRoleOrder is the column order of the CPU table: the data path first,
 // then the replicas, the control plane and the load generator.
-var cpuRoleOrder = []string{cluster.RoleSidecar, cluster.RoleModelServer, "frontend", cluster.RoleBackupSidecar,
-	cluster.RoleBackupModelServer, cluster.RoleStandbySidecar, cluster.RoleStandbyModelSrv, "manager", "nats", clientProc, "total"}
+var cpuRoleOrder = []string{string(cluster.RoleSidecar), string(cluster.RoleModelServer), string(cluster.RoleFrontend), string(cluster.RoleBackupSidecar),
+	string(cluster.RoleBackupModelServer), string(cluster.RoleStandbySidecar), string(cluster.RoleStandbyModelSrv), string(cluster.RoleManager), string(cluster.RoleNATS), clientProc, "total"}
 
 // cpuRoles lists the roles of rows' CPU figures: cpuRoleOrder first,
 // then any other role, sorted.

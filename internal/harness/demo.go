@@ -26,8 +26,9 @@ import (
 
 // killSpec is one --kill ROLE[:MODEL]@AFTER.
 type killSpec struct {
-	Role, Model string
-	After       time.Duration
+	Role  cluster.ChildRole
+	Model string
+	After time.Duration
 	// Freeze: SIGSTOP for this long instead of SIGKILL (kills.go,
 	// freeze:ROLE:MODEL@AFTER+DURATION).
 	Freeze time.Duration
@@ -37,7 +38,7 @@ type killSpec struct {
 }
 
 func (k killSpec) target() string {
-	t := k.Role
+	t := string(k.Role)
 	if k.Model != "" {
 		t += ":" + k.Model
 	}
@@ -70,17 +71,18 @@ func parseKill(s string) (killSpec, error) {
 	if err != nil || d < 0 {
 		return killSpec{}, fmt.Errorf("--kill %q: bad time %q (want e.g. 3s)", s, after)
 	}
-	role, model, _ := strings.Cut(target, ":")
+	roleName, model, _ := strings.Cut(target, ":")
+	role := cluster.ChildRole(roleName)
 	switch role {
 	case cluster.RoleSidecar, cluster.RoleModelServer, cluster.RoleBackupSidecar, cluster.RoleBackupModelServer, cluster.RoleStandbySidecar, cluster.RoleStandbyModelSrv:
 		if model == "" {
 			return killSpec{}, fmt.Errorf("--kill %q: %s needs a model (%s:MODEL@AFTER)", s, role, role)
 		}
-	case "nats":
+	case cluster.RoleNATS:
 		if model != "" {
 			return killSpec{}, fmt.Errorf("--kill %q: nats takes no model", s)
 		}
-	case "frontend", "manager":
+	case cluster.RoleFrontend, cluster.RoleManager:
 		// No model: the leading frontend or the active manager at kill
 		// time; a number: that process (frontend:1, manager:0).
 		if model != "" {
@@ -312,11 +314,11 @@ func (dm *Demo) Run(ctx context.Context) error {
 		return err
 	}
 	for _, k := range kills {
-		if k.Role == "nats" {
+		if k.Role == cluster.RoleNATS {
 			continue
 		}
-		if k.Role == "frontend" || k.Role == "manager" {
-			n := map[string]int{"frontend": nFrontends, "manager": nManagers}[k.Role]
+		if k.Role.Numbered() {
+			n := map[cluster.ChildRole]int{cluster.RoleFrontend: nFrontends, cluster.RoleManager: nManagers}[k.Role]
 			if i, _ := strconv.Atoi(k.Model); k.Model != "" && i >= n {
 				return Usagef("demo: --kill %s: the deployment has %d %ss (0..%d)", k.target(), n, k.Role, n-1)
 			}
@@ -394,7 +396,7 @@ func (dm *Demo) Run(ctx context.Context) error {
 	)
 	for i, k := range kills {
 		kr := &killReport{Target: k.target(), Kind: killKind(dep, k), RecoveryMs: -1, RestartMs: -1, RestoredMs: -1}
-		if k.Model != "" && k.Role != "frontend" && k.Role != "manager" && k.Role != "nats" {
+		if k.Model != "" && !k.Role.ControlPlane() {
 			kr.services = []string{dep.ServiceOf(k.Model).Name}
 		} else {
 			kr.services = services
@@ -565,7 +567,7 @@ func killKind(dep *config.Deployment, k killSpec) string {
 		return "backup"
 	case cluster.RoleSidecar:
 	default:
-		return k.Role
+		return string(k.Role)
 	}
 	if m := dep.Model(k.Model); m != nil && m.Stateful {
 		return "primary"

@@ -151,7 +151,7 @@ func (kt *killTracker) snapshot() []killReport {
 // redundancy) run until ctx ends and are done when the returned channel
 // closes.
 // kr must have been added to kt.
-func killNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time) (waits chan struct{}) {
+func killNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role cluster.ChildRole, model string, loadStart time.Time) (waits chan struct{}) {
 	return signalNow(ctx, d, kt, kr, role, model, loadStart, 0)
 }
 
@@ -163,14 +163,14 @@ func killNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *ki
 // suspicion") and, for a frozen manager or frontend, until it serves
 // again (a manager or frontend answers only after the SIGCONT). The waits
 // end after the SIGCONT at the earliest.
-func freezeNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
+func freezeNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role cluster.ChildRole, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
 	return signalNow(ctx, d, kt, kr, role, model, loadStart, freeze)
 }
 
 // partitionNow cuts the target process off the network (every packet it
 // sends, every packet for its ports: internal/netfault) for dur, then
 // heals it; recovery is tracked as for a kill.
-func partitionNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, dur time.Duration) (waits chan struct{}) {
+func partitionNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role cluster.ChildRole, model string, loadStart time.Time, dur time.Duration) (waits chan struct{}) {
 	return faultNow(ctx, d, kt, kr, role, model, loadStart, faultPartition, dur)
 }
 
@@ -188,7 +188,7 @@ func (f faultKind) String() string {
 }
 
 // signalNow is killNow (freeze 0: SIGKILL) and freezeNow.
-func signalNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
+func signalNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role cluster.ChildRole, model string, loadStart time.Time, freeze time.Duration) (waits chan struct{}) {
 	if freeze > 0 {
 		return faultNow(ctx, d, kt, kr, role, model, loadStart, faultFreeze, freeze)
 	}
@@ -217,7 +217,7 @@ func readyPorts(r launch.Ready) []int {
 
 // faultNow applies fault to the target (for dur, but a kill) and tracks
 // its recovery.
-func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role, model string, loadStart time.Time, fault faultKind, dur time.Duration) (waits chan struct{}) {
+func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *killReport, role cluster.ChildRole, model string, loadStart time.Time, fault faultKind, dur time.Duration) (waits chan struct{}) {
 	freeze := time.Duration(0)
 	if fault == faultFreeze {
 		freeze = dur
@@ -262,10 +262,10 @@ func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *k
 	}
 	kr.killAt, kr.AtMs = at, cluster.MsSince(loadStart, at)
 	kr.model = model
-	if role == "frontend" || role == "manager" || role == "nats" {
+	if role.ControlPlane() {
 		kr.model = ""
 	}
-	if role == "frontend" {
+	if role == cluster.RoleFrontend {
 		kr.frontendKill, kr.frontend = true, rt.Index
 	}
 	if kerr != nil {
@@ -398,9 +398,9 @@ func controlRestored(ctx context.Context, d *cluster.Deployment, t *hamsv1.Topol
 	return true
 }
 
-// validateKillRole checks a --kill role against the deployment.
-func killRoles() []string {
-	return []string{cluster.RoleSidecar, cluster.RoleModelServer, cluster.RoleBackupSidecar, cluster.RoleBackupModelServer, cluster.RoleStandbySidecar, cluster.RoleStandbyModelSrv, "frontend", "manager", "nats"}
+// killRoles are the roles a --kill target may name.
+func killRoles() []cluster.ChildRole {
+	return []cluster.ChildRole{cluster.RoleSidecar, cluster.RoleModelServer, cluster.RoleBackupSidecar, cluster.RoleBackupModelServer, cluster.RoleStandbySidecar, cluster.RoleStandbyModelSrv, cluster.RoleFrontend, cluster.RoleManager, cluster.RoleNATS}
 }
 
 func killRoleList() string {
@@ -432,7 +432,7 @@ func parseFreeze(s string) (killSpec, error) {
 	if err != nil {
 		return killSpec{}, fmt.Errorf("--kill %q: %w", s, err)
 	}
-	if k.Role == "nats" {
+	if k.Role == cluster.RoleNATS {
 		return killSpec{}, fmt.Errorf("--kill %q: freezing nats is not supported", s)
 	}
 	k.Freeze = d
