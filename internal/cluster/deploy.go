@@ -364,16 +364,16 @@ func Start(ctx context.Context, dep *config.Deployment, opt Options) (_ *Deploym
 		if !hasSidecar(dep, &dep.Models[i]) {
 			continue
 		}
-		insts = append(insts, instSpec{model: m.Name, role: rolePrimary})
+		insts = append(insts, instSpec{model: m.Name, role: config.RolePrimary})
 		if dep.HasBackup(&dep.Models[i]) {
-			insts = append(insts, instSpec{model: m.Name, role: roleBackup})
+			insts = append(insts, instSpec{model: m.Name, role: config.RoleBackup})
 			if dep.Replicated(&dep.Models[i]) && !opt.NoSpares {
 				// A spare backup: a lost backup (or one promoted) is
 				// replaced at once, without starting processes.
-				insts = append(insts, instSpec{model: m.Name, role: roleStandby})
+				insts = append(insts, instSpec{model: m.Name, role: config.RoleStandby})
 			}
 		} else if d.Protected() && dep.HasStandby(m.Name) {
-			insts = append(insts, instSpec{model: m.Name, role: roleStandby})
+			insts = append(insts, instSpec{model: m.Name, role: config.RoleStandby})
 		}
 	}
 	// Spares start after the serving instances: a sender's incarnation is
@@ -382,8 +382,8 @@ func Start(ctx context.Context, dep *config.Deployment, opt Options) (_ *Deploym
 	// standby promoted without new senders must be the younger one.
 	var mu sync.Mutex
 	for _, phase := range []func(instSpec) bool{
-		func(is instSpec) bool { return is.role == rolePrimary },
-		func(is instSpec) bool { return is.role != rolePrimary },
+		func(is instSpec) bool { return is.role == config.RolePrimary },
+		func(is instSpec) bool { return is.role != config.RolePrimary },
 	} {
 		errs := make([]error, len(insts))
 		var wg sync.WaitGroup
@@ -401,9 +401,9 @@ func Start(ctx context.Context, dep *config.Deployment, opt Options) (_ *Deploym
 				}
 				mu.Lock()
 				switch is.role {
-				case rolePrimary:
+				case config.RolePrimary:
 					d.ModelServers[is.model] = in.BackendAddr
-				case roleBackup:
+				case config.RoleBackup:
 					d.BackupServers[is.model] = in.BackendAddr
 				}
 				mu.Unlock()
@@ -425,7 +425,10 @@ func Start(ctx context.Context, dep *config.Deployment, opt Options) (_ *Deploym
 	return d, nil
 }
 
-type instSpec struct{ model, role string }
+type instSpec struct {
+	model string
+	role  config.Role
+}
 
 // relisten restarts a child on the addresses it had (so clients configured
 // with them find it again); extra names an additional address flag.

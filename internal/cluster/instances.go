@@ -10,18 +10,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/launch"
 	"github.com/hams-go/hams/internal/shm"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
-)
-
-// Instance roles as started (the manager's recovery may change a running
-// instance's role later: a backup becomes the primary, an active a
-// standby, and so on; the topology has the current one).
-const (
-	rolePrimary = "primary" // the serving instance: PRIMARY (stateful) or ACTIVE
-	roleBackup  = "backup"
-	roleStandby = "standby"
 )
 
 // instance is one model instance: a sidecar and, for reference models
@@ -30,8 +22,8 @@ const (
 // for one host of the paper's deployment.
 type instance struct {
 	Model string
-	Role  string // as started
-	N     int    // 0 for the initial instances, then 1, 2, ... per deployment
+	Role  config.Role // as started
+	N     int         // 0 for the initial instances, then 1, 2, ... per deployment
 	// ID is the sidecar's component id at the manager.
 	ID          string
 	Sidecar     string // child names
@@ -52,12 +44,12 @@ func (d *Deployment) Protected() bool { return d.Config.RunMode().Protected() }
 
 // instanceNames returns the child names of the sidecar and model server
 // of an instance.
-func instanceNames(model, role string, n int) (sc, ms string) {
+func instanceNames(model string, role config.Role, n int) (sc, ms string) {
 	var scRole, msRole ChildRole
 	switch role {
-	case roleBackup:
+	case config.RoleBackup:
 		scRole, msRole = RoleBackupSidecar, RoleBackupModelServer
-	case roleStandby:
+	case config.RoleStandby:
 		scRole, msRole = RoleStandbySidecar, RoleStandbyModelSrv
 	default:
 		scRole, msRole = RoleSidecar, RoleModelServer
@@ -89,21 +81,21 @@ func (d *Deployment) coordArgs(model, audit string) []string {
 // startInstance starts one instance of model in role (n > 0: an instance
 // asked for by recovery) registered at epoch, and returns once its sidecar
 // printed its ready line.
-func (d *Deployment) startInstance(ctx context.Context, model, role string, n int, epoch uint64) (*instance, error) {
+func (d *Deployment) startInstance(ctx context.Context, model string, role config.Role, n int, epoch uint64) (*instance, error) {
 	m := d.Config.Model(model)
 	if m == nil {
 		return nil, fmt.Errorf("start instance: model %q is not in the deployment", model)
 	}
 	switch role {
-	case roleBackup:
+	case config.RoleBackup:
 		if !d.Config.HasBackup(m) {
 			return nil, fmt.Errorf("start instance: model %q has no backup in mode %s", model, d.Config.Mode)
 		}
-	case roleStandby:
+	case config.RoleStandby:
 		if m.Stateful && !d.Config.Replicated(m) {
 			return nil, fmt.Errorf("start instance: stateful model %q is not replicated in mode %s: it has no spare backup", model, d.Config.Mode)
 		}
-	case rolePrimary:
+	case config.RolePrimary:
 	default:
 		return nil, fmt.Errorf("start instance: role %q is not primary, backup or standby", role)
 	}
@@ -116,8 +108,8 @@ func (d *Deployment) startInstance(ctx context.Context, model, role string, n in
 			return nil, err
 		}
 		if m.Backend.Type != "clipper" {
-			in.ModelServerID = "modelserver/" + model + "/" + role + suffix(n)
-			args = append(args, "--role", role, "--manager", d.managerList(), "--id", in.ModelServerID)
+			in.ModelServerID = "modelserver/" + model + "/" + role.String() + suffix(n)
+			args = append(args, "--role", role.String(), "--manager", d.managerList(), "--id", in.ModelServerID)
 		}
 		spec := launch.Spec{Name: in.ModelServer, Args: args, NoRestart: !inPlace}
 		if inPlace {
@@ -131,14 +123,14 @@ func (d *Deployment) startInstance(ctx context.Context, model, role string, n in
 	} else {
 		in.ModelServer = ""
 	}
-	in.ID = "sidecar/" + model + "/" + role + suffix(n)
+	in.ID = "sidecar/" + model + "/" + role.String() + suffix(n)
 	audit := d.opt.Audit
 	if audit != "" {
 		// One directory per instance: two instances of a model never
 		// append to one file.
 		audit = filepath.Join(audit, shm.KeyPart(in.Sidecar))
 	}
-	args := append([]string{"sidecar", "--model", model, "--role", role, "--id", in.ID, "--epoch", strconv.FormatUint(epoch, 10),
+	args := append([]string{"sidecar", "--model", model, "--role", role.String(), "--id", in.ID, "--epoch", strconv.FormatUint(epoch, 10),
 		"--backend", in.BackendAddr, "--manager", d.managerList()}, d.common...)
 	args = append(args, d.coordArgs(model, audit)...)
 	ta, err := d.tlsArgs(in.Sidecar, SidecarIdentity(model, in.Sidecar))
@@ -226,11 +218,11 @@ func (d *Deployment) reportExit(in *instance, why string) {
 
 // startForRecovery is the instance agent's action: a new instance of model
 // in role (backup or standby), registered at the model's current epoch.
-func (d *Deployment) startForRecovery(ctx context.Context, model, role string) (*instance, error) {
+func (d *Deployment) startForRecovery(ctx context.Context, model string, role config.Role) (*instance, error) {
 	if d.closing.Load() {
 		return nil, errors.New("deployment is stopping")
 	}
-	if role != roleBackup && role != roleStandby {
+	if !role.Spare() {
 		return nil, fmt.Errorf("role %q: recovery starts only backups and standbys", role)
 	}
 	t, err := d.ManagerSet.topology(ctx)

@@ -8,14 +8,20 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/hams-go/hams/internal/agent"
+	"github.com/hams-go/hams/internal/config"
 )
 
 func newAgent(d *Deployment) (*agent.Server, error) {
 	cfg := agent.ServerConfig{
 		Valid: func(model, _ string) bool { return d.Config.Model(model) != nil },
-		Start: func(ctx context.Context, model, role string) (agent.Response, error) {
+		Start: func(ctx context.Context, model, roleName string) (agent.Response, error) {
+			role, err := config.ParseRole(roleName)
+			if err != nil {
+				return agent.Response{}, fmt.Errorf("start instance of %s: %w", model, err)
+			}
 			in, err := d.startForRecovery(ctx, model, role)
 			if err != nil {
 				return agent.Response{}, err
