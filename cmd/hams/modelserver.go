@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"github.com/hams-go/hams/internal/cluster"
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -31,8 +32,9 @@ func runModelServer(args []string) error {
 		}
 		straggleCfg = &sc
 	}
-	if *instance != "primary" && *instance != "backup" && *instance != "standby" {
-		return harness.Usagef("modelserver: --role %q: want primary, backup or standby", *instance)
+	instRole, err := config.ParseRole(*instance)
+	if err != nil || instRole == config.RoleActive {
+		return harness.Usagef("modelserver: --role %q: want %s, %s or %s", *instance, config.RolePrimary, config.RoleBackup, config.RoleStandby)
 	}
 	names := cluster.SplitList(*models)
 	if len(names) == 0 {
@@ -89,7 +91,7 @@ func runModelServer(args []string) error {
 			// placement of a model for a new backup to sync (a model
 			// server has no sidecar address to sync).
 			id, role := "modelserver/"+n, hamsv1.Role_ROLE_UNSPECIFIED
-			if *instance != "primary" {
+			if instRole != config.RolePrimary {
 				id += "/" + *instance
 			}
 			if *idF != "" {

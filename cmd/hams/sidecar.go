@@ -8,6 +8,7 @@ import (
 
 	"github.com/hams-go/hams/adapters"
 	"github.com/hams-go/hams/internal/cluster"
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/harness"
 	"github.com/hams-go/hams/internal/natsd"
 	"github.com/hams-go/hams/internal/pki"
@@ -38,10 +39,11 @@ func runSidecar(args []string) error {
 	if *model == "" || *mgr == "" {
 		return harness.Usagef("sidecar: --model and --manager are required")
 	}
-	standby := *roleF == "standby"
-	if *roleF != sidecar.RolePrimary && *roleF != sidecar.RoleBackup && !standby {
-		return harness.Usagef("sidecar: --role %q: want %s, %s or standby", *roleF, sidecar.RolePrimary, sidecar.RoleBackup)
+	role, err := config.ParseRole(*roleF)
+	if err != nil || role == config.RoleActive {
+		return harness.Usagef("sidecar: --role %q: want %s, %s or %s", *roleF, config.RolePrimary, config.RoleBackup, config.RoleStandby)
 	}
+	standby := role == config.RoleStandby
 	if *outLog < 0 {
 		return harness.Usagef("sidecar: --output-log-bytes must not be negative")
 	}
@@ -60,7 +62,7 @@ func runSidecar(args []string) error {
 		r.close()
 		return harness.Usagef("sidecar: --role standby: stateful model %q is not replicated in mode %s: it has no spare backup", *model, r.dep.Mode)
 	}
-	if *roleF == sidecar.RoleBackup && !repl && !spare {
+	if role == config.RoleBackup && !repl && !spare {
 		r.close()
 		return harness.Usagef("sidecar: --role backup: model %q is not replicated in mode %s (stateful %v, ha %s)", *model, r.dep.Mode, m.Stateful, m.HA)
 	}
@@ -118,7 +120,7 @@ func runSidecar(args []string) error {
 		// model to it).
 		roleV = hamsv1.Role_ROLE_STANDBY
 		*roleF = sidecar.RolePrimary
-	case *roleF == sidecar.RoleBackup:
+	case role == config.RoleBackup:
 		roleV = hamsv1.Role_ROLE_BACKUP
 	case m.Stateful:
 		roleV = hamsv1.Role_ROLE_PRIMARY
@@ -206,14 +208,11 @@ func runSidecar(args []string) error {
 	}, nil, nil)
 }
 
+// roleName names the role registered (never unspecified: an instance
+// that is none of the others is active).
 func roleName(r hamsv1.Role) string {
-	switch r {
-	case hamsv1.Role_ROLE_PRIMARY:
-		return "primary"
-	case hamsv1.Role_ROLE_BACKUP:
-		return "backup"
-	case hamsv1.Role_ROLE_STANDBY:
-		return "standby"
+	if r == hamsv1.Role_ROLE_UNSPECIFIED {
+		return config.RoleActive.String()
 	}
-	return "active"
+	return config.RoleFromProto(r).String()
 }
