@@ -61,24 +61,31 @@ func bulkOne(b *backupState, br *bufio.Reader) (*received, error) {
 	return sink.finish(string(db))
 }
 
-// encodeBulk writes a received snapshot as a shipper's sendBulk does.
+// encodeBulk writes a received snapshot as a shipper's sendBulk does,
+// with the wire digest kind it came with (a delta's digest is its wire
+// digest; a full state's XXH64).
 func encodeBulk(r *received) []byte {
+	kind := digestXXH64
+	if r.header.GetDelta() && isWireDigest(r.digest) {
+		kind = digestKindOf(r.digest)
+	}
 	var buf bytes.Buffer
 	bw := bufio.NewWriter(&buf)
 	hb, _ := proto.Marshal(r.header)
-	_ = writeFrame(bw, hb)
-	sum := xxhash.New()
+	_ = writeFrame(bw, appendDigestKind(hb, kind))
+	sum := newWireHash(kind)
 	if r.header.GetDelta() {
 		for _, d := range r.delta {
 			_, _ = bw.Write(binary.AppendUvarint(binary.AppendUvarint(nil, d.GetOffset()), uint64(len(d.GetData()))))
 			_, _ = bw.Write(d.GetData())
 			_, _ = sum.Write(d.GetData())
+			sum.EndRange()
 		}
 	} else {
 		_, _ = bw.Write(r.data)
 		_, _ = sum.Write(r.data)
 	}
-	_ = writeFrame(bw, []byte(deltaDigest(sum.Sum64())))
+	_ = writeFrame(bw, []byte(formatWireDigest(kind, sum.Sum64())))
 	_ = bw.Flush()
 	return buf.Bytes()
 }
@@ -113,8 +120,11 @@ func snapshotSeeds() [][]byte {
 		Requests: []*hamsv1.RequestRecord{{ReqId: 1, Seq: 1}}}, data: []byte("0123456789abcdef")}
 	delta := &received{header: &hamsv1.SnapshotHeader{Model: "a", Epoch: 1, BatchId: 2, StateBytes: 16, StateTensors: specs, Delta: true, DeltaBytes: 6,
 		Requests: []*hamsv1.RequestRecord{{ReqId: 2, Seq: 2}}}, delta: []*hamsv1.StateRange{{Offset: 0, Data: []byte("ab")}, {Offset: 12, Data: []byte("wxyz")}}}
+	// A delta as a shipper of this version sends it: XXH3 announced in
+	// the header (wiredigest.go).
+	xxh3Delta := encodeDelta(&snapshot{header: delta.header, delta: delta.delta}, digestXXH3, nil)
 	return [][]byte{encodeBulk(full), encodeBulk(delta), append(encodeBulk(full), encodeBulk(delta)...),
-		binary.AppendUvarint(nil, 256<<20), {}}
+		binary.AppendUvarint(nil, 256<<20), {}, xxh3Delta}
 }
 
 // FuzzBulkStream feeds arbitrary bytes to a backup as the rest of a bulk

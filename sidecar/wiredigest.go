@@ -210,13 +210,43 @@ func uvarintField(raw []byte, num protowire.Number) uint64 {
 }
 
 // headerDigestKind is the wire digest kind a bulk header announces
-// (XXH64 when it announces none: an older primary).
+// (XXH64 when it announces none: an older primary). It removes the
+// announcement from h: the header a backup keeps is the snapshot's, not
+// the transport's (nothing re-encodes it with the kind of another
+// shipment).
 func headerDigestKind(h *hamsv1.SnapshotHeader) uint64 {
-	switch k := uvarintField(h.ProtoReflect().GetUnknown(), wireDigestKindsField); k {
+	m := h.ProtoReflect()
+	raw := m.GetUnknown()
+	k := uvarintField(raw, wireDigestKindsField)
+	if len(raw) > 0 {
+		m.SetUnknown(withoutField(raw, wireDigestKindsField))
+	}
+	switch k {
 	case digestXXH3, digestAEAD:
 		return k
 	}
 	return digestXXH64
+}
+
+// withoutField is the unknown fields raw less every field num (raw as is
+// when it does not parse).
+func withoutField(raw []byte, num protowire.Number) []byte {
+	var out []byte
+	for rest := raw; len(rest) > 0; {
+		n, typ, k := protowire.ConsumeTag(rest)
+		if k < 0 {
+			return raw
+		}
+		v := protowire.ConsumeFieldValue(n, typ, rest[k:])
+		if v < 0 {
+			return raw
+		}
+		if n != num {
+			out = append(out, rest[:k+v]...)
+		}
+		rest = rest[k+v:]
+	}
+	return out
 }
 
 // appendDigestKind appends the announcement of kind to an encoded header.
