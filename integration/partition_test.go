@@ -218,6 +218,16 @@ type netLoad struct {
 	chk   *checker.Checker
 	clock *replyClock
 	stop  func() loadgen.Stats
+
+	mu   sync.Mutex
+	errs []string // the first failed requests' errors
+}
+
+// firstErrors returns up to 5 errors of failed requests.
+func (l *netLoad) firstErrors() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.errs...)
 }
 
 func (d *netDeployment) load(clients int) *netLoad {
@@ -255,6 +265,11 @@ func (d *netDeployment) load(clients int) *netLoad {
 			OnResult: func(r loadgen.Result) {
 				nl.clock.add(r)
 				if r.Err != nil {
+					nl.mu.Lock()
+					if len(nl.errs) < 5 {
+						nl.errs = append(nl.errs, fmt.Sprintf("%s at %s: %v", r.Request.RequestId, time.Now().Format("15:04:05.000"), r.Err))
+					}
+					nl.mu.Unlock()
 					nl.chk.Failed(r.Request.RequestId, r.Err)
 					return
 				}
@@ -419,7 +434,7 @@ func TestPartitions(t *testing.T) {
 				t.Errorf("checker: %+v", sum)
 			}
 			if sum.Errors != 0 {
-				t.Errorf("%d requests lost or failed: %+v", sum.Errors, sum)
+				t.Errorf("%d requests lost or failed: %+v; first: %q", sum.Errors, sum, l.firstErrors())
 			}
 			if after := l.clock.rate(t2.Add(-2*time.Second), t2); after == 0 {
 				t.Errorf("no replies in the 2 s after healing")
