@@ -45,7 +45,7 @@ import (
 // servers themselves. Calls for a pass-through model (ha: off, no sidecar)
 // are forwarded to its backend instead (passthrough.go).
 
-// Approximate replies (a parity model's reconstruction, DESIGN.md "Parity
+// Approximate replies (a parity model's reconstruction, docs/design.md "Parity
 // models") are marked on both APIs, and only those: KServe v2 with the
 // response parameter ParamApproximate = bool true, TF Serving (whose
 // PredictResponse has no room for it) with the response header metadata

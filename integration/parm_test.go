@@ -282,7 +282,7 @@ func TestParMFrozenReplicaReconstructed(t *testing.T) {
 // digest: the test computes the pool model's exact output in process, so
 // it knows for every reply whether the LSTM consumed an original or a
 // reconstruction. A reply computed from a reconstruction must be marked
-// approximate (DESIGN.md: approximate replies are always marked; what is
+// approximate (docs/design.md: approximate replies are always marked; what is
 // computed from a reconstruction is approximate too), and a reply
 // computed from an original must not be: without failures, and across a
 // failover of the stateful model (its primary sidecar SIGKILLed under

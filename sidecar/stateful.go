@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -95,7 +96,7 @@ func replicationOf(cfg Config, role string) (nspb.Mode, bool, StatefulBackend, e
 			return 0, false, nil, fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 	}
-	replicated := m.Stateful && m.HA == "stateful" && mode != nspb.Bare
+	replicated := config.Replicated(m, cfg.Deployment.RunMode())
 	if !replicated {
 		if role == RoleBackup && !replayEnabled(cfg) {
 			return 0, false, nil, fmt.Errorf("%w: role backup for model %q, which is not replicated (stateful %v, ha %q, mode %q)",

@@ -153,8 +153,7 @@ func (b *Backend) takeDelta(resp *hamsv1.BatchResponse) error {
 	if err != nil {
 		return status.Errorf(codes.Internal, "reference %s compute: %v", b.model, err)
 	}
-	buf := make([]byte, total)
-	copy(buf, win[:total])
+	buf := shm.CopyOut(win[:total]) // unzeroed: every byte is overwritten
 	off := uint64(0)
 	for i, r := range resp.GetStateDelta() {
 		if len(r.GetData()) != 0 {

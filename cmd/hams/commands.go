@@ -55,7 +55,7 @@ func versionString() string {
 }
 
 // cmdSpec is one subcommand: its texts and the function that parses its
-// own flag.FlagSet (the flags of DESIGN.md's command-line contract parse
+// own flag.FlagSet (the flags of docs/design.md's command-line contract parse
 // exactly as before cobra: -flag and --flag, "--flag value" and
 // "--flag=value").
 type cmdSpec struct {
@@ -71,7 +71,7 @@ fails over without losing or duplicating a request.
 
 One binary runs every role of a deployment (manager, frontend, sidecar,
 modelserver, nats) and the user tasks (up, demo, bench, chaos, report,
-parity, certs). DESIGN.md's "Command-line contract" is stable: exit status 0
+parity, certs). docs/design.md's "Command-line contract" is stable: exit status 0
 on success, 2 on a usage error, 1 on a failure.`
 
 const rootExample = `  hams demo --service ap --duration 10s

@@ -1,6 +1,6 @@
 // Command hams is the one HAMS-Go binary: one subcommand per long-running
 // role (manager, modelserver, sidecar, frontend) and per user task (up,
-// demo, bench, chaos). See DESIGN.md, "Command-line contract"; `hams help`
+// demo, bench, chaos). See docs/design.md, "Command-line contract"; `hams help`
 // lists the commands.
 //
 // Roles: each creates its listeners (127.0.0.1:0 unless --listen says

@@ -87,7 +87,7 @@ func runParityEval(args []string) error {
 	fs.StringVar(&c.Data, "data", models.FashionDir, "directory of the Fashion-MNIST IDX .gz files")
 	fs.StringVar(&c.Weights, "weights", "", "comma-separated parity weights (embedded names or files); default: every embedded parity model")
 	fs.IntVar(&c.TestLimit, "test-images", 0, "use only the first N test images (0: all 10,000)")
-	fs.StringVar(&c.JsonOut, "json", "", "write the rows as a JSON array to this file (DESIGN.md's contract)")
+	fs.StringVar(&c.JsonOut, "json", "", "write the rows as a JSON array to this file (docs/design.md's contract)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

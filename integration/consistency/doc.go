@@ -1,7 +1,7 @@
 // Package consistency is the independent global-consistency checker of
 // HAMS-Go. It reads the audit logs of a run (every durable.jsonl and
 // replies.jsonl under an audit directory, see internal/audit and the
-// --audit contract in DESIGN.md) and the list of requests the load
+// --audit contract in docs/design.md) and the list of requests the load
 // generator got accepted, and decides whether what clients saw is
 // consistent with one linear history per stateful model (HAMS paper,
 // section IV-F). It trusts nothing but the records: it shares no code with

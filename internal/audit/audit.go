@@ -1,5 +1,5 @@
 // Package audit writes the JSONL audit logs of the command-line contract
-// (DESIGN.md): durable.jsonl, one record per request covered by a snapshot a
+// (docs/design.md): durable.jsonl, one record per request covered by a snapshot a
 // backup applied, and replies.jsonl, one record per reply released to a
 // client (marked "approximate" when it is a parity reconstruction). Any number of files of these names may exist under an audit
 // directory (one per process); the consistency checker reads them all.
@@ -41,7 +41,7 @@ type LineageStep struct {
 
 // Reply is one reply released to a client. Approximate marks a reply
 // whose tensors are (or were computed from) a parity model's
-// reconstruction rather than the deployed model's own output (DESIGN.md,
+// reconstruction rather than the deployed model's own output (docs/design.md,
 // "Parity models"); it is omitted when false, so exact replies keep the
 // contract's three fields and records written before the field existed
 // read as exact.

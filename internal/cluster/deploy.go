@@ -36,7 +36,7 @@ import (
 // ImplementedModes are the fault-tolerance modes this build runs.
 var ImplementedModes = []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2", "replay"}
 
-// DefaultMode is the mode of demo and up without --mode (DESIGN.md).
+// DefaultMode is the mode of demo and up without --mode (docs/design.md).
 const DefaultMode = "nspb"
 
 // deployOptions configures startDeployment.

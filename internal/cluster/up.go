@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 )
 
-// UpReady is the one line `hams up` prints (DESIGN.md command-line contract).
+// UpReady is the one line `hams up` prints (docs/design.md command-line contract).
 type UpReady struct {
 	FrontendGRPC  string `json:"frontend_grpc"`
 	FrontendHTTP  string `json:"frontend_http"`

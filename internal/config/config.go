@@ -24,7 +24,7 @@ const Frontend = "frontend"
 // ErrInvalid is wrapped by every validation error.
 var ErrInvalid = errors.New("config: invalid")
 
-// Modes of fault tolerance (DESIGN.md).
+// Modes of fault tolerance (docs/design.md).
 var Modes = []string{"bare", "nspb", "remus", "nspb-s1", "nspb-s2", "replay"}
 
 // Backend types a sidecar can drive.

@@ -9,7 +9,7 @@ import (
 )
 
 // Redundancy is how a replica pool protects a stateless model against
-// stragglers (DESIGN.md, "Parity models").
+// stragglers (docs/design.md, "Parity models").
 type Redundancy string
 
 // Redundancy values.

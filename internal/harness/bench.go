@@ -37,7 +37,7 @@ var (
 	benchImplemented = append([]string{"direct"}, cluster.ImplementedModes...)
 )
 
-// BenchRow is one element of the --json array (DESIGN.md).
+// BenchRow is one element of the --json array (docs/design.md).
 type BenchRow struct {
 	Service       string  `json:"service"`
 	Mode          string  `json:"mode"`

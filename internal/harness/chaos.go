@@ -25,7 +25,7 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-// ChaosReport is the --json report of `hams chaos` (DESIGN.md): kills and
+// ChaosReport is the --json report of `hams chaos` (docs/design.md): kills and
 // the totals of the consistency check over the audit logs.
 type ChaosReport struct {
 	Service    string       `json:"service"`
@@ -40,7 +40,7 @@ type ChaosReport struct {
 	Lost       int          `json:"lost"`
 	Duplicates int          `json:"duplicates"`
 	// Approximate counts the replies marked approximate (a replica
-	// pool's parity reconstruction, DESIGN.md "Parity models").
+	// pool's parity reconstruction, docs/design.md "Parity models").
 	Approximate int `json:"approximate"`
 	// RecoveryP50Ms and RecoveryMaxMs summarise recovery_ms over the kills
 	// that recovered.

@@ -102,7 +102,7 @@ type modelStats struct {
 	MaxSeq     uint64 `json:"max_seq"`
 }
 
-// demoReport is the --json report of `hams demo` (DESIGN.md).
+// demoReport is the --json report of `hams demo` (docs/design.md).
 type demoReport struct {
 	Service       string                   `json:"service"`
 	Mode          string                   `json:"mode"`

@@ -175,7 +175,7 @@ func labelSet(ctx context.Context, d paritytrain.Deployed, x []float32, y []int,
 }
 
 // parityRow is one (k, r, encoder) row of hams parity train/eval --json
-// (DESIGN.md's command-line contract): fractions 0..1, Ao at each f.
+// (docs/design.md's command-line contract): fractions 0..1, Ao at each f.
 type parityRow struct {
 	Deployed  string             `json:"deployed"`
 	Arch      string             `json:"arch"`

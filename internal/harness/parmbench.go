@@ -26,7 +26,7 @@ import (
 
 // parmBenchRow is one (service, redundancy, k, batch) of hams bench
 // --service parm: the bench row's fields plus the tail (p99.9, max), the
-// approximate fraction and the accuracy against labels (DESIGN.md).
+// approximate fraction and the accuracy against labels (docs/design.md).
 type parmBenchRow struct {
 	Service    string `json:"service"`
 	Mode       string `json:"mode"`

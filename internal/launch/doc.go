@@ -3,7 +3,7 @@
 // executable, each in its own process group, and keeps them running.
 //
 // Main loop, one goroutine per child: start the process, read stdout until
-// the first JSON object line (the role's ready line, see DESIGN.md), publish
+// the first JSON object line (the role's ready line, see docs/design.md), publish
 // it, then wait for the process to exit. An exit while the supervisor is
 // open is unexpected (a crash or a Kill from a kill spec): the child is
 // started again with the same arguments (or the ones its Restart hook

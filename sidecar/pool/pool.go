@@ -3,7 +3,7 @@
 // the next batch), with optional straggler protection: Equal-Resources
 // (more copies), hedging (a slow batch is sent again to an idle copy) or
 // ParM (coding groups of k batches, parity models, reconstruction of a
-// missing output; DESIGN.md "Parity models").
+// missing output; docs/design.md "Parity models").
 //
 // The decisions are protocol/parity's Machine (pure); this package is its
 // driver: it performs the machine's actions (calls on instances, encoding
