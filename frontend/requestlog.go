@@ -361,19 +361,29 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 // slows the consumer rather than piling up goroutines) and, when there is
 // none and inject is set, injects it as the leader of term.
 func (f *Frontend) checkLater(ctx context.Context, r *coord.LoggedRequest, term uint64, inject bool, sem chan struct{}, wg *sync.WaitGroup) {
+	goBounded(ctx, sem, wg, func() {
+		if f.unanswered(ctx, r) && inject {
+			f.adopt(r, term)
+		}
+	})
+}
+
+// goBounded runs fn in a goroutine owned by wg once it holds a slot of sem
+// (it waits for one, so a long backlog slows the caller rather than piling
+// up goroutines); it reports false, starting nothing, when ctx ends first.
+func goBounded(ctx context.Context, sem chan struct{}, wg *sync.WaitGroup, fn func()) bool {
 	select {
 	case sem <- struct{}{}:
 	case <-ctx.Done():
-		return
+		return false
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		defer func() { <-sem }()
-		if f.unanswered(ctx, r) && inject {
-			f.adopt(r, term)
-		}
+		fn()
 	}()
+	return true
 }
 
 // unanswered reports whether the log holds no reply record for r: true
@@ -732,17 +742,9 @@ func (f *Frontend) recorderLoop(ctx context.Context) {
 		f.recQ = nil
 		f.mu.Unlock()
 		for _, r := range q {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
+			if !goBounded(ctx, sem, &wg, func() { f.recordOne(ctx, r) }) {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				f.recordOne(ctx, r)
-			}()
 		}
 	}
 }
