@@ -706,3 +706,61 @@ func TestRepeatableStatefulInferHeld(t *testing.T) {
 	default:
 	}
 }
+
+// restartingCounter is a counter model server that can be restarted under
+// its sidecar: from restart on, it has lost whatever it staged (a fresh
+// process), so an Update names a batch it never computed.
+type restartingCounter struct {
+	*counterBackend
+	restarted atomic.Bool
+}
+
+func (r *restartingCounter) Update(ctx context.Context, batch uint64) error {
+	if r.restarted.Load() {
+		r.mu.Lock()
+		clear(r.staged)
+		r.mu.Unlock()
+	}
+	return r.counterBackend.Update(ctx, batch)
+}
+
+// A model server restarted under a living primary sidecar has lost the
+// state: its Update answers FailedPrecondition (nothing staged). That is
+// the loss of the instance: the sidecar stops at once (errBackendLost, so
+// the manager fails it over) and fails no request to a client; it does not
+// retry an Update that cannot succeed.
+func TestModelServerRestartedUnderPrimaryStopsIt(t *testing.T) {
+	prim := &restartingCounter{counterBackend: newCounter(16)}
+	lost := make(chan error, 1)
+	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": newCounter(16)}, replOpts{
+		runErr: func(name string, err error) bool {
+			if name == "a" && errors.Is(err, errBackendLost) {
+				lost <- err
+				return true
+			}
+			return false
+		},
+	})
+	defer h.stop()
+	h.send(1, 8)
+	waitFor(t, "replies before the restart", func() bool { return h.sink.count() >= 8 })
+	prim.restarted.Store(true)
+	h.send(9, 40)
+	select {
+	case err := <-lost:
+		if !strings.Contains(err.Error(), "lost the state it staged") {
+			t.Fatalf("Run: %v, want the lost staged state named", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the primary sidecar still runs on a model server that lost its state")
+	}
+	h.sink.mu.Lock()
+	defer h.sink.mu.Unlock()
+	for id, its := range h.sink.items {
+		for _, it := range its {
+			if it.GetError() != "" {
+				t.Fatalf("request %d failed to the client: %s", id, it.GetError())
+			}
+		}
+	}
+}

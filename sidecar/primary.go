@@ -376,6 +376,14 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		}
 	case evUpdated:
 		s.metrics.update.Observe(ev.dur.Seconds())
+		if ev.err != nil && ctx.Err() == nil && status.Code(ev.err) == codes.FailedPrecondition {
+			// The model server no longer holds the state it staged for
+			// this batch: it was restarted under this sidecar (or another
+			// writer changed it). Its state is lost, so the instance is:
+			// stop without failing a request (the promoted backup runs
+			// them after the resend); retrying cannot bring the state back.
+			return fmt.Errorf("%w: update of batch %d: the model server lost the state it staged (restarted under this sidecar?): %w", errBackendLost, ev.batch, ev.err)
+		}
 		if ev.err != nil {
 			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
 				return fmt.Errorf("update batch %d: %w", ev.batch, ev.err)

@@ -323,6 +323,9 @@ type replHarness struct {
 type replOpts struct {
 	outputLog int64
 	tweak     func(name string, s *Sidecar) // before Run
+	// runErr, when set, is given a primary's or backup's Run error; it
+	// reports whether the test expected it (else the test fails).
+	runErr func(name string, err error) bool
 	// certs, when set, runs every hop over mutual TLS: the sidecars with
 	// certificates of their models, the frontend stand-in and its
 	// senders with a frontend's.
@@ -378,7 +381,7 @@ func startRepl(t testing.TB, yaml string, primaries, backups map[string]Backend,
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			if err := sc.Run(ctx); err != nil {
+			if err := sc.Run(ctx); err != nil && (o.runErr == nil || !o.runErr(name, err)) {
 				t.Errorf("sidecar %s (%s): %v", name, sc.role, err)
 			}
 		}()
