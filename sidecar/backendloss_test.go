@@ -713,6 +713,21 @@ func TestRepeatableStatefulInferHeld(t *testing.T) {
 type restartingCounter struct {
 	*counterBackend
 	restarted atomic.Bool
+	// fresh: the restart happened between an Update and the next
+	// Compute, so no Update fails: the next Compute runs on the initial
+	// state (version 0) of a fresh process.
+	fresh atomic.Bool
+}
+
+func (r *restartingCounter) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if r.fresh.CompareAndSwap(true, false) {
+		r.mu.Lock()
+		clear(r.staged)
+		clear(r.state)
+		r.version = 0
+		r.mu.Unlock()
+	}
+	return r.counterBackend.Compute(ctx, req)
 }
 
 func (r *restartingCounter) Update(ctx context.Context, batch uint64) error {
@@ -730,6 +745,18 @@ func (r *restartingCounter) Update(ctx context.Context, batch uint64) error {
 // the manager fails it over) and fails no request to a client; it does not
 // retry an Update that cannot succeed.
 func TestModelServerRestartedUnderPrimaryStopsIt(t *testing.T) {
+	for _, c := range []struct {
+		name, says string
+		restart    func(*restartingCounter)
+	}{
+		{"update finds nothing staged", "lost the state it staged", func(r *restartingCounter) { r.restarted.Store(true) }},
+		{"compute from the initial state", "is not above", func(r *restartingCounter) { r.fresh.Store(true) }},
+	} {
+		t.Run(c.name, func(t *testing.T) { modelServerRestartedUnderPrimary(t, c.restart, c.says) })
+	}
+}
+
+func modelServerRestartedUnderPrimary(t *testing.T, restart func(*restartingCounter), says string) {
 	prim := &restartingCounter{counterBackend: newCounter(16)}
 	lost := make(chan error, 1)
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": newCounter(16)}, replOpts{
@@ -744,11 +771,11 @@ func TestModelServerRestartedUnderPrimaryStopsIt(t *testing.T) {
 	defer h.stop()
 	h.send(1, 8)
 	waitFor(t, "replies before the restart", func() bool { return h.sink.count() >= 8 })
-	prim.restarted.Store(true)
+	restart(prim)
 	h.send(9, 40)
 	select {
 	case err := <-lost:
-		if !strings.Contains(err.Error(), "lost the state it staged") {
+		if !strings.Contains(err.Error(), says) {
 			t.Fatalf("Run: %v, want the lost staged state named", err)
 		}
 	case <-time.After(10 * time.Second):

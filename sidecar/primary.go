@@ -358,6 +358,18 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			ev.tr.end(ev.err)
 			return p.computeFailed(ctx, ev)
 		}
+		if v, seen := ev.resp.GetNextStateVersion(), s.versionSeen.Load(); v != 0 && seen != 0 && v <= seen {
+			// The server computed from a state older than one it already
+			// held: it was restarted under this sidecar (a restart no
+			// Update noticed) and these outputs come from its initial
+			// state. The instance's state is lost: stop, failing nothing
+			// (the outputs are never durable; the promoted backup runs
+			// the requests after the resend).
+			ev.tr.end(ev.err)
+			return fmt.Errorf("%w: compute of batch %d: the model server's next state version %d is not above %d, which it held before (restarted under this sidecar?)", errBackendLost, ev.batch, v, seen)
+		} else if v > seen {
+			s.versionSeen.Store(v)
+		}
 		if id := p.pipe.StartCompute(); id != ev.batch {
 			return fmt.Errorf("pipeline started batch %d, compute ran %d", id, ev.batch)
 		}
@@ -707,6 +719,7 @@ func (s *Sidecar) baseSnapshot(state []*hamsv1.Tensor, version uint64, reqs []*h
 		bytes += uint64(len(t.GetData()))
 	}
 	s.stateSpecs, s.stateBytes = specs, bytes
+	s.versionSeen.Store(version)
 	return &snapshot{batch: s.baseBatch, taken: true, last: s.baseBatch, seq: s.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
 		Model: s.cfg.Model, Epoch: s.epoch(), BatchId: s.baseBatch, StateVersion: version,
 		Requests: reqs, StateTensors: specs, StateBytes: bytes,

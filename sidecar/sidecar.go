@@ -165,6 +165,12 @@ type Sidecar struct {
 	// last full state seen (headers of delta snapshots carry it).
 	stateSpecs []*hamsv1.TensorSpec
 	stateBytes uint64
+	// versionSeen is the highest state version the primary's model
+	// server holds to this sidecar's knowledge: the version of the last
+	// base state (baseSnapshot) or of a computed batch. Versions only grow
+	// between bases, so a computed batch at or below it means the server
+	// lost its state (restarted under this sidecar). 0: unknown.
+	versionSeen atomic.Uint64
 	anyIn      bool
 	// describeMu: the first executor describes the backend, the others
 	// wait for it (a concurrent backend runs several executors).
