@@ -171,7 +171,7 @@ type Sidecar struct {
 	// between bases, so a computed batch at or below it means the server
 	// lost its state (restarted under this sidecar). 0: unknown.
 	versionSeen atomic.Uint64
-	anyIn      bool
+	anyIn       bool
 	// describeMu: the first executor describes the backend, the others
 	// wait for it (a concurrent backend runs several executors).
 	describeMu sync.Mutex
