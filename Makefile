@@ -125,7 +125,7 @@ fuzz:
 # Partitions with real networks (root: namespaces, veth, iptables): every
 # case of integration/partition_test.go, with its stall table.
 chaos-net:
-	HAMS_CHAOS_NET=1 $(GO) test ./integration -run 'TestPartitions' -count=1 -v -timeout 20m
+	HAMS_CHAOS_NET=1 $(GO) test ./integration -run 'TestPartitions|TestModelServerRestartedInPlaceIsFailedOver' -count=1 -v -timeout 20m
 
 # NATS cluster node kills (three servers, every stream R3): in process
 # (internal/natsd, graceful shutdown of a follower, the meta leader, the

@@ -720,6 +720,11 @@ type restartingCounter struct {
 }
 
 func (r *restartingCounter) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv1.BatchResponse, error) {
+	if r.restarted.Load() && req.InstallBatchId != 0 {
+		// A fresh process has nothing staged for the folded update (the
+		// reference server's answer).
+		return nil, status.Errorf(codes.FailedPrecondition, "update of batch %d, nothing staged", req.InstallBatchId)
+	}
 	if r.fresh.CompareAndSwap(true, false) {
 		r.mu.Lock()
 		clear(r.staged)
@@ -752,12 +757,17 @@ func TestModelServerRestartedUnderPrimaryStopsIt(t *testing.T) {
 		{"update finds nothing staged", "lost the state it staged", func(r *restartingCounter) { r.restarted.Store(true) }},
 		{"compute from the initial state", "is not above", func(r *restartingCounter) { r.fresh.Store(true) }},
 	} {
-		t.Run(c.name, func(t *testing.T) { modelServerRestartedUnderPrimary(t, c.restart, c.says) })
+		t.Run(c.name, func(t *testing.T) { modelServerRestartedUnderPrimary(t, newCounter(16), c.restart, c.says) })
 	}
+	// With deltas the next compute carries the update (install_batch_id):
+	// its FailedPrecondition is the same loss.
+	t.Run("compute carrying the update finds nothing staged", func(t *testing.T) {
+		modelServerRestartedUnderPrimary(t, newDeltaCounter(16), func(r *restartingCounter) { r.restarted.Store(true) }, "lost the state it staged")
+	})
 }
 
-func modelServerRestartedUnderPrimary(t *testing.T, restart func(*restartingCounter), says string) {
-	prim := &restartingCounter{counterBackend: newCounter(16)}
+func modelServerRestartedUnderPrimary(t *testing.T, be *counterBackend, restart func(*restartingCounter), says string) {
+	prim := &restartingCounter{counterBackend: be}
 	lost := make(chan error, 1)
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": newCounter(16)}, replOpts{
 		runErr: func(name string, err error) bool {

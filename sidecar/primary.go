@@ -70,6 +70,9 @@ type opDone struct {
 	dur     time.Duration
 	err     error
 	tr      *batchTrace // evComputed: the batch's spans (tracing.go)
+	// install: evComputed: the batch whose Update the compute carried
+	// (install_batch_id); 0 none.
+	install uint64
 }
 
 // computedBatch is a batch between its compute and the moment both its
@@ -309,7 +312,7 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 	stage, install := p.capture, p.pendingInstall
 	bt := s.traceBatch(reqs, id) // nil when tracing is off
 	p.spawn(ctx, func() opDone {
-		ev := opDone{kind: evComputed, batch: id, reqs: reqs, tr: bt}
+		ev := opDone{kind: evComputed, batch: id, reqs: reqs, tr: bt, install: install}
 		cctx := bt.callCtx(ctx)
 		req, err := s.batchRequest(reqs, id)
 		if err != nil {
@@ -527,6 +530,12 @@ func (p *primary) computeFailed(ctx context.Context, ev opDone) error {
 		return ev.err
 	}
 	code := status.Code(ev.err)
+	if code == codes.FailedPrecondition && ev.install != 0 {
+		// The Update the compute carried found nothing staged: the
+		// model server lost its state (restarted under this sidecar), as
+		// in evUpdated. Stop, failing nothing.
+		return fmt.Errorf("%w: compute of batch %d carrying the update of batch %d: the model server lost the state it staged (restarted under this sidecar?): %w", errBackendLost, ev.batch, ev.install, ev.err)
+	}
 	if code == codes.InvalidArgument && len(ev.reqs) > 1 {
 		s.log.Debug("batch rejected as invalid, re-running requests one by one", "size", len(ev.reqs), "err", ev.err)
 		singles := make([][]request, len(ev.reqs))
