@@ -383,6 +383,10 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 	case evInstalled:
 		p.installing = false
 		s.metrics.update.Observe(ev.dur.Seconds())
+		if ev.err != nil && ctx.Err() == nil && status.Code(ev.err) == codes.FailedPrecondition {
+			// As in evUpdated: the server lost the state it staged.
+			return fmt.Errorf("%w: install of batch %d: the model server lost the state it staged (restarted under this sidecar?): %w", errBackendLost, ev.batch, ev.err)
+		}
 		if ev.err != nil {
 			return fmt.Errorf("install batch %d: %w", ev.batch, ev.err)
 		}

@@ -1148,7 +1148,7 @@ const file_hams_v1_replication_proto_rawDesc = "" +
 	"\alineage\x18\x04 \x03(\v2\x15.hams.v1.LineageEntryR\alineage\x12!\n" +
 	"\finput_digest\x18\x05 \x01(\tR\vinputDigest\x12#\n" +
 	"\routput_digest\x18\x06 \x01(\tR\foutputDigest\x12 \n" +
-	"\vapproximate\x18\a \x01(\bR\vapproximate\"\xb1\x03\n" +
+	"\vapproximate\x18\a \x01(\bR\vapproximate\"\xbb\x03\n" +
 	"\x0eSnapshotHeader\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x19\n" +
@@ -1165,16 +1165,16 @@ const file_hams_v1_replication_proto_rawDesc = "" +
 	" \x01(\bR\x05delta\x12\x1f\n" +
 	"\vdelta_bytes\x18\v \x01(\x04R\n" +
 	"deltaBytes\x12!\n" +
-	"\fsha256_marks\x18\f \x03(\fR\vsha256Marks\"\x9b\x01\n" +
+	"\fsha256_marks\x18\f \x03(\fR\vsha256MarksJ\b\b\x86\xac\x01\x10\x87\xac\x01\"\x9b\x01\n" +
 	"\rSnapshotChunk\x121\n" +
 	"\x06header\x18\x01 \x01(\v2\x17.hams.v1.SnapshotHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
 	"\fstate_digest\x18\x03 \x01(\tR\vstateDigest\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offsetB\x06\n" +
-	"\x04part\"K\n" +
+	"\x04part\"U\n" +
 	"\x14ShipSnapshotResponse\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12\x18\n" +
-	"\aapplied\x18\x02 \x01(\bR\aapplied\"z\n" +
+	"\aapplied\x18\x02 \x01(\bR\aappliedJ\b\b\x86\xac\x01\x10\x87\xac\x01\"z\n" +
 	"\x10DurabilityNotice\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1f\n" +
