@@ -368,8 +368,9 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			// state. The instance's state is lost: stop, failing nothing
 			// (the outputs are never durable; the promoted backup runs
 			// the requests after the resend).
-			ev.tr.end(ev.err)
-			return fmt.Errorf("%w: compute of batch %d: the model server's next state version %d is not above %d, which it held before (restarted under this sidecar?)", errBackendLost, ev.batch, v, seen)
+			err := fmt.Errorf("%w: compute of batch %d: the model server's next state version %d is not above %d, which it held before (restarted under this sidecar?)", errBackendLost, ev.batch, v, seen)
+			ev.tr.end(err)
+			return err
 		} else if v > seen {
 			s.versionSeen.Store(v)
 		}
@@ -383,9 +384,8 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 	case evInstalled:
 		p.installing = false
 		s.metrics.update.Observe(ev.dur.Seconds())
-		if ev.err != nil && ctx.Err() == nil && status.Code(ev.err) == codes.FailedPrecondition {
-			// As in evUpdated: the server lost the state it staged.
-			return fmt.Errorf("%w: install of batch %d: the model server lost the state it staged (restarted under this sidecar?): %w", errBackendLost, ev.batch, ev.err)
+		if err := lostStagedState(ctx, ev.err, "install of batch %d", ev.batch); err != nil {
+			return err
 		}
 		if ev.err != nil {
 			return fmt.Errorf("install batch %d: %w", ev.batch, ev.err)
@@ -395,13 +395,8 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		}
 	case evUpdated:
 		s.metrics.update.Observe(ev.dur.Seconds())
-		if ev.err != nil && ctx.Err() == nil && status.Code(ev.err) == codes.FailedPrecondition {
-			// The model server no longer holds the state it staged for
-			// this batch: it was restarted under this sidecar (or another
-			// writer changed it). Its state is lost, so the instance is:
-			// stop without failing a request (the promoted backup runs
-			// them after the resend); retrying cannot bring the state back.
-			return fmt.Errorf("%w: update of batch %d: the model server lost the state it staged (restarted under this sidecar?): %w", errBackendLost, ev.batch, ev.err)
+		if err := lostStagedState(ctx, ev.err, "update of batch %d", ev.batch); err != nil {
+			return err
 		}
 		if ev.err != nil {
 			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
@@ -520,6 +515,20 @@ func (p *primary) gatesOpen() bool {
 	return !full && unacked < maxUnacked && p.s.ship.Unapplied() < maxUnapplied && p.s.ship.Waiting() < maxWaiting
 }
 
+// lostStagedState returns errBackendLost when err is the model server's
+// FailedPrecondition to an update of state it staged (an Update, an
+// install on its own, or one folded into a compute): the server no longer
+// holds that state, it was restarted under this sidecar (or another writer
+// changed it). The instance's state is lost, so the instance is: the
+// primary stops without failing a request (the promoted backup runs them
+// after the resend); retrying cannot bring the state back. Otherwise nil.
+func lostStagedState(ctx context.Context, err error, what string, args ...any) error {
+	if err == nil || ctx.Err() != nil || status.Code(err) != codes.FailedPrecondition {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: the model server lost the state it staged (restarted under this sidecar?): %w", errBackendLost, fmt.Sprintf(what, args...), err)
+}
+
 // computeFailed fails the batch's requests, or re-queues them one by one
 // when the backend rejected the batch as invalid, so only the bad request
 // fails. No state was staged, so the batch id is reused. A lost backend
@@ -533,13 +542,12 @@ func (p *primary) computeFailed(ctx context.Context, ev opDone) error {
 	if errors.Is(ev.err, errBackendLost) {
 		return ev.err
 	}
-	code := status.Code(ev.err)
-	if code == codes.FailedPrecondition && ev.install != 0 {
-		// The Update the compute carried found nothing staged: the
-		// model server lost its state (restarted under this sidecar), as
-		// in evUpdated. Stop, failing nothing.
-		return fmt.Errorf("%w: compute of batch %d carrying the update of batch %d: the model server lost the state it staged (restarted under this sidecar?): %w", errBackendLost, ev.batch, ev.install, ev.err)
+	if ev.install != 0 {
+		if err := lostStagedState(ctx, ev.err, "compute of batch %d carrying the update of batch %d", ev.batch, ev.install); err != nil {
+			return err
+		}
 	}
+	code := status.Code(ev.err)
 	if code == codes.InvalidArgument && len(ev.reqs) > 1 {
 		s.log.Debug("batch rejected as invalid, re-running requests one by one", "size", len(ev.reqs), "err", ev.err)
 		singles := make([][]request, len(ev.reqs))
