@@ -1,11 +1,9 @@
 // Package run holds the small concurrency helpers every component shares:
-// a context-aware sleep and a goroutine group whose owner waits for every
-// goroutine it started.
+// a context-aware sleep.
 package run
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
@@ -23,17 +21,3 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
-
-// Group owns goroutines: Wait returns once every goroutine started with Go
-// has returned. The zero Group is ready to use. Unlike errgroup it does not
-// cancel on error: components whose goroutines run until their context
-// ends use it so that Run returns only after all of them did.
-type Group struct {
-	wg sync.WaitGroup
-}
-
-// Go starts f in a goroutine owned by g.
-func (g *Group) Go(f func()) { g.wg.Go(f) }
-
-// Wait blocks until every goroutine started with Go has returned.
-func (g *Group) Wait() { g.wg.Wait() }

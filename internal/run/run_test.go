@@ -2,7 +2,6 @@ package run
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -21,22 +20,5 @@ func TestSleepCancelled(t *testing.T) {
 	}
 	if Sleep(ctx, 0) {
 		t.Fatal("Sleep(0) with an ended context reported success")
-	}
-}
-
-func TestGroupWaitsForAll(t *testing.T) {
-	var g Group
-	var n atomic.Int32
-	release := make(chan struct{})
-	for range 8 {
-		g.Go(func() {
-			<-release
-			n.Add(1)
-		})
-	}
-	close(release)
-	g.Wait()
-	if n.Load() != 8 {
-		t.Fatalf("Wait returned with %d of 8 goroutines done", n.Load())
 	}
 }
