@@ -26,7 +26,7 @@ type RequestLog interface {
 	RecordReply(ctx context.Context, r *coord.LoggedReply) (existing *coord.LoggedReply, err error)
 	LookupReply(ctx context.Context, reqID uint64) (*coord.LoggedReply, error)
 	WatchReplies(ctx context.Context, fn func(*coord.LoggedReply)) error
-	WatchRequests(ctx context.Context, since time.Time, fn func(r *coord.LoggedRequest, backlog bool)) error
+	WatchRequests(ctx context.Context, lookback time.Duration, fn func(r *coord.LoggedRequest, backlog bool)) error
 }
 
 // recording is an answer waiting to be recorded before it is released.
@@ -43,7 +43,9 @@ const (
 	// answer is retried before the call is answered Unavailable.
 	recordGrace = 5 * time.Second
 	// takeoverSlack widens the window of logged requests a new leader
-	// scans beyond the request timeout (clock skew between frontends).
+	// scans beyond the request timeout (the log's stamps and the
+	// frontend's own clock are compared through an estimated offset:
+	// internal/coord/serverclock.go).
 	takeoverSlack = 2 * time.Second
 	// sinkResendTimeout bounds one Resend call to a sink model.
 	sinkResendTimeout = 5 * time.Second
@@ -290,8 +292,7 @@ func (f *Frontend) consumeLog(ctx context.Context) {
 	sem := make(chan struct{}, takeoverLookups)
 	backoff := minBackoff
 	for {
-		since := f.now().Add(-f.timeout - takeoverSlack)
-		err := f.cfg.Log.WatchRequests(ctx, since, func(r *coord.LoggedRequest, backlog bool) {
+		err := f.cfg.Log.WatchRequests(ctx, f.timeout+takeoverSlack, func(r *coord.LoggedRequest, backlog bool) {
 			f.onLogged(ctx, r, backlog, sem, &checks)
 		})
 		if ctx.Err() != nil {

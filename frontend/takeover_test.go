@@ -118,9 +118,9 @@ type watchCountingLog struct {
 	watches atomic.Int32
 }
 
-func (l *watchCountingLog) WatchRequests(ctx context.Context, since time.Time, fn func(*coord.LoggedRequest, bool)) error {
+func (l *watchCountingLog) WatchRequests(ctx context.Context, lookback time.Duration, fn func(*coord.LoggedRequest, bool)) error {
 	l.watches.Add(1)
-	return l.RequestLog.WatchRequests(ctx, since, fn)
+	return l.RequestLog.WatchRequests(ctx, lookback, fn)
 }
 
 // ownReqID reports whether reqID was handed out by f.
@@ -186,7 +186,7 @@ func TestTakeoverInjectsMirroredRequestsWithoutRescan(t *testing.T) {
 // still deep in its backlog).
 type blindLog struct{ RequestLog }
 
-func (blindLog) WatchRequests(ctx context.Context, _ time.Time, _ func(*coord.LoggedRequest, bool)) error {
+func (blindLog) WatchRequests(ctx context.Context, _ time.Duration, _ func(*coord.LoggedRequest, bool)) error {
 	<-ctx.Done()
 	return nil
 }
@@ -251,8 +251,8 @@ type lagLog struct {
 	delivered    atomic.Int32  // request records delivered as they came
 }
 
-func (l *lagLog) WatchRequests(ctx context.Context, since time.Time, fn func(*coord.LoggedRequest, bool)) error {
-	return l.RequestLog.WatchRequests(ctx, since, func(r *coord.LoggedRequest, backlog bool) {
+func (l *lagLog) WatchRequests(ctx context.Context, lookback time.Duration, fn func(*coord.LoggedRequest, bool)) error {
+	return l.RequestLog.WatchRequests(ctx, lookback, func(r *coord.LoggedRequest, backlog bool) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if l.holdRequests {

@@ -31,6 +31,9 @@ type Coord struct {
 	frontends jetstream.KeyValue
 	// badRecords counts records and notices skipped as unreadable.
 	badRecords atomic.Uint64
+	// clock is this process's clock and its offset to the server's
+	// (serverclock.go): request-log deadlines are read through it.
+	clock serverClock
 }
 
 // TopologyBucket is the KV bucket that holds the state of the deployment

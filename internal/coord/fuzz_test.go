@@ -25,15 +25,22 @@ import (
 func FuzzRequestRecord(f *testing.F) {
 	req := &LoggedRequest{ReqID: 7, Frontend: "fe", Deadline: time.Unix(0, 1700000000000000000),
 		Request: &hamsv1.PredictRequest{Service: "s", RequestId: "r", Inputs: []*hamsv1.Tensor{{Name: "x", Datatype: "UINT8", Shape: []int64{1}, Data: []byte{1}}}}}
-	h, b, _ := encodeRequest(req)
-	f.Add(h.Get(hdrReqID), h.Get(hdrFrontend), h.Get(hdrDeadline), "", "", "3,9,27", b)
+	h, b, _ := encodeRequest(req, req.Deadline.Add(-5*time.Second))
+	f.Add(h.Get(hdrReqID), h.Get(hdrFrontend), h.Get(hdrTimeout), "", "", "3,9,27", b)
+	f.Add(h.Get(hdrReqID), h.Get(hdrFrontend), "L"+h.Get(hdrDeadline), "", "", "", b)
 	h, b, _ = encodeReply(&LoggedReply{ReqID: 7, Frontend: "fe", Response: &hamsv1.PredictResponse{ReqId: 7}})
 	f.Add(h.Get(hdrReqID), "fe", "", "", "", "", b)
 	f.Add("8", "fe", "", "3", "bad input", "1,1", []byte{})
 	f.Add("x", "", "soon", "-3", "", "9,x", []byte{0x0a, 0x7f})
 	f.Fuzz(func(t *testing.T, id, fe, deadline, code, msg, chunks string, data []byte) {
 		h := nats.Header{}
-		for k, v := range map[string]string{hdrReqID: id, hdrFrontend: fe, hdrDeadline: deadline, hdrCode: code, hdrError: msg} {
+		// deadline is the time left (Hams-Timeout), or with a leading
+		// "L" the absolute deadline of an earlier version's record.
+		timeHdr := hdrTimeout
+		if rest, ok := strings.CutPrefix(deadline, "L"); ok {
+			timeHdr, deadline = hdrDeadline, rest
+		}
+		for k, v := range map[string]string{hdrReqID: id, hdrFrontend: fe, timeHdr: deadline, hdrCode: code, hdrError: msg} {
 			if v != "" {
 				h.Set(k, v)
 			}
@@ -44,13 +51,18 @@ func FuzzRequestRecord(f *testing.F) {
 				t.Fatalf("%s: error %v does not wrap ErrBadRecord", what, err)
 			}
 		}
-		if r, err := decodeRequest(h, data, 5); err == nil {
-			h2, b2, err := encodeRequest(r)
+		written := time.Unix(0, 1700000000000000000)
+		if r, err := decodeRequest(h, data, 5, written); err == nil {
+			if left := r.Deadline.Sub(written); h.Get(hdrTimeout) != "" && (left > maxRecordTimeout || left < -maxRecordTimeout) {
+				t.Fatalf("time left %v outside ±%v", left, maxRecordTimeout)
+			}
+			h2, b2, err := encodeRequest(r, written)
 			if err != nil {
 				t.Fatal(err)
 			}
-			back, err := decodeRequest(h2, b2, 5)
-			if err != nil || back.ReqID != r.ReqID || back.Frontend != r.Frontend || !back.Deadline.Equal(r.Deadline) || !proto.Equal(back.Request, r.Request) {
+			back, err := decodeRequest(h2, b2, 5, written)
+			want := written.Add(clampTimeout(r.Deadline.Sub(written)))
+			if err != nil || back.ReqID != r.ReqID || back.Frontend != r.Frontend || !back.Deadline.Equal(want) || !proto.Equal(back.Request, r.Request) {
 				t.Fatalf("request decode(encode(x)) = %+v %v, want %+v", back, err, r)
 			}
 		} else {

@@ -108,7 +108,7 @@ func TestWatchesSkipUnreadableRecords(t *testing.T) {
 	wctx, wcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- c.WatchRequests(wctx, time.Now().Add(-time.Minute), func(r *LoggedRequest, _ bool) { got <- r.ReqID })
+		done <- c.WatchRequests(wctx, time.Minute, func(r *LoggedRequest, _ bool) { got <- r.ReqID })
 	}()
 	select {
 	case id := <-got:

@@ -35,6 +35,11 @@ const (
 const (
 	hdrReqID    = "Hams-Req-Id"
 	hdrFrontend = "Hams-Frontend"
+	// hdrTimeout is the time the request had left when its record was
+	// written, in nanoseconds (serverclock.go). hdrDeadline, the absolute
+	// deadline on the writer's clock, is still written for readers of
+	// earlier versions and read only from records without hdrTimeout.
+	hdrTimeout  = "Hams-Timeout"
 	hdrDeadline = "Hams-Deadline"
 	hdrCode     = "Hams-Code"
 	hdrError    = "Hams-Error"
@@ -71,6 +76,9 @@ func RepliesSubject(dep string) string { return "hams." + dep + ".replies" }
 type LoggedRequest struct {
 	ReqID    uint64
 	Frontend string
+	// Deadline is on the clock of the process that holds the record: the
+	// writer's, or for a record read from the log, the reader's (the log
+	// carries the time left, never this time).
 	Deadline time.Time
 	Request  *hamsv1.PredictRequest
 	// Seq is the record's stream sequence (set by reads and by LogRequest).
@@ -185,7 +193,7 @@ func isWrongLast(err error) bool {
 // instead. A record whose deadline passed without a reply is replaced
 // (the retry executes again).
 func (c *Coord) LogRequest(ctx context.Context, r *LoggedRequest) (existing *LoggedRequest, err error) {
-	h, body, err := encodeRequest(r)
+	h, body, err := encodeRequest(r, c.now())
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +221,7 @@ func (c *Coord) LogRequest(ctx context.Context, r *LoggedRequest) (existing *Log
 		if err != nil {
 			return nil, err
 		}
-		if time.Now().Before(prev.Deadline) {
+		if c.now().Before(prev.Deadline) {
 			return prev, nil
 		}
 		if _, err := c.LookupReply(ctx, prev.ReqID); err == nil {
@@ -225,9 +233,9 @@ func (c *Coord) LogRequest(ctx context.Context, r *LoggedRequest) (existing *Log
 	}
 }
 
-// encodeRequest is a request record's headers and data (decodeRequest
-// reads them).
-func encodeRequest(r *LoggedRequest) (nats.Header, []byte, error) {
+// encodeRequest is a request record's headers and data written at now
+// (decodeRequest reads them).
+func encodeRequest(r *LoggedRequest, now time.Time) (nats.Header, []byte, error) {
 	body, err := proto.Marshal(r.Request)
 	if err != nil {
 		return nil, nil, fmt.Errorf("coord: encode request %d: %w", r.ReqID, err)
@@ -235,6 +243,7 @@ func encodeRequest(r *LoggedRequest) (nats.Header, []byte, error) {
 	h := nats.Header{}
 	h.Set(hdrReqID, strconv.FormatUint(r.ReqID, 10))
 	h.Set(hdrFrontend, r.Frontend)
+	h.Set(hdrTimeout, strconv.FormatInt(int64(clampTimeout(r.Deadline.Sub(now))), 10))
 	h.Set(hdrDeadline, strconv.FormatInt(r.Deadline.UnixNano(), 10))
 	return h, body, nil
 }
@@ -248,10 +257,14 @@ func (c *Coord) lastRequest(ctx context.Context, subj string) (*LoggedRequest, e
 	if err != nil {
 		return nil, err
 	}
+	off, err := c.ServerClockOffset(ctx)
+	if err != nil {
+		return nil, err
+	}
 	data, err := c.assemble(ctx, st, m.Header, m.Data)
 	if err == nil {
 		var r *LoggedRequest
-		if r, err = decodeRequest(m.Header, data, m.Sequence); err == nil {
+		if r, err = decodeRequest(m.Header, data, m.Sequence, m.Time.Add(off)); err == nil {
 			return r, nil
 		}
 	}
@@ -352,21 +365,34 @@ func parseChunks(list string, most int) ([]uint64, error) {
 	return seqs, nil
 }
 
-// decodeRequest reads a request record (errors wrap ErrBadRecord).
-func decodeRequest(h nats.Header, data []byte, seq uint64) (*LoggedRequest, error) {
+// decodeRequest reads a request record written at written (the server's
+// stamp of it, on the reader's clock: serverclock.go). Errors wrap
+// ErrBadRecord.
+func decodeRequest(h nats.Header, data []byte, seq uint64, written time.Time) (*LoggedRequest, error) {
 	id, err := strconv.ParseUint(h.Get(hdrReqID), 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("%w: request record %d: req_id %q: %v", ErrBadRecord, seq, h.Get(hdrReqID), err)
 	}
-	dl, err := strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("%w: request record %d: deadline %q: %v", ErrBadRecord, seq, h.Get(hdrDeadline), err)
+	var deadline time.Time
+	if s := h.Get(hdrTimeout); s != "" {
+		left, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: request record %d: time left %q: %v", ErrBadRecord, seq, s, err)
+		}
+		deadline = written.Add(clampTimeout(time.Duration(left)))
+	} else {
+		// A record of an earlier version: its writer's clock.
+		dl, err := strconv.ParseInt(h.Get(hdrDeadline), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: request record %d: deadline %q: %v", ErrBadRecord, seq, h.Get(hdrDeadline), err)
+		}
+		deadline = time.Unix(0, dl)
 	}
 	req := &hamsv1.PredictRequest{}
 	if err := proto.Unmarshal(data, req); err != nil {
 		return nil, fmt.Errorf("%w: request record %d: %v", ErrBadRecord, seq, err)
 	}
-	return &LoggedRequest{ReqID: id, Frontend: h.Get(hdrFrontend), Deadline: time.Unix(0, dl), Request: req, Seq: seq}, nil
+	return &LoggedRequest{ReqID: id, Frontend: h.Get(hdrFrontend), Deadline: deadline, Request: req, Seq: seq}, nil
 }
 
 // RecordReply records the answer to request r.ReqID once: the first writer
@@ -496,16 +522,23 @@ func (c *Coord) WatchReplies(ctx context.Context, fn func(*LoggedReply)) error {
 	}
 }
 
-// WatchRequests calls fn for every request record logged since `since`
-// (and every later one), in log order, until ctx ends. backlog is true for
-// records that were in the log when the watch started. fn runs on one
-// goroutine and may block (the watch then pauses).
-func (c *Coord) WatchRequests(ctx context.Context, since time.Time, fn func(r *LoggedRequest, backlog bool)) error {
+// WatchRequests calls fn for every request record logged in the last
+// lookback (and every later one), in log order, until ctx ends. backlog is
+// true for records that were in the log when the watch started. fn runs
+// on one goroutine and may block (the watch then pauses). lookback is
+// measured on the server's clock (serverclock.go), so a reader whose clock
+// is skewed still starts where it means to.
+func (c *Coord) WatchRequests(ctx context.Context, lookback time.Duration, fn func(r *LoggedRequest, backlog bool)) error {
 	name := streamName(c.deployment, "REQUESTS")
 	st, err := c.js.Stream(ctx, name)
 	if err != nil {
 		return fmt.Errorf("coord: request log: %w", err)
 	}
+	off, err := c.ServerClockOffset(ctx)
+	if err != nil {
+		return err
+	}
+	since := c.now().Add(-off).Add(-lookback)
 	info, err := st.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("coord: request log info: %w", err)
@@ -544,7 +577,10 @@ func (c *Coord) WatchRequests(ctx context.Context, since time.Time, fn func(r *L
 				if err != nil {
 					return err
 				}
-				r, err := decodeRequest(m.Headers(), data, md.Sequence.Stream)
+				if off, err = c.ServerClockOffset(ctx); err != nil {
+					return err
+				}
+				r, err := decodeRequest(m.Headers(), data, md.Sequence.Stream, md.Timestamp.Add(off))
 				if err != nil {
 					// A record nobody can read is skipped: ending the
 					// watch on it would stop every later request (a

@@ -302,7 +302,7 @@ func TestRolesDoTheirJobs(t *testing.T) {
 		t.Fatalf("frontend: log request: %v", err)
 	}
 	go func() {
-		if err := cf.WatchRequests(wctx, time.Now().Add(-time.Minute), func(r *coord.LoggedRequest, _ bool) { freq <- r }); err != nil {
+		if err := cf.WatchRequests(wctx, time.Minute, func(r *coord.LoggedRequest, _ bool) { freq <- r }); err != nil {
 			t.Errorf("frontend: watch requests: %v", err)
 		}
 	}()
