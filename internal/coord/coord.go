@@ -113,8 +113,7 @@ func (c *Coord) Announce(ctx context.Context, n *hamsv1.DurabilityNotice) error 
 	if err != nil {
 		return fmt.Errorf("coord: encode durability notice: %w", err)
 	}
-	id := fmt.Sprintf("d/%s/%d/%d", n.Model, n.Epoch, n.DurableSeq)
-	if _, err := c.js.Publish(ctx, DurableSubject(c.deployment, n.Model), b, jetstream.WithMsgID(id)); err != nil {
+	if _, err := c.js.Publish(ctx, DurableSubject(c.deployment, n.Model), b, jetstream.WithMsgID(durabilityMsgID(n))); err != nil {
 		return fmt.Errorf("coord: announce %s durable to %d: %w", n.Model, n.DurableSeq, err)
 	}
 	return nil

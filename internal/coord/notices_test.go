@@ -1,0 +1,124 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+)
+
+// A live notice reaches the reply gates' watch with no durability stream
+// to store it (as while the stream's raft group elects a leader), where
+// Announce, waiting for the stream, fails.
+func TestAnnounceLiveNeedsNoStreamLeader(t *testing.T) {
+	nc := embedded(t)
+	c := openT(t, nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := make(chan *hamsv1.DurabilityNotice, 4)
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchDurable(wctx, []string{"m"}, func(n *hamsv1.DurabilityNotice) { got <- n })
+	}()
+	// The watch subscribes before it reads the stream: once a first
+	// notice arrives, it is live.
+	first := &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 1}
+	if err := c.Announce(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-got; !proto.Equal(n, first) {
+		t.Fatalf("first notice %v", n)
+	}
+	if err := c.js.DeleteStream(ctx, DurableStream("rl")); err != nil {
+		t.Fatal(err)
+	}
+	n := &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 7, BatchId: 3}
+	actx, acancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	if err := c.Announce(actx, n); err == nil {
+		t.Fatal("Announce succeeded with no stream to store the notice")
+	}
+	acancel()
+	if err := c.AnnounceLive(n); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-got:
+		if !proto.Equal(g, n) {
+			t.Fatalf("live notice %v, want %v", g, n)
+		}
+	case <-ctx.Done():
+		t.Fatal("the live notice never reached the watch")
+	}
+	wcancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The persister stores the newest notice offered, retrying through
+// failures; older offers are dropped; the stored copy is what a late
+// watcher's catch-up read returns.
+func TestNoticePersisterStoresNewest(t *testing.T) {
+	nc := embedded(t)
+	c := openT(t, nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	failLeft := 3
+	var stored []uint64
+	p := NewNoticePersister(func(ctx context.Context, n *hamsv1.DurabilityNotice) error {
+		mu.Lock()
+		if failLeft > 0 {
+			failLeft--
+			mu.Unlock()
+			return errors.New("no stream leader")
+		}
+		stored = append(stored, n.GetDurableSeq())
+		mu.Unlock()
+		return c.Announce(ctx, n)
+	})
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(rctx) }()
+	for seq := uint64(1); seq <= 5; seq++ {
+		p.Offer(&hamsv1.DurabilityNotice{Model: "m", Epoch: 2, DurableSeq: seq})
+	}
+	p.Offer(&hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 99}) // older epoch: ignored
+	for p.Stored().GetDurableSeq() != 5 {
+		if ctx.Err() != nil {
+			t.Fatalf("stored %v after %d failures", p.Stored(), p.Failures())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the persister's progress
+	}
+	if p.Failures() != 3 {
+		t.Fatalf("failures %d, want 3", p.Failures())
+	}
+	mu.Lock()
+	if len(stored) == 0 || stored[len(stored)-1] != 5 || len(stored) > 5 {
+		t.Fatalf("stored seqs %v", stored)
+	}
+	mu.Unlock()
+	got := make(chan *hamsv1.DurabilityNotice, 1)
+	wctx, wcancel := context.WithCancel(ctx)
+	wdone := make(chan error, 1)
+	go func() {
+		wdone <- c.WatchDurable(wctx, []string{"m"}, func(n *hamsv1.DurabilityNotice) { got <- n })
+	}()
+	if n := <-got; n.GetEpoch() != 2 || n.GetDurableSeq() != 5 {
+		t.Fatalf("catch-up read %v, want epoch 2 seq 5", n)
+	}
+	wcancel()
+	rcancel()
+	if err := <-wdone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
