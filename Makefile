@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 # concurrent request path).
 RACE_PKGS := ./internal/... ./sidecar/... ./frontend/... ./manager/... ./protocol/...
 
-.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler fuzz chaos-net chaos-nats docker clean
+.PHONY: all tools proto build test test-race test-rest demo bench bench-paper bench-parm recovery chaos netem-straggler fuzz chaos-timing chaos-net chaos-nats docker clean
 
 all: build
 
@@ -124,6 +124,12 @@ fuzz:
 
 # Partitions with real networks (root: namespaces, veth, iptables): every
 # case of integration/partition_test.go, with its stall table.
+# The failover-time targets of issue 18 (leading frontend p50 100 ms,
+# manager 250 ms), held on a quiet machine; the default suite holds looser
+# bounds (integration/control_failover_test.go).
+chaos-timing:
+	HAMS_STRICT_TIMING=1 $(GO) test ./integration -run 'TestControlPlaneKillStall' -count=1 -v -timeout 10m
+
 chaos-net:
 	HAMS_CHAOS_NET=1 $(GO) test ./integration -run 'TestPartitions|TestModelServerRestartedInPlaceIsFailedOver' -count=1 -v -timeout 20m
 

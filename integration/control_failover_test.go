@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -18,13 +19,19 @@ import (
 // never calls the manager, so this is the next request's latency).
 // Measured with the fast takeover: 20-60 ms per frontend kill; without it
 // (the next frontend scans the log back a request timeout, or waits for
-// the restarted one) 250-880 ms, and the bound fails.
+// the restarted one) 250-880 ms, median 846.
+//
+// The targets are held with HAMS_STRICT_TIMING=1 (make chaos-timing, on
+// a quiet machine). The default suite runs beside other test binaries on
+// CI's two cores, where a scheduling stall alone can take 100 ms, so it
+// holds the bounds that still tell the fast takeover from the slow one
+// (p50 200 ms, manager 500 ms): the slow path's median was 846 ms.
 func TestControlPlaneKillStall(t *testing.T) {
-	const (
-		frontendP50Ms = 100
-		managerMs     = 250
-		frontendKills = 5
-	)
+	frontendP50Ms, managerMs := 200.0, 500.0
+	if os.Getenv("HAMS_STRICT_TIMING") != "" {
+		frontendP50Ms, managerMs = 100, 250
+	}
+	const frontendKills = 5
 	out := filepath.Join(t.TempDir(), "out.json")
 	args := []string{"demo", "--service", "ap", "--duration", "12s", "--suspicion-timeout", suspicion}
 	for i := range frontendKills {
@@ -58,10 +65,10 @@ func TestControlPlaneKillStall(t *testing.T) {
 	}
 	slices.Sort(frontend)
 	if p50 := frontend[len(frontend)/2]; p50 > frontendP50Ms {
-		t.Errorf("leading-frontend kills: client-visible stall p50 %.0f ms (all %v), want at most %d ms", p50, frontend, frontendP50Ms)
+		t.Errorf("leading-frontend kills: client-visible stall p50 %.0f ms (all %v), want at most %.0f ms", p50, frontend, frontendP50Ms)
 	}
 	if manager[0] > managerMs {
-		t.Errorf("active-manager kill: client-visible stall %.0f ms, want at most %d ms", manager[0], managerMs)
+		t.Errorf("active-manager kill: client-visible stall %.0f ms, want at most %.0f ms", manager[0], managerMs)
 	}
 	t.Logf("client-visible stall: frontend kills %v ms (p50 %.0f), manager kill %v ms", frontend, frontend[len(frontend)/2], manager)
 }

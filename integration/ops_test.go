@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -136,26 +137,40 @@ func TestUpListsMetricsAddresses(t *testing.T) {
 			t.Errorf("ready line's metrics lack %s: %v", want, metrics)
 		}
 	}
-	scrape := func(addr string) string {
-		t.Helper()
+	scrape := func(addr string) (string, error) {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
-			t.Fatalf("scrape %s: %v", addr, err)
+			return "", err
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("scrape %s: %s %v", addr, resp.Status, err)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s", resp.Status)
 		}
-		return string(b)
+		return string(b), err
 	}
+	// want polls a child's metrics until they hold every line: the ready
+	// line comes before every role is settled on a loaded machine (the
+	// manager's lease, a backup's first snapshot).
 	want := func(child string, lines ...string) {
 		t.Helper()
-		body := scrape(metrics[child])
-		for _, l := range lines {
-			if !strings.Contains(body, l) {
-				t.Errorf("%s /metrics lacks %q", child, l)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			body, err := scrape(metrics[child])
+			var missing []string
+			for _, l := range lines {
+				if !strings.Contains(body, l) {
+					missing = append(missing, l)
+				}
 			}
+			if err == nil && len(missing) == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s /metrics (scrape error %v) lacks %q", child, err, missing)
+				return
+			}
+			time.Sleep(100 * time.Millisecond) // polling the child's metrics
 		}
 	}
 	want("sidecar:ap-inception", `hams_sidecar_role{model="ap-inception",role="primary"} 1`, `hams_sidecar_role{model="ap-inception",role="standby"} 0`)
