@@ -515,7 +515,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 				if !r.d.Config.Replicated(m) {
 					continue
 				}
-				d := func(name string) float64 { return m1[m.Name][name] - r.m0[m.Name][name] }
+				d := func(name string) float64 { return counterIncrease(r.m0[m.Name][name], m1[m.Name][name]) }
 				st := stateStats{StateBytes: m1[m.Name]["hams_sidecar_state_bytes"], Snapshots: d("hams_sidecar_snapshots_shipped_total")}
 				if c := d("hams_sidecar_snapshot_copy_seconds_count"); c > 0 {
 					st.CopyMsMean = cluster.Round3(d("hams_sidecar_snapshot_copy_seconds_sum") / c * 1000)
@@ -542,6 +542,17 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		out = append(out, row)
 	}
 	return out, nil
+}
+
+// counterIncrease is a counter's increase from before to after. A counter
+// that went down was reset (its process restarted) and counts from zero
+// again, as Prometheus' increase() reads it; the plain difference was
+// negative there, and so were the figures derived from it.
+func counterIncrease(before, after float64) float64 {
+	if after < before {
+		return after
+	}
+	return after - before
 }
 
 // stageMeans is, per scraped process, the mean (ms) of every latency

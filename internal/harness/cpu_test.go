@@ -104,3 +104,15 @@ func TestPrintCPUAndReplication(t *testing.T) {
 		}
 	}
 }
+
+func TestCounterIncreaseAcrossReset(t *testing.T) {
+	for _, c := range []struct{ before, after, want float64 }{
+		{10, 25, 15},
+		{10, 10, 0},
+		{40e6, 3e6, 3e6}, // the process restarted: 3 MB since
+	} {
+		if got := counterIncrease(c.before, c.after); got != c.want {
+			t.Errorf("counterIncrease(%v, %v) = %v, want %v", c.before, c.after, got, c.want)
+		}
+	}
+}
