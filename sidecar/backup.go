@@ -16,6 +16,7 @@ import (
 
 	"github.com/hams-go/hams/internal/audit"
 	"github.com/hams-go/hams/internal/bigmem"
+	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/run"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/tracing"
@@ -152,15 +153,31 @@ type backupState struct {
 	knownAsked time.Time
 	// receiving holds a token per snapshot being received.
 	receiving chan struct{}
+	// live publishes durability notices without waiting for JetStream,
+	// and persist stores them (run owns its goroutine); both nil when the
+	// Coord cannot (a test's), and the notice is announced and awaited.
+	live    LiveAnnouncer
+	persist *coord.NoticePersister
+}
+
+// LiveAnnouncer is an optional Coord extension (*coord.Coord has it):
+// AnnounceLive hands a notice to the reply gates at once, whether or not
+// the durability stream has a leader, without waiting for it to be stored.
+type LiveAnnouncer interface {
+	AnnounceLive(n *hamsv1.DurabilityNotice) error
 }
 
 func newBackupState(s *Sidecar) *backupState {
-	return &backupState{
+	b := &backupState{
 		s: s, alg: nspb.NewBackup(s.cfg.Model, s.pfm, s.nfm, 0, 0),
 		snaps: map[uint64]*received{}, applying: map[uint64]*received{}, wake: make(chan struct{}, 1),
 		epoch: s.epochV.Load(), pfmDurable: map[string]uint64{}, writeWake: make(chan struct{}, 1),
 		receiving: make(chan struct{}, maxReceiving),
 	}
+	if la, ok := s.cfg.Coord.(LiveAnnouncer); ok {
+		b.live, b.persist = la, coord.NewNoticePersister(s.cfg.Coord.Announce)
+	}
+	return b
 }
 
 // beginReceive takes a receiving token for snapshot h, or refuses it
@@ -278,6 +295,9 @@ func (b *backupState) run(ctx context.Context) error {
 		defer wg.Done()
 		b.warmUp(ctx)
 	}()
+	if b.persist != nil {
+		wg.Go(func() { _ = b.persist.Run(ctx) })
+	}
 	go func() {
 		defer wg.Done()
 		if err := b.writer(ctx); err != nil && ctx.Err() == nil {
@@ -450,6 +470,22 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 		return nil
 	}
 	n := &hamsv1.DurabilityNotice{Model: last.Model, Epoch: s.epoch(), DurableSeq: last.DurableSeq, BatchId: last.BatchID}
+	if b.live != nil {
+		// The reply gates get the notice as NATS routes it; storing it
+		// (for catch-up reads) is the persister's, off this path: the
+		// next apply does not wait for the stream, which after the loss
+		// of its leader's node has none for the raft election timeout
+		// (4-9 s; docs/coordination.md, "Node failures").
+		t0 := time.Now()
+		err := b.live.AnnounceLive(n)
+		s.metrics.announce.Observe(time.Since(t0).Seconds())
+		if err == nil {
+			b.persist.Offer(n)
+			s.log.Debug("durable", "seq", n.DurableSeq, "batch", n.BatchId)
+			return nil
+		}
+		s.log.Warn("live durability announcement failed; announcing through the stream", "seq", n.DurableSeq, "err", err)
+	}
 	backoff := stateOpBackoff
 	for {
 		t0 := time.Now()
