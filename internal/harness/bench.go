@@ -725,48 +725,21 @@ func newDirectChain(ctx context.Context, d *cluster.Deployment, service string) 
 	return c, nil
 }
 
-// selectInputs mirrors sidecar.selectInputs: all tensors of the parts in
-// predecessor order for "*" (or no declared inputs), else the first tensor
-// of each declared name.
-func selectInputs(desc *hamsv1.ModelDescription, parts [][]*hamsv1.Tensor) []*hamsv1.Tensor {
-	any := len(desc.GetInputs()) == 0
-	for _, in := range desc.GetInputs() {
-		if in.GetName() == "*" {
-			any = true
-		}
-	}
-	var ins []*hamsv1.Tensor
-	if any {
-		for _, p := range parts {
-			ins = append(ins, p...)
-		}
-		return ins
-	}
-	for _, spec := range desc.GetInputs() {
-	find:
-		for _, p := range parts {
-			for _, t := range p {
-				if t.GetName() == spec.GetName() {
-					ins = append(ins, t)
-					break find
-				}
-			}
-		}
-	}
-	return ins
-}
-
 // call runs one batch of requests through the chain.
 func (c *directChain) call(ctx context.Context, inputs []*hamsv1.Tensor, rows []uint32, streams []string) error {
 	outs := map[string][]*hamsv1.Tensor{config.Frontend: inputs}
 	for _, m := range c.order {
-		var parts [][]*hamsv1.Tensor
+		var parts []tensor.List
 		for _, p := range c.g.Pred(m) {
 			parts = append(parts, outs[p])
 		}
+		ins, _, err := tensor.SelectInputs(c.desc[m].GetInputs(), parts)
+		if err != nil {
+			return fmt.Errorf("inputs of %s: %w", m, err)
+		}
 		c.batch[m]++
 		resp, err := c.rt[m](ctx, &hamsv1.BatchRequest{
-			Model: c.dep.Model(m).Backend.Model, Inputs: selectInputs(c.desc[m], parts), Rows: rows, StreamIds: streams, BatchId: c.batch[m],
+			Model: c.dep.Model(m).Backend.Model, Inputs: ins, Rows: rows, StreamIds: streams, BatchId: c.batch[m],
 		})
 		if err != nil {
 			return fmt.Errorf("infer %s: %w", m, err)

@@ -88,24 +88,6 @@ func TestMergeDeploymentsAndWrite(t *testing.T) {
 	}
 }
 
-func TestSelectInputsMirrorsSidecar(t *testing.T) {
-	x := &hamsv1.Tensor{Name: "x"}
-	y := &hamsv1.Tensor{Name: "y"}
-	x2 := &hamsv1.Tensor{Name: "x"}
-	parts := [][]*hamsv1.Tensor{{x, y}, {x2}}
-	all := selectInputs(&hamsv1.ModelDescription{Inputs: []*hamsv1.TensorSpec{{Name: "*"}}}, parts)
-	if len(all) != 3 || all[2] != x2 {
-		t.Fatalf("* selected %v", all)
-	}
-	if got := selectInputs(&hamsv1.ModelDescription{}, parts); len(got) != 3 {
-		t.Fatalf("no declared inputs selected %v", got)
-	}
-	got := selectInputs(&hamsv1.ModelDescription{Inputs: []*hamsv1.TensorSpec{{Name: "y"}, {Name: "x"}}}, parts)
-	if len(got) != 2 || got[0] != y || got[1] != x {
-		t.Fatalf("declared selected %v", got)
-	}
-}
-
 func TestPrintBenchOverheadPerHop(t *testing.T) {
 	var buf bytes.Buffer
 	printBench(&buf, []BenchRow{
