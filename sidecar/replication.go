@@ -153,7 +153,7 @@ func (s *Sidecar) transition(rpc string, f func() error) error {
 	s.roleMu.Lock()
 	defer s.roleMu.Unlock()
 	s.mu.Lock()
-	running := s.runCtx != nil && !s.stopped
+	running := s.host.runCtx != nil && !s.stopped
 	s.mu.Unlock()
 	if !running {
 		return status.Errorf(codes.Unavailable, "%s: sidecar of %q is not running", rpc, s.cfg.Model)
@@ -252,7 +252,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		bk := s.bk
 		// The model server gets the applied state first: the new
 		// primary computes on it.
-		fctx, cancel := context.WithTimeout(s.runCtx, stateWriteTimeout)
+		fctx, cancel := context.WithTimeout(s.host.runCtx, stateWriteTimeout)
 		err := bk.flush(fctx)
 		cancel()
 		if err != nil {
@@ -329,15 +329,19 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 	}
 	if s.Role() == RoleBackup {
 		// Already a backup (SyncBackup of a new one): take the next
-		// snapshot of this epoch as a full base.
+		// full snapshot of this epoch as the base, whatever this backup
+		// applied before. In the same epoch too: a backup that was
+		// replaced and is chosen again (a false suspicion, then the loss
+		// of its replacement) is behind the primary, which ships it its
+		// last kept state and deltas from there; kept in sync, it held
+		// them all behind the gap for good. Deltas are refused until the
+		// base came (the primary then ships it first).
 		bk := s.backupNow()
 		bk.mu.Lock()
 		if epoch > bk.epoch {
 			bk.epoch = epoch
 		}
-		if bk.syncEpoch < epoch {
-			bk.synced = false
-		}
+		bk.synced = false
 		bk.mu.Unlock()
 		s.epochV.Store(epoch)
 		s.log.Info("backup: syncing from primary", "epoch", epoch, "primary", primaryAddr)
@@ -354,7 +358,7 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 		s.ship.reset(nil, false)
 		s.outlog.Reset()
 		s.idx.reset()
-		bk := newBackupState(s)
+		bk := newBackupState(s.host, s.epochV.Load())
 		s.mu.Lock()
 		s.bk = bk
 		s.role = RoleBackup
@@ -401,9 +405,9 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 		if err := s.announceEpoch("Rollback", epoch, target.seq, target.batch); err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(s.runCtx, stateWriteTimeout)
+		ctx, cancel := context.WithTimeout(s.host.runCtx, stateWriteTimeout)
 		defer cancel()
-		if err := s.sbe.WriteState(ctx, target.state, target.header.GetStateVersion()); err != nil {
+		if err := s.host.sbe.WriteState(ctx, target.state, target.header.GetStateVersion()); err != nil {
 			return status.Errorf(codes.Unavailable, "Rollback: write kept state of batch %d: %v", target.batch, err)
 		}
 		s.baseBatch, s.baseSeq = target.batch, target.seq
@@ -433,7 +437,7 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 // epoch could cover them.
 func (s *Sidecar) announceEpoch(rpc string, epoch, seq, batch uint64) error {
 	n := &hamsv1.DurabilityNotice{Model: s.cfg.Model, Epoch: epoch, DurableSeq: seq, BatchId: batch}
-	ctx, cancel := context.WithTimeout(s.runCtx, stateWriteTimeout)
+	ctx, cancel := context.WithTimeout(s.host.runCtx, stateWriteTimeout)
 	defer cancel()
 	backoff := stateOpBackoff
 	for attempt := 1; ; attempt++ {
