@@ -9,12 +9,15 @@ import (
 	"log/slog"
 	"net"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/authz"
@@ -59,6 +62,11 @@ type Server struct {
 	names   []string
 	metrics *metrics
 	srv     *grpc.Server
+	// health is grpc.health.v1: "" SERVING while the server serves, each
+	// hosted model SERVING while ready (SetReady); NOT_SERVING once Run's
+	// context ends. readyMu orders SetReady's flag and health updates.
+	health  *health.Server
+	readyMu sync.Mutex
 	shm     *shmManager
 	cuda    *cudaManager
 	// maxBytes is the gRPC message limit, also the byte budget of a
@@ -154,6 +162,11 @@ func New(cfg Config) (*Server, error) {
 	inference.RegisterGRPCInferenceServiceServer(s.srv, &kserveAPI{s: s})
 	tfapis.RegisterPredictionServiceServer(s.srv, &predictAPI{s: s})
 	tfapis.RegisterModelServiceServer(s.srv, &modelStatusAPI{s: s})
+	s.health = health.NewServer()
+	for _, n := range s.names {
+		s.health.SetServingStatus(n, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(s.srv, s.health)
 	gm.InitializeMetrics(s.srv)
 	return s, nil
 }
@@ -194,6 +207,8 @@ func (s *Server) straggle(ctx context.Context, h *hosted, method string) error {
 // Run serves until ctx ends, then stops gracefully.
 func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("reference model server serving", "addr", s.cfg.GRPCListener.Addr().String(), "models", s.names)
+	stopHealth := context.AfterFunc(ctx, s.health.Shutdown)
+	defer stopHealth()
 	err := grpcx.Serve(ctx, s.srv, s.cfg.GRPCListener, 5*time.Second)
 	s.shm.close()
 	s.cuda.close()
@@ -216,16 +231,24 @@ func (s *Server) lookup(name string) (*hosted, error) {
 }
 
 // SetReady marks a hosted model ready or not (drain, warm-up, tests):
-// while not ready, KServe ModelReady and ModelRuntime Health say so and the
-// inference APIs answer Unavailable.
+// while not ready, KServe ModelReady, ModelRuntime Health and grpc.health.v1
+// (service = the model's name) say so and the inference APIs answer
+// Unavailable.
 func (s *Server) SetReady(model string, ready bool) error {
 	h := s.models[model]
 	if h == nil {
 		return fmt.Errorf("%w: model %q is not hosted here", ErrConfig, model)
 	}
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
 	if h.notReady.Swap(!ready) == ready {
 		s.log.Info("model readiness changed", "model", model, "ready", ready)
 	}
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(model, st)
 	return nil
 }
 
