@@ -104,7 +104,7 @@ type RepeatableInfer interface {
 // Infer is repeatable, not repeated (callOnce) when the server holds the
 // state.
 func (s *Sidecar) backendCall() func(context.Context, string, func() error) error {
-	if r, ok := s.cfg.Backend.(RepeatableInfer); s.isStateful(s.cfg.Model) && !(ok && r.InferRepeatable()) {
+	if r, ok := s.cfg.Backend.(RepeatableInfer); s.host.IsStateful(s.cfg.Model) && !(ok && r.InferRepeatable()) {
 		return s.callOnce
 	}
 	return s.retryBackend

@@ -95,7 +95,8 @@ type received struct {
 // then wRanges, up to wVersion) and the one the writer is running
 // (inFull, inRanges, up to inVersion).
 type backupState struct {
-	s *Sidecar
+	// h is the sidecar as the backup sees it: nothing else of it.
+	h Host
 
 	mu        sync.Mutex
 	alg       *nspb.Backup
@@ -167,15 +168,18 @@ type LiveAnnouncer interface {
 	AnnounceLive(n *hamsv1.DurabilityNotice) error
 }
 
-func newBackupState(s *Sidecar) *backupState {
+// newBackupState is the backup of h's model; it takes snapshots of epoch
+// and later ones.
+func newBackupState(h Host, epoch uint64) *backupState {
+	pfm, nfm := h.Neighbours()
 	b := &backupState{
-		s: s, alg: nspb.NewBackup(s.cfg.Model, s.pfm, s.nfm, 0, 0),
+		h: h, alg: nspb.NewBackup(h.Model(), pfm, nfm, 0, 0),
 		snaps: map[uint64]*received{}, applying: map[uint64]*received{}, wake: make(chan struct{}, 1),
-		epoch: s.epochV.Load(), pfmDurable: map[string]uint64{}, writeWake: make(chan struct{}, 1),
+		epoch: epoch, pfmDurable: map[string]uint64{}, writeWake: make(chan struct{}, 1),
 		receiving: make(chan struct{}, maxReceiving),
 	}
-	if la, ok := s.cfg.Coord.(LiveAnnouncer); ok {
-		b.live, b.persist = la, coord.NewNoticePersister(s.cfg.Coord.Announce)
+	if la, ok := h.Coord().(LiveAnnouncer); ok {
+		b.live, b.persist = la, coord.NewNoticePersister(h.Coord().Announce)
 	}
 	return b
 }
@@ -209,7 +213,7 @@ func (b *backupState) setKnown(n uint64) {
 func (b *backupState) stateLimit() (limit uint64, known bool) {
 	b.mu.Lock()
 	n := b.knownBytes
-	ask := n == 0 && b.s.cfg.Backend != nil && time.Since(b.knownAsked) >= describeForLimit
+	ask := n == 0 && b.h.Backend() != nil && time.Since(b.knownAsked) >= describeForLimit
 	if ask {
 		b.knownAsked = time.Now()
 	}
@@ -220,7 +224,7 @@ func (b *backupState) stateLimit() (limit uint64, known bool) {
 	if ask {
 		ctx, cancel := context.WithTimeout(context.Background(), describeForLimit)
 		defer cancel()
-		if d, err := b.s.cfg.Backend.Describe(ctx); err == nil && d.GetStateBytes() > 0 {
+		if d, err := b.h.Backend().Describe(ctx); err == nil && d.GetStateBytes() > 0 {
 			b.setKnown(d.GetStateBytes())
 			return d.GetStateBytes(), true
 		}
@@ -231,14 +235,15 @@ func (b *backupState) stateLimit() (limit uint64, known bool) {
 // rebase makes snapshot batch the next one applied (caller holds mu):
 // pending snapshots of the old primary are dropped.
 func (b *backupState) rebase(batch, epoch uint64) {
-	b.alg = nspb.NewBackup(b.s.cfg.Model, b.s.pfm, b.s.nfm, batch-1, 0)
+	pfm, nfm := b.h.Neighbours()
+	b.alg = nspb.NewBackup(b.h.Model(), pfm, nfm, batch-1, 0)
 	for m, seq := range b.pfmDurable {
 		b.alg.Durable(m, seq)
 	}
 	clear(b.snaps)
 	b.synced, b.syncEpoch = true, epoch
 	b.doneSeq = 0
-	b.s.log.Info("backup takes a new base snapshot", "batch", batch, "epoch", epoch)
+	b.h.Logger().Info("backup takes a new base snapshot", "batch", batch, "epoch", epoch)
 }
 
 // push queues actions (caller holds mu) and wakes the applier.
@@ -250,13 +255,19 @@ func (b *backupState) push(acts []nspb.Action) {
 		}
 	}
 	b.acts = append(b.acts, acts...)
-	b.s.metrics.pending.Set(float64(len(b.snaps)))
+	b.h.Metrics().pending.Set(float64(len(b.snaps)))
 	if len(acts) > 0 {
 		select {
 		case b.wake <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// pfm are the previous stateful models, whose durability gates applies.
+func (b *backupState) pfm() []string {
+	pfm, _ := b.h.Neighbours()
+	return pfm
 }
 
 // durable is the PFM watch callback.
@@ -277,49 +288,33 @@ func (b *backupState) MaxSeq() (seq, batch uint64) {
 
 // run watches the PFMs' durability and applies snapshots until ctx ends.
 func (b *backupState) run(ctx context.Context) error {
-	s := b.s
 	var alog *audit.Log
-	if s.cfg.AuditDir != "" {
+	if dir := b.h.AuditDir(); dir != "" {
 		var err error
-		if alog, err = audit.Open(s.cfg.AuditDir, s.auditSubdir("backup"), audit.DurableFile); err != nil {
+		if alog, err = audit.Open(dir, b.h.AuditSubdir("backup"), audit.DurableFile); err != nil {
 			return err
 		}
 		defer alog.Close()
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 2)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		b.warmUp(ctx)
-	}()
+	// The first error of the writer or the durability watch ends the
+	// others and the applier; every goroutine is waited for.
+	g := run.NewGroup(ctx, nil)
+	g.Go(func(ctx context.Context) error { b.warmUp(ctx); return nil })
 	if b.persist != nil {
-		wg.Go(func() { _ = b.persist.Run(ctx) })
+		g.Go(func(ctx context.Context) error { _ = b.persist.Run(ctx); return nil })
 	}
-	go func() {
-		defer wg.Done()
-		if err := b.writer(ctx); err != nil && ctx.Err() == nil {
-			errc <- err
-			cancel()
-		}
-	}()
-	if len(s.pfm) > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.cfg.Coord.WatchDurable(ctx, s.pfm, b.durable); err != nil && ctx.Err() == nil {
-				errc <- fmt.Errorf("watch durability of %v: %w", s.pfm, err)
-				cancel()
+	g.Go(b.writer)
+	if pfm := b.pfm(); len(pfm) > 0 {
+		g.Go(func(ctx context.Context) error {
+			if err := b.h.Coord().WatchDurable(ctx, pfm, b.durable); err != nil {
+				return fmt.Errorf("watch durability of %v: %w", pfm, err)
 			}
-		}()
+			return nil
+		})
 	}
-	err := b.applier(ctx, alog)
-	cancel()
-	wg.Wait()
-	for len(errc) > 0 {
-		err = errors.Join(err, <-errc)
+	err := b.applier(g.Context(), alog)
+	if gerr := g.Stop(); gerr != nil {
+		err = errors.Join(err, gerr)
 	}
 	return err
 }
@@ -328,12 +323,11 @@ func (b *backupState) run(ctx context.Context) error {
 // durable.jsonl: <model>-<kind>-<instance id> (kind backup or replay).
 // Instances never share a file, so a record torn by a killed process is
 // never followed by another process's records.
-func (s *Sidecar) auditSubdir(kind string) string {
-	id := s.cfg.ID
+func auditSubdir(model, id, kind string) string {
 	if id == "" {
 		id = strconv.Itoa(os.Getpid())
 	}
-	return s.cfg.Model + "-" + kind + "-" + fileSafe(id)
+	return model + "-" + kind + "-" + fileSafe(id)
 }
 
 // fileSafe replaces every byte outside [A-Za-z0-9._-] by '_' (a
@@ -379,7 +373,6 @@ func (b *backupState) applier(ctx context.Context, alog *audit.Log) error {
 // outputs, audit with the digest of the state after it), then the
 // writer is woken and the highest durable seq announced.
 func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *audit.Log) (err error) {
-	s := b.s
 	var applies []*received
 	var last *nspb.Announce
 	for _, a := range acts {
@@ -404,17 +397,17 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	now := time.Now()
 	var maxSeq uint64
 	for _, r := range applies {
-		if sp := s.traceApply(r); sp != nil {
+		if sp := traceApply(b.h.Model(), b.h.ID(), r); sp != nil {
 			// Ends once the state is durable: applied and announced.
 			defer func() { tracing.EndErr(sp, err) }()
 		}
-		s.metrics.applyWait.Observe(now.Sub(r.at).Seconds())
+		b.h.Metrics().applyWait.Observe(now.Sub(r.at).Seconds())
 		h := r.header
 		start := time.Now()
 		if err := b.install(r); err != nil {
 			return fmt.Errorf("apply batch %d: %w", h.GetBatchId(), err)
 		}
-		s.metrics.applySeconds.Observe(time.Since(start).Seconds())
+		b.h.Metrics().applySeconds.Observe(time.Since(start).Seconds())
 		var stateDigest string
 		if alog != nil {
 			// The contract's state_digest: of the whole state after
@@ -428,25 +421,25 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 				stateDigest = b.curHash.Sum(b.cur)
 			}
 		}
-		s.idx.executed(recordsOf(s.cfg.Model, h.GetRequests(), s.isStateful))
+		b.h.Executed(recordsOf(b.h.Model(), h.GetRequests(), b.h.IsStateful))
 		outs, oerr := splitOutputs(&hamsv1.BatchResponse{Outputs: h.GetOutputs(), Rows: h.GetOutputRows()}, len(h.GetRequests()))
 		if oerr != nil && len(h.GetRequests()) > 0 {
-			s.log.Warn("snapshot outputs do not split per request; not kept", "batch", h.GetBatchId(), "err", oerr)
+			b.h.Logger().Warn("snapshot outputs do not split per request; not kept", "batch", h.GetBatchId(), "err", oerr)
 		}
 		for i, rq := range h.GetRequests() {
 			maxSeq = max(maxSeq, rq.GetSeq())
 			if oerr == nil {
-				s.outlog.Add(rq.GetReqId(), []*hamsv1.Item{{
+				b.h.OutputLog().Add(rq.GetReqId(), []*hamsv1.Item{{
 					ReqId: rq.GetReqId(), StreamId: rq.GetStreamId(), Tensors: outs[i], Lineage: rq.GetLineage(),
 					Approximate: rq.GetApproximate(),
 				}})
 			}
-			if werr := alog.Write(audit.Durable{Model: s.cfg.Model, Seq: rq.GetSeq(), InputDigest: rq.GetInputDigest(),
+			if werr := alog.Write(audit.Durable{Model: b.h.Model(), Seq: rq.GetSeq(), InputDigest: rq.GetInputDigest(),
 				OutputDigest: rq.GetOutputDigest(), StateDigest: stateDigest}); werr != nil {
 				return werr
 			}
 		}
-		s.metrics.applied.Inc()
+		b.h.Metrics().applied.Inc()
 	}
 	if err := alog.Flush(); err != nil {
 		return fmt.Errorf("flush audit log: %w", err)
@@ -462,14 +455,14 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	case b.writeWake <- struct{}{}:
 	default:
 	}
-	s.metrics.durableSeq.Set(float64(done))
-	_, items, bytes := s.outlog.Stats()
-	s.metrics.outlogItems.Set(float64(items))
-	s.metrics.outlogBytes.Set(float64(bytes))
+	b.h.Metrics().durableSeq.Set(float64(done))
+	_, items, bytes := b.h.OutputLog().Stats()
+	b.h.Metrics().outlogItems.Set(float64(items))
+	b.h.Metrics().outlogBytes.Set(float64(bytes))
 	if last == nil {
 		return nil
 	}
-	n := &hamsv1.DurabilityNotice{Model: last.Model, Epoch: s.epoch(), DurableSeq: last.DurableSeq, BatchId: last.BatchID}
+	n := &hamsv1.DurabilityNotice{Model: last.Model, Epoch: b.h.Epoch(), DurableSeq: last.DurableSeq, BatchId: last.BatchID}
 	if b.live != nil {
 		// The reply gates get the notice as NATS routes it; storing it
 		// (for catch-up reads) is the persister's, off this path: the
@@ -478,24 +471,24 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 		// (4-9 s; docs/coordination.md, "Node failures").
 		t0 := time.Now()
 		err := b.live.AnnounceLive(n)
-		s.metrics.announce.Observe(time.Since(t0).Seconds())
+		b.h.Metrics().announce.Observe(time.Since(t0).Seconds())
 		if err == nil {
 			b.persist.Offer(n)
-			s.log.Debug("durable", "seq", n.DurableSeq, "batch", n.BatchId)
+			b.h.Logger().Debug("durable", "seq", n.DurableSeq, "batch", n.BatchId)
 			return nil
 		}
-		s.log.Warn("live durability announcement failed; announcing through the stream", "seq", n.DurableSeq, "err", err)
+		b.h.Logger().Warn("live durability announcement failed; announcing through the stream", "seq", n.DurableSeq, "err", err)
 	}
 	backoff := stateOpBackoff
 	for {
 		t0 := time.Now()
-		err := s.cfg.Coord.Announce(ctx, n)
-		s.metrics.announce.Observe(time.Since(t0).Seconds())
+		err := b.h.Coord().Announce(ctx, n)
+		b.h.Metrics().announce.Observe(time.Since(t0).Seconds())
 		if err == nil {
-			s.log.Debug("durable", "seq", n.DurableSeq, "batch", n.BatchId)
+			b.h.Logger().Debug("durable", "seq", n.DurableSeq, "batch", n.BatchId)
 			return nil
 		}
-		s.log.Warn("durability announcement failed, retrying", "seq", n.DurableSeq, "err", err)
+		b.h.Logger().Warn("durability announcement failed, retrying", "seq", n.DurableSeq, "err", err)
 		if !run.Sleep(ctx, backoff) {
 			return ctx.Err()
 		}
@@ -571,7 +564,7 @@ func (b *backupState) warmUp(ctx context.Context) {
 	wait := describeRetry
 	var n uint64
 	for {
-		d, err := b.s.cfg.Backend.Describe(ctx)
+		d, err := b.h.Backend().Describe(ctx)
 		if err == nil {
 			n = d.GetStateBytes()
 			b.setKnown(n)
@@ -599,7 +592,7 @@ func (b *backupState) warmUp(ctx context.Context) {
 		b.warm = bufs
 	}
 	b.mu.Unlock()
-	b.s.log.Debug("state buffers prefaulted", "bytes", n, "buffers", len(bufs))
+	b.h.Logger().Debug("state buffers prefaulted", "bytes", n, "buffers", len(bufs))
 }
 
 // takeWarmLocked hands out a warm buffer of exactly n bytes, nil if there
@@ -615,7 +608,7 @@ func (b *backupState) takeWarmLocked(n int) []byte {
 }
 
 func (b *backupState) rangeWriter() StateRangeWriter {
-	w, _ := b.s.sbe.(StateRangeWriter)
+	w, _ := b.h.StateBackend().(StateRangeWriter)
 	return w
 }
 
@@ -653,7 +646,7 @@ func (b *backupState) writer(ctx context.Context) error {
 				return nil
 			}
 		}
-		if err := b.writeInFlight(ctx, b.s.runCtx); err != nil {
+		if err := b.writeInFlight(ctx, b.h.RunContext()); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -702,7 +695,6 @@ func (b *backupState) takeWholeLocked() {
 // every range write on that base is refused. So once a range write has
 // failed, a failure of the next one turns the write into cur whole.
 func (b *backupState) writeInFlight(ctx, wctx context.Context) error {
-	s := b.s
 	var err error
 	for attempt := 0; attempt < stateOpAttempts; attempt++ {
 		if attempt > 0 && !run.Sleep(ctx, stateOpBackoff<<attempt) {
@@ -722,10 +714,10 @@ func (b *backupState) writeInFlight(ctx, wctx context.Context) error {
 				cancel()
 				return fmt.Errorf("write state version %d: %w", version, err)
 			}
-			if dw, ok := s.sbe.(DigestStateWriter); ok && digest != "" {
+			if dw, ok := b.h.StateBackend().(DigestStateWriter); ok && digest != "" {
 				err = dw.WriteStateDigest(actx, ts, version, digest)
 			} else {
-				err = s.sbe.WriteState(actx, ts, version)
+				err = b.h.StateBackend().WriteState(actx, ts, version)
 			}
 		} else {
 			err = b.rangeWriter().WriteStateRanges(actx, specs, base, version, mergeRanges(ranges))
@@ -734,7 +726,7 @@ func (b *backupState) writeInFlight(ctx, wctx context.Context) error {
 		if err == nil {
 			break
 		}
-		s.log.Warn("write state to the model server failed", "version", version, "ranges", full == nil, "attempt", attempt+1, "err", err)
+		b.h.Logger().Warn("write state to the model server failed", "version", version, "ranges", full == nil, "attempt", attempt+1, "err", err)
 		b.mu.Lock()
 		if full == nil && b.inFailed {
 			b.takeWholeLocked()
@@ -858,10 +850,9 @@ type snapshotSink struct {
 
 // newSink checks h and returns the sink for its data.
 func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
-	s := b.s
 	switch {
-	case h.GetModel() != s.cfg.Model:
-		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: model %q, this is the backup of %q", h.GetModel(), s.cfg.Model)
+	case h.GetModel() != b.h.Model():
+		return nil, status.Errorf(codes.InvalidArgument, "ship snapshot: model %q, this is the backup of %q", h.GetModel(), b.h.Model())
 	case h.GetBatchId() == 0:
 		return nil, status.Error(codes.InvalidArgument, "ship snapshot: batch id 0")
 	case len(h.GetRequests()) == 0 && h.GetDelta():
@@ -894,7 +885,7 @@ func (b *backupState) newSink(h *hamsv1.SnapshotHeader) (*snapshotSink, error) {
 		// read (finish checks the count; a short snapshot is dropped).
 		k.data = makeNoZero(int(h.GetStateBytes()))[:0]
 	}
-	if k.audit = s.cfg.AuditDir != ""; k.audit {
+	if k.audit = b.h.AuditDir() != ""; k.audit {
 		if m := h.GetSha256Marks(); len(m) > 0 && len(m) == (int(h.GetStateBytes())+stateHashMark-1)/stateHashMark {
 			k.marks = m
 		} else {
@@ -1025,7 +1016,7 @@ func (b *backupState) accept(r *received) (*hamsv1.ShipSnapshotResponse, error) 
 		lineages[i] = rq.GetLineage()
 		maxSeq = max(maxSeq, rq.GetSeq())
 	}
-	meta := nspb.SnapshotMeta{BatchID: h.GetBatchId(), MaxSeq: maxSeq, Deps: nspb.DepsOf(b.s.pfm, lineages...)}
+	meta := nspb.SnapshotMeta{BatchID: h.GetBatchId(), MaxSeq: maxSeq, Deps: nspb.DepsOf(b.pfm(), lineages...)}
 	b.mu.Lock()
 	if h.GetEpoch() < b.epoch {
 		b.mu.Unlock()
@@ -1042,9 +1033,7 @@ func (b *backupState) accept(r *received) (*hamsv1.ShipSnapshotResponse, error) 
 	}
 	if base {
 		b.epoch = max(b.epoch, h.GetEpoch())
-		if b.s.epochV.Load() < b.epoch {
-			b.s.epochV.Store(b.epoch) // announce at the primary's epoch
-		}
+		b.h.RaiseEpoch(b.epoch) // announce at the primary's epoch
 		b.rebase(h.GetBatchId(), h.GetEpoch())
 	}
 	applied, _ := b.alg.Applied()
@@ -1071,9 +1060,9 @@ func (b *backupState) accept(r *received) (*hamsv1.ShipSnapshotResponse, error) 
 	applied = min(applied, b.doneBatch)
 	b.mu.Unlock()
 	if dup {
-		b.s.log.Debug("duplicate snapshot dropped", "batch", meta.BatchID)
+		b.h.Logger().Debug("duplicate snapshot dropped", "batch", meta.BatchID)
 	} else {
-		b.s.log.Debug("snapshot buffered", "batch", meta.BatchID, "max_seq", maxSeq, "deps", meta.Deps)
+		b.h.Logger().Debug("snapshot buffered", "batch", meta.BatchID, "max_seq", maxSeq, "deps", meta.Deps)
 	}
 	return &hamsv1.ShipSnapshotResponse{BatchId: meta.BatchID, Applied: meta.BatchID <= applied}, nil
 }

@@ -196,7 +196,7 @@ func (s *Sidecar) bulkConn(c net.Conn) {
 			return
 		}
 		_ = c.SetDeadline(time.Now().Add(shipTimeout))
-		hb, err := readFrame(br, s.headerLimit(), "header")
+		hb, err := readFrame(br, headerLimit(s.maxMsg), "header")
 		if err != nil {
 			if _, ok := status.FromError(err); ok {
 				_ = writeBulkAnswer(bw, nil, err) // then out of step: close
@@ -356,9 +356,9 @@ func readBytes(br *bufio.Reader, n uint64) ([]byte, error) {
 
 // headerLimit is the largest snapshot header frame a backup reads: the
 // message limit.
-func (s *Sidecar) headerLimit() uint64 {
-	if s.maxMsg > 0 {
-		return uint64(s.maxMsg)
+func headerLimit(maxMsg int) uint64 {
+	if maxMsg > 0 {
+		return uint64(maxMsg)
 	}
 	return bulkMaxFrame
 }

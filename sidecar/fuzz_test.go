@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -23,10 +25,15 @@ const (
 	fuzzMsg   = 4096
 )
 
+// testHost is a Host of cfg alone (no metrics, log discarded, epoch 0),
+// for a stage driven without a sidecar.
+func testHost(cfg *Config, maxMsg int) *sidecarHost {
+	return &sidecarHost{cfg: cfg, log: slog.New(slog.DiscardHandler), maxMsg: maxMsg, epochV: new(atomic.Uint64)}
+}
+
 // fuzzBackup is a backup's state manager as far as receiving goes.
 func fuzzBackup() *backupState {
-	s := &Sidecar{cfg: Config{Model: "a"}, maxMsg: fuzzMsg}
-	b := newBackupState(s)
+	b := newBackupState(testHost(&Config{Model: "a"}, fuzzMsg), 0)
 	b.setKnown(fuzzState)
 	return b
 }
@@ -34,7 +41,7 @@ func fuzzBackup() *backupState {
 // bulkOne reads one snapshot off a bulk stream as bulkConn and
 // bulkSnapshot do (role checked by the caller), up to its digest.
 func bulkOne(b *backupState, br *bufio.Reader) (*received, error) {
-	hb, err := readFrame(br, b.s.headerLimit(), "header")
+	hb, err := readFrame(br, headerLimit(b.h.MaxMessageBytes()), "header")
 	if err != nil {
 		return nil, err
 	}

@@ -172,7 +172,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 	if s.ship.Applied() == nil {
 		// The rollback target before the backup applied anything: the
 		// state this primary starts from.
-		ts, v, err := s.sbe.ReadState(ctx)
+		ts, v, err := s.host.sbe.ReadState(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -192,7 +192,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 	if !p.capture {
 		p.onDemand = p.pipe.CopyOnDemand()
 	}
-	_, p.pinEarly = s.sbe.(PinnedStateReader)
+	_, p.pinEarly = s.host.sbe.(PinnedStateReader)
 	p.pinEarly = p.pinEarly && p.onDemand
 	defer p.ops.Wait()
 	idleSent := false
@@ -329,7 +329,7 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 		var resp *hamsv1.BatchResponse
 		err = s.retryBackend(ctx, "compute", func() (err error) {
 			start := time.Now()
-			resp, err = s.sbe.Compute(cctx, req)
+			resp, err = s.host.sbe.Compute(cctx, req)
 			ev.dur = time.Since(start)
 			s.metrics.backend.Observe(ev.dur.Seconds())
 			s.metrics.batches.Inc()
@@ -502,7 +502,7 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 		}
 	}
 	return &snapshot{last: last, batches: n, seq: maxSeq, state: state, copiedAt: time.Now(), links: links, header: &hamsv1.SnapshotHeader{
-		Model: s.cfg.Model, Epoch: s.epoch(), StateVersion: version,
+		Model: s.cfg.Model, Epoch: s.host.Epoch(), StateVersion: version,
 		Requests: records, StateTensors: specs, StateBytes: bytes, Outputs: outputs, OutputRows: rows,
 	}}
 }
@@ -576,7 +576,7 @@ func (p *primary) install(ctx context.Context, n uint64) {
 	p.installing = true
 	p.spawn(ctx, func() opDone {
 		start := time.Now()
-		err := s.retryBackend(ctx, "update", func() error { return s.sbe.Update(ctx, n) })
+		err := s.retryBackend(ctx, "update", func() error { return s.host.sbe.Update(ctx, n) })
 		return opDone{kind: evInstalled, batch: n, dur: time.Since(start), err: err}
 	})
 }
@@ -702,7 +702,7 @@ func (p *primary) update(ctx context.Context, n uint64, attempt int) {
 			return opDone{kind: evUpdated, batch: n, attempt: attempt, err: ctx.Err()}
 		}
 		start := time.Now()
-		err := s.sbe.Update(ctx, n)
+		err := s.host.sbe.Update(ctx, n)
 		return opDone{kind: evUpdated, batch: n, attempt: attempt, dur: time.Since(start), err: err}
 	})
 }
@@ -714,7 +714,7 @@ func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 			return opDone{kind: evCopied, batch: n, attempt: attempt, err: ctx.Err()}
 		}
 		start := time.Now()
-		if pr, ok := s.sbe.(PinnedStateReader); ok && p.pinEarly {
+		if pr, ok := s.host.sbe.(PinnedStateReader); ok && p.pinEarly {
 			pinned := false
 			ts, v, _, err := pr.ReadStatePinned(ctx, func() {
 				pinned = true
@@ -725,7 +725,7 @@ func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 			})
 			return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, pinned: pinned, dur: time.Since(start), err: err}
 		}
-		ts, v, err := s.sbe.ReadState(ctx)
+		ts, v, err := s.host.sbe.ReadState(ctx)
 		return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, dur: time.Since(start), err: err}
 	})
 }
@@ -742,7 +742,7 @@ func (s *Sidecar) baseSnapshot(state []*hamsv1.Tensor, version uint64, reqs []*h
 	s.stateSpecs, s.stateBytes = specs, bytes
 	s.versionSeen.Store(version)
 	return &snapshot{batch: s.baseBatch, taken: true, last: s.baseBatch, seq: s.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
-		Model: s.cfg.Model, Epoch: s.epoch(), BatchId: s.baseBatch, StateVersion: version,
+		Model: s.cfg.Model, Epoch: s.host.Epoch(), BatchId: s.baseBatch, StateVersion: version,
 		Requests: reqs, StateTensors: specs, StateBytes: bytes,
 	}}
 }
@@ -753,7 +753,7 @@ func (s *Sidecar) execRecs(parts [][]*hamsv1.Item, seqs []uint64, lineages [][]*
 	for i, ps := range parts {
 		r := execRec{seq: seqs[i], lin: lineages[i], keys: make([]fromKey, 0, len(ps))}
 		for _, p := range ps {
-			r.keys = append(r.keys, fromKey{p.GetFromModel(), edge.DedupKey(p.GetReqId(), p.GetLineage(), s.isStateful)})
+			r.keys = append(r.keys, fromKey{p.GetFromModel(), edge.DedupKey(p.GetReqId(), p.GetLineage(), s.host.IsStateful)})
 		}
 		recs[i] = r
 	}

@@ -322,7 +322,7 @@ func TestStatefulFailover(t *testing.T) {
 		}
 		// b's outputs after the failover carry epoch 2: the stale primary's
 		// epoch would be refused by a receiver that knows b's epoch.
-		if e := b2.sc.epoch(); e != 2 {
+		if e := b2.sc.host.Epoch(); e != 2 {
 			t.Fatalf("new primary stamps epoch %d", e)
 		}
 	})
@@ -612,7 +612,7 @@ func TestStaleEpochTrafficRefused(t *testing.T) {
 	if leaked {
 		t.Fatal("the deposed instance's output reached the sink")
 	}
-	if e := a2.sc.epoch(); e != 2 {
+	if e := a2.sc.host.Epoch(); e != 2 {
 		t.Fatalf("promoted instance stamps epoch %d", e)
 	}
 	// Orders that make no sense for a stateless model.

@@ -186,7 +186,7 @@ func (rp *replayState) auditLog() (*audit.Log, error) {
 		return nil, errors.New("replay state closed")
 	}
 	if rp.alog == nil {
-		l, err := audit.Open(s.cfg.AuditDir, s.auditSubdir("replay"), audit.DurableFile)
+		l, err := audit.Open(s.cfg.AuditDir, auditSubdir(s.cfg.Model, s.cfg.ID, "replay"), audit.DurableFile)
 		if err != nil {
 			return nil, err
 		}
@@ -239,7 +239,7 @@ func (rp *replayState) executed(ctx context.Context, reqs []request, seqs []uint
 		return
 	}
 	rp.batch++
-	b := &hamsv1.ReplayBatch{Model: s.cfg.Model, Epoch: s.epoch(), BatchId: rp.batch, FirstSeq: seqs[0], Request: req,
+	b := &hamsv1.ReplayBatch{Model: s.cfg.Model, Epoch: s.host.Epoch(), BatchId: rp.batch, FirstSeq: seqs[0], Request: req,
 		Requests: make([]*hamsv1.ReplayRequest, len(reqs))}
 	for i, r := range reqs {
 		parts := make([]*hamsv1.Item, len(r.j.Parts))
@@ -382,7 +382,7 @@ func (rp *replayState) checkpoint(ctx context.Context) error {
 // the records collected since the last job.
 func (rp *replayState) queueJob(ts []*hamsv1.Tensor, version uint64) {
 	s := rp.s
-	j := &ckptJob{epoch: s.epoch(), batch: rp.batch, seq: s.lineage.Seq(), version: version, state: ts,
+	j := &ckptJob{epoch: s.host.Epoch(), batch: rp.batch, seq: s.lineage.Seq(), version: version, state: ts,
 		records: rp.records, taken: time.Now()}
 	j.flow, j.flowMax, j.dedup = s.idx.replayExport(replayDedupKeys)
 	rp.records, rp.since = nil, 0
@@ -751,7 +751,7 @@ func (rp *replayState) promote(epoch uint64, after map[string]uint64) (uint64, e
 		clear(rp.acked)
 		rp.mu.Unlock()
 		rp.initial = false
-		ctx, cancel := context.WithTimeout(s.runCtx, replayRecoverTimeout)
+		ctx, cancel := context.WithTimeout(s.host.runCtx, replayRecoverTimeout)
 		defer cancel()
 		s.epochV.Store(epoch)
 		// A re-execution that lost its backend's answer may have applied

@@ -138,8 +138,7 @@ func runShipBench(b *testing.B, after, useTLS bool, sn *snapshot, stateBytes uin
 		b.Fatal(err)
 	}
 	defer lis.Close()
-	bk := fuzzBackup()
-	bk.s.maxMsg = 1 << 20
+	bk := newBackupState(testHost(&Config{Model: "a"}, 1<<20), 0)
 	bk.setKnown(stateBytes)
 	cur := bigmem.Prefaulted(int(stateBytes))
 	var backupCPU time.Duration
@@ -433,7 +432,7 @@ func BenchmarkFold(b *testing.B) {
 // bulkOneOn is bulkOne on a connection that is TLS or not (a TLS
 // connection's snapshots may come without a digest of their data).
 func bulkOneOn(b *backupState, br *bufio.Reader, onTLS bool) (*received, error) {
-	hb, err := readFrame(br, b.s.headerLimit(), "header")
+	hb, err := readFrame(br, headerLimit(b.h.MaxMessageBytes()), "header")
 	if err != nil {
 		return nil, err
 	}

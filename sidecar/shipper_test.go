@@ -280,8 +280,7 @@ func TestAuditSubdirPerInstance(t *testing.T) {
 		{"..", "m-backup-_"},
 		{"a b/../c", "m-backup-a_b_.._c"},
 	} {
-		s := &Sidecar{cfg: Config{Model: "m", ID: c.id}}
-		if got := s.auditSubdir("backup"); got != c.want {
+		if got := auditSubdir("m", c.id, "backup"); got != c.want {
 			t.Errorf("id %q: %q, want %q", c.id, got, c.want)
 		}
 	}

@@ -137,7 +137,10 @@ const (
 
 // Sidecar is one model's proxy.
 type Sidecar struct {
-	cfg        Config
+	cfg Config
+	// host is what the role stages get of the sidecar (host.go): the
+	// sidecar's own code reads those shared parts through it too.
+	host       *sidecarHost
 	log        *slog.Logger
 	model      *config.Model
 	service    string
@@ -209,9 +212,8 @@ type Sidecar struct {
 	// the Run context fields.
 	roleMu  sync.Mutex
 	mu      sync.Mutex
-	stage   *stage
+	stage   Stage
 	stopped bool
-	runCtx  context.Context
 	fatal   func(error)
 	// backendLostAfter: Config.BackendLostAfter or its default.
 	backendLostAfter time.Duration
@@ -223,9 +225,7 @@ type Sidecar struct {
 	// State manager (replicated stateful models only).
 	role       string // guarded by mu once Run started
 	mode       nspb.Mode
-	replicated bool // stateful, ha stateful, mode not bare
-	sbe        StatefulBackend
-	pfm, nfm   []string
+	replicated bool       // stateful, ha stateful, mode not bare
 	outlog     *OutputLog // primary: released outputs; backup: applied outputs
 	ship       *shipper   // primary
 	bk         *backupState
@@ -297,10 +297,11 @@ func New(cfg Config) (*Sidecar, error) {
 		batcher: NewBatcher[*Joined](m.Batch.Size, m.Batch.MaxWait.D()),
 		inbox:   make(chan *hamsv1.Item, inboxSize),
 		done:    make(chan struct{}), collecting: make(chan struct{}),
-		role: role, mode: mode, replicated: replicated, sbe: sbe,
+		role: role, mode: mode, replicated: replicated,
 		backendLostAfter: cfg.BackendLostAfter,
 		healthInterval:   cfg.HealthInterval,
 	}
+	s.host = &sidecarHost{cfg: &s.cfg, log: log, metrics: s.metrics, maxMsg: s.maxMsg, epochV: &s.epochV, sbe: sbe}
 	if s.backendLostAfter == 0 {
 		s.backendLostAfter = DefaultBackendLostAfter
 	}
@@ -321,12 +322,13 @@ func New(cfg Config) (*Sidecar, error) {
 			return mm != nil && mm.Stateful && mm.HA == "stateful"
 		}
 		pfm, nfm := nspb.StatefulNeighbours(g, stateful)
-		s.pfm, s.nfm = pfm[cfg.Model], nfm[cfg.Model]
+		s.host.pfm, s.host.nfm = pfm[cfg.Model], nfm[cfg.Model]
 		limit := cfg.OutputLogBytes
 		if limit == 0 {
 			limit = DefaultOutputLogBytes
 		}
 		s.outlog = NewOutputLog(limit)
+		s.host.outlog = s.outlog
 	}
 	grpcM := grpcx.NewServerMetrics(reg)
 	s.serverOpts = grpcx.ServerOptions(log, grpcM, s.maxMsg)
@@ -345,6 +347,7 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	s.graph = g
 	s.idx = newLineageIndex()
+	s.host.idx = s.idx
 	s.epochV.Store(cfg.Epoch)
 	if rp, err := s.replaySetup(role); err != nil {
 		return nil, err
@@ -353,7 +356,7 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	s.lineage = NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch))
 	if role == RoleBackup && s.rp == nil {
-		s.bk = newBackupState(s)
+		s.bk = newBackupState(s.host, s.epochV.Load())
 	}
 	if replicated {
 		s.ship = newShipper(s)
@@ -371,7 +374,7 @@ func New(cfg Config) (*Sidecar, error) {
 		// arrives after an upstream stateful failover (Joiner.RememberJoined).
 		s.joiner.RememberJoined(maxWaitingJoin)
 	}
-	opts := []edge.ReceiverOption{edge.WithDedup(0, s.isStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.now)}
+	opts := []edge.ReceiverOption{edge.WithDedup(0, s.host.IsStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.now)}
 	if !m.Stateful {
 		// A resend through this model toward a replacement further down
 		// must run here again.
@@ -390,7 +393,7 @@ func (s *Sidecar) newSenders() error {
 	for _, to := range s.succs {
 		snd, err := edge.NewSender(edge.SenderConfig{
 			From: s.cfg.Model, To: to, Resolver: s.cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: s.log,
-			Epoch: s.epoch, Position: s.position, DialOptions: s.dialOpts, Now: s.now,
+			Epoch: s.host.Epoch, Position: s.position, DialOptions: s.dialOpts, Now: s.now,
 		})
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
@@ -421,13 +424,6 @@ func (s *Sidecar) position(it *hamsv1.Item) uint64 {
 		}
 	}
 	return ^uint64(0)
-}
-
-// isStateful reports whether a model keeps state (dedup keys include its
-// seqs and outputs: its re-executions after failover supersede).
-func (s *Sidecar) isStateful(model string) bool {
-	m := s.cfg.Deployment.Model(model)
-	return m != nil && m.Stateful
 }
 
 // now is the clock request deadlines are on (Config.Now).
@@ -461,21 +457,6 @@ func (s *Sidecar) Role() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.role
-}
-
-// epoch is this instance's epoch: the one recovery assigned (Promote,
-// Demote, Rollback; Config.Epoch at start), or the topology's when the
-// topology names this very instance as the model's serving one with a
-// larger epoch. A deposed instance (the topology names another address)
-// keeps its old epoch, so receivers fence its traffic.
-func (s *Sidecar) epoch() uint64 {
-	ep := s.epochV.Load()
-	if s.cfg.Resolver != nil {
-		if addr, rep, ok := s.cfg.Resolver.Resolve(s.cfg.Model); ok && rep > ep && addr == s.cfg.GRPCListener.Addr().String() {
-			ep = rep
-		}
-	}
-	return ep
 }
 
 // Receiver exposes the inbound edges (max_in_order per predecessor).
@@ -514,7 +495,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errc := make(chan error, 64)
 	s.mu.Lock()
-	s.runCtx, s.fatal = ctx, func(err error) {
+	s.host.runCtx, s.fatal = ctx, func(err error) {
 		select {
 		case errc <- err:
 		default:
@@ -581,7 +562,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	if s.Role() == RoleBackup {
 		s.log.Info("backup sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "mode", s.mode,
-			"pfm", s.pfm, "nfm", s.nfm, "epoch", s.cfg.Epoch)
+			"pfm", s.host.pfm, "nfm", s.host.nfm, "epoch", s.cfg.Epoch)
 	} else {
 		s.log.Info("sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "service", s.service,
 			"successors", s.succs, "batch", s.model.Batch.Size, "fan_in", s.model.FanIn,
@@ -605,63 +586,38 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	return err
 }
 
-// stage is the set of goroutines of the current role; a role transition
-// stops it (cancel, wait), switches and starts the next one.
-type stage struct {
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-}
-
-// startStage starts the goroutines of the current role (caller holds
-// roleMu).
+// startStage starts the stage of the current role (caller holds roleMu).
 func (s *Sidecar) startStage() {
-	ctx, cancel := context.WithCancel(s.runCtx)
-	st := &stage{cancel: cancel}
-	goRun := func(name string, f func(context.Context) error) {
-		st.wg.Add(1)
-		go func() {
-			defer st.wg.Done()
-			if err := f(ctx); err != nil && ctx.Err() == nil {
-				s.fatal(fmt.Errorf("sidecar %s: %s: %w", s.cfg.Model, name, err))
+	var st Stage
+	switch role := s.Role(); {
+	case role == RoleDeposed, role == RoleBackup && s.rp != nil:
+		// Fenced: nothing runs until a Demote (deposed.go); or a replay
+		// spare, idle until promoted.
+		st = &idleStage{}
+	case role == RoleBackup:
+		st = newBackupStage(s.bk)
+	default:
+		sv := &servingStage{stageGroup: stageGroup{model: s.cfg.Model}, senders: s.sendersNow(), loop: s.loop, executors: 1}
+		switch {
+		case s.replicated:
+			sv.workers = append(sv.workers, namedRun{"shipper", s.ship.run})
+			if watch := s.backupWatch(); watch != nil {
+				sv.workers = append(sv.workers, namedRun{"backup watch", watch}) // backupwatch.go
 			}
-		}()
+			sv.workers = append(sv.workers, namedRun{"own durability watch", func(ctx context.Context) error {
+				return s.cfg.Coord.WatchDurable(ctx, []string{s.cfg.Model}, s.ownDurable)
+			}})
+			sv.executor = s.primaryExecutor
+		case s.rp != nil:
+			sv.workers = []namedRun{{"replay logger", s.rp.logger}, {"replay checkpointer", s.rp.checkpointer}}
+			sv.executor = s.rp.executor
+		default:
+			sv.executor, sv.executors = s.executor, s.executors
+		}
+		st = sv
 	}
 	s.stage = st
-	if s.Role() == RoleDeposed {
-		return // fenced: nothing runs until a Demote (deposed.go)
-	}
-	if s.Role() == RoleBackup && s.rp != nil {
-		return // a replay spare is idle until promoted
-	}
-	if s.Role() == RoleBackup {
-		bk := s.bk
-		goRun("backup", bk.run)
-		return
-	}
-	for _, snd := range s.sendersNow() {
-		goRun("sender", snd.Run)
-	}
-	work := make(chan []*Joined)
-	idle := make(chan struct{})
-	if s.replicated {
-		goRun("shipper", s.ship.run)
-		if watch := s.backupWatch(); watch != nil {
-			goRun("backup watch", watch) // backupwatch.go
-		}
-		goRun("own durability watch", func(ctx context.Context) error {
-			return s.cfg.Coord.WatchDurable(ctx, []string{s.cfg.Model}, s.ownDurable)
-		})
-		goRun("executor", func(ctx context.Context) error { return s.primaryExecutor(ctx, work, idle) })
-	} else if s.rp != nil {
-		goRun("replay logger", s.rp.logger)
-		goRun("replay checkpointer", s.rp.checkpointer)
-		goRun("executor", func(ctx context.Context) error { return s.rp.executor(ctx, work, idle) })
-	} else {
-		for range s.executors {
-			goRun("executor", func(ctx context.Context) error { return s.executor(ctx, work, idle) })
-		}
-	}
-	goRun("loop", func(ctx context.Context) error { s.loop(ctx, work, idle); return nil })
+	st.Start(s.host.runCtx, s.fatal)
 }
 
 // stopStage stops the current role's goroutines and waits for them
@@ -670,11 +626,11 @@ func (s *Sidecar) stopStage() {
 	if s.stage == nil {
 		return
 	}
-	s.stage.cancel()
+	s.stage.Cancel()
 	if hook := testHookStageCanceled.Load(); hook != nil {
 		(*hook)(s)
 	}
-	s.stage.wg.Wait()
+	s.stage.Wait()
 	s.stage = nil
 }
 

@@ -92,7 +92,7 @@ func TestBaseAuditHashResumesFromSenderMarks(t *testing.T) {
 			data[i], other[i] = byte(rng.Uint32()), byte(rng.Uint32())
 		}
 		want := sha256.Sum256(data)
-		b := &backupState{s: &Sidecar{cfg: Config{Model: "a", AuditDir: t.TempDir()}}}
+		b := &backupState{h: testHost(&Config{Model: "a", AuditDir: t.TempDir()}, 0)}
 		receive := func(marks [][]byte) *received {
 			t.Helper()
 			h := &hamsv1.SnapshotHeader{Model: "a", BatchId: 1, StateBytes: uint64(n), Sha256Marks: marks,

@@ -168,13 +168,13 @@ func (s *Sidecar) traceShip(ctx context.Context, sn *snapshot) (context.Context,
 // traceApply starts the backup.apply span of r (a child of the
 // ShipSnapshot call that brought it; nil when that was not traced), from
 // its receipt on.
-func (s *Sidecar) traceApply(r *received) trace.Span {
+func traceApply(model, id string, r *received) trace.Span {
 	if !r.trace.IsValid() || !tracing.Enabled() {
 		return nil
 	}
 	parent := trace.ContextWithRemoteSpanContext(context.Background(), r.trace)
 	_, sp := tracing.Tracer().Start(parent, tracing.SpanBackupApply, trace.WithTimestamp(r.at), trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(tracing.AttrModel.String(s.cfg.Model), tracing.AttrInstance.String(s.cfg.ID),
+		trace.WithAttributes(tracing.AttrModel.String(model), tracing.AttrInstance.String(id),
 			tracing.AttrBatchID.Int64(int64(r.header.GetBatchId())), tracing.AttrRequests.Int(len(r.header.GetRequests()))))
 	return sp
 }

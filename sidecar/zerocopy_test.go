@@ -44,8 +44,7 @@ func newFakeBulkBackup(t *testing.T, state uint64, old bool) *fakeBulkBackup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeBulkBackup{t: t, lis: lis, old: old, bk: fuzzBackup()}
-	f.bk.s.maxMsg = 1 << 20
+	f := &fakeBulkBackup{t: t, lis: lis, old: old, bk: newBackupState(testHost(&Config{Model: "a"}, 1<<20), 0)}
 	f.bk.setKnown(state)
 	f.wg.Add(1)
 	go f.serve()
@@ -284,8 +283,7 @@ func TestBulkReceiveEdges(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b := fuzzBackup()
-			b.s.maxMsg = 1 << 20
+			b := newBackupState(testHost(&Config{Model: "a"}, 1<<20), 0)
 			b.setKnown(n)
 			r, err := bulkOne(b, bufio.NewReader(bytes.NewReader(c.stream)))
 			switch {
@@ -434,8 +432,7 @@ func TestBulkAEADOnlyOverTLS(t *testing.T) {
 	const n = 1 << 20
 	sn := deltaSnap(1, n, &hamsv1.StateRange{Offset: 4096, Data: bytesOf(3*wireChunk+5, 1)})
 	for _, onTLS := range []bool{true, false} {
-		b := fuzzBackup()
-		b.s.maxMsg = 1 << 20
+		b := newBackupState(testHost(&Config{Model: "a"}, 1<<20), 0)
 		b.setKnown(n)
 		br := bufio.NewReader(bytes.NewReader(encodeDelta(sn, digestAEAD, nil)))
 		hb, err := readFrame(br, 1<<20, "header")
