@@ -11,17 +11,31 @@ import (
 )
 
 // healthToggle is a fakeBackend whose Health fails while sick is set,
-// counting the checks.
+// and for the next failNext checks, counting the checks.
 type healthToggle struct {
 	fakeBackend
-	sick   atomic.Bool
-	checks atomic.Int64
-	code   codes.Code // of a failed check: Unavailable when unset
+	sick     atomic.Bool
+	failNext atomic.Int64
+	checks   atomic.Int64
+	code     codes.Code // of a failed check: Unavailable when unset
+}
+
+// takeFailure takes one of the failNext failures, if any is left.
+func (h *healthToggle) takeFailure() bool {
+	for {
+		n := h.failNext.Load()
+		if n <= 0 {
+			return false
+		}
+		if h.failNext.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
 }
 
 func (h *healthToggle) Health(context.Context) error {
 	h.checks.Add(1)
-	if h.sick.Load() {
+	if h.sick.Load() || h.takeFailure() {
 		if h.code != codes.OK {
 			return statusErr(h.code, "health check answered slowly")
 		}
@@ -57,11 +71,12 @@ func TestHealthFailuresThatDoNotStopSidecar(t *testing.T) {
 		run        func(h *healthToggle)
 	}{
 		{"transient", protectedChainGraph, func(h *healthToggle) {
+			// The backend itself fails exactly healthFailures-1 checks
+			// in a row, then passes: however late this goroutine runs
+			// on a loaded machine, no third check in a row fails.
 			waitFor(t, "a passing check", func() bool { return h.checks.Load() >= 2 })
-			h.sick.Store(true)
-			n := h.checks.Load()
-			waitFor(t, "two failed checks", func() bool { return h.checks.Load() >= n+2 })
-			h.sick.Store(false)
+			h.failNext.Store(healthFailures - 1)
+			waitFor(t, "two failed checks", func() bool { return h.failNext.Load() == 0 })
 		}},
 		{"never healthy", protectedChainGraph, func(h *healthToggle) { h.sick.Store(true) }},
 		{"busy, not down", protectedChainGraph, func(h *healthToggle) {
