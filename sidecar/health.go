@@ -65,10 +65,6 @@ func (s *Sidecar) registerHealth(srv *grpc.Server) {
 	s.health = health.NewServer()
 	s.health.SetServingStatus(s.cfg.Model, healthpb.HealthCheckResponse_SERVICE_UNKNOWN)
 	healthpb.RegisterHealthServer(srv, s.health)
-	go func() {
-		<-s.done
-		s.health.Shutdown()
-	}()
 }
 
 // setBackendServing publishes the backend's health (nil health server:

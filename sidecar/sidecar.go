@@ -492,7 +492,6 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	s.registerHealth(srv)
 
-	var wg sync.WaitGroup
 	errc := make(chan error, 64)
 	s.mu.Lock()
 	s.host.runCtx, s.fatal = ctx, func(err error) {
@@ -503,21 +502,20 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		cancel()
 	}
 	s.mu.Unlock()
-	goRun := func(name string, f func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(ctx); err != nil && ctx.Err() == nil {
-				s.fatal(fmt.Errorf("sidecar %s: %s: %w", s.cfg.Model, name, err))
-			}
-		}()
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	// The sidecar's own goroutines (the role's are its stage's).
+	own := namedGroup{model: s.cfg.Model}
+	own.begin(ctx, s.fatal)
+	goRun := own.goRun
+	goRun("done", func(ctx context.Context) error {
 		<-ctx.Done()
 		close(s.done)
-	}()
+		return nil
+	})
+	goRun("health shutdown", func(ctx context.Context) error {
+		<-ctx.Done()
+		s.health.Shutdown()
+		return nil
+	})
 	// One port: gRPC, and the bulk snapshot stream (bulk.go), told apart
 	// by a connection's first bytes. Closing the port (the gRPC server's
 	// stop) ends the mux.
@@ -573,7 +571,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	s.stopStage()
 	s.stopped = true
 	s.roleMu.Unlock()
-	wg.Wait()
+	own.Wait()
 	if s.rp != nil {
 		s.rp.close()
 	}
@@ -597,7 +595,7 @@ func (s *Sidecar) startStage() {
 	case role == RoleBackup:
 		st = newBackupStage(s.bk)
 	default:
-		sv := &servingStage{stageGroup: stageGroup{model: s.cfg.Model}, senders: s.sendersNow(), loop: s.loop, executors: 1}
+		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.sendersNow(), loop: s.loop, executors: 1}
 		switch {
 		case s.replicated:
 			sv.workers = append(sv.workers, namedRun{"shipper", s.ship.run})

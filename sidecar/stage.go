@@ -29,16 +29,17 @@ type Stage interface {
 	Wait()
 }
 
-// stageGroup is the run.Group of a stage, naming each goroutine's error.
-type stageGroup struct {
+// namedGroup is a run.Group that names each goroutine in its error: a
+// stage's, and the sidecar's own (Run).
+type namedGroup struct {
 	model string
 	g     *run.Group
 }
 
-func (sg *stageGroup) begin(ctx context.Context, fatal func(error)) { sg.g = run.NewGroup(ctx, fatal) }
+func (sg *namedGroup) begin(ctx context.Context, fatal func(error)) { sg.g = run.NewGroup(ctx, fatal) }
 
 // goRun runs f in the stage (after begin).
-func (sg *stageGroup) goRun(name string, f func(context.Context) error) {
+func (sg *namedGroup) goRun(name string, f func(context.Context) error) {
 	sg.g.Go(func(ctx context.Context) error {
 		if err := f(ctx); err != nil {
 			return fmt.Errorf("sidecar %s: %s: %w", sg.model, name, err)
@@ -47,13 +48,13 @@ func (sg *stageGroup) goRun(name string, f func(context.Context) error) {
 	})
 }
 
-func (sg *stageGroup) Cancel() {
+func (sg *namedGroup) Cancel() {
 	if sg.g != nil {
 		sg.g.Cancel()
 	}
 }
 
-func (sg *stageGroup) Wait() {
+func (sg *namedGroup) Wait() {
 	if sg.g != nil {
 		_ = sg.g.Wait() // errors went to fatal
 	}
@@ -61,7 +62,7 @@ func (sg *stageGroup) Wait() {
 
 // idleStage runs nothing: a deposed instance (fenced until a Demote,
 // deposed.go) or a replay spare (idle until promoted).
-type idleStage struct{ stageGroup }
+type idleStage struct{ namedGroup }
 
 func (st *idleStage) Start(ctx context.Context, fatal func(error)) { st.begin(ctx, fatal) }
 
@@ -69,12 +70,12 @@ func (st *idleStage) Start(ctx context.Context, fatal func(error)) { st.begin(ct
 // (backupState.run, Algorithm 2). The backupState outlives the stage: the
 // Replication RPCs hand it snapshots, and a promotion takes its state.
 type backupStage struct {
-	stageGroup
+	namedGroup
 	bk *backupState
 }
 
 func newBackupStage(bk *backupState) *backupStage {
-	return &backupStage{stageGroup: stageGroup{model: bk.h.Model()}, bk: bk}
+	return &backupStage{namedGroup: namedGroup{model: bk.h.Model()}, bk: bk}
 }
 
 func (st *backupStage) Start(ctx context.Context, fatal func(error)) {
@@ -97,7 +98,7 @@ type executorFunc func(ctx context.Context, work <-chan []*Joined, idle chan<- s
 // goroutines (workers), its executors, and the loop that joins, batches
 // and hands batches to idle executors.
 type servingStage struct {
-	stageGroup
+	namedGroup
 	senders   []*edge.Sender
 	workers   []namedRun
 	executor  executorFunc
