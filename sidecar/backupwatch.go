@@ -100,14 +100,15 @@ func (sh *shipper) shipProgress() (pending bool, mark uint64) {
 // backupWatch returns the watch of a replicated primary's shipping, or
 // nil when its BackupResolver cannot report (runs in the primary's stage:
 // a promotion starts it afresh).
-func (s *Sidecar) backupWatch() func(context.Context) error {
-	rep, ok := s.cfg.BackupResolver.(BackupReporter)
-	if !ok || s.ship == nil {
+func (sh *shipper) backupWatch() func(context.Context) error {
+	rep, ok := sh.h.Backups().(BackupReporter)
+	if !ok {
 		return nil
 	}
+	h := sh.h
 	return func(ctx context.Context) error {
 		var w shipWatch
-		self := s.cfg.GRPCListener.Addr().String()
+		self := h.Addr()
 		for {
 			bound := backupStuckAfter(rep.SuspicionTimeout())
 			t := time.NewTimer(max(bound/8, 5*time.Millisecond))
@@ -117,21 +118,21 @@ func (s *Sidecar) backupWatch() func(context.Context) error {
 				return nil
 			case <-t.C:
 			}
-			addr, _, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model)
-			pending, mark := s.ship.shipProgress()
+			addr, _, ok := h.Backups().ResolveBackup(h.Model())
+			pending, mark := sh.shipProgress()
 			stuck, report := w.observe(time.Now(), addr, ok && addr != self, pending, mark, bound)
 			if !report {
 				continue
 			}
 			reason := fmt.Sprintf("no snapshot acknowledged by the backup for %v (bound %v: %d x the suspicion timeout)",
 				stuck.Round(time.Millisecond), bound, backupStuckFactor)
-			s.log.Warn("cannot ship to the backup; reporting it to the manager", "backup", addr, "stuck", stuck, "bound", bound)
+			h.Logger().Warn("cannot ship to the backup; reporting it to the manager", "backup", addr, "stuck", stuck, "bound", bound)
 			rctx, cancel := context.WithTimeout(ctx, backupReportTimeout)
-			err := rep.ReportBackup(rctx, s.cfg.Model, addr, reason)
+			err := rep.ReportBackup(rctx, h.Model(), addr, reason)
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				// Reported again after another bound if still stuck.
-				s.log.Warn("report of the unreachable backup failed", "backup", addr, "err", err)
+				h.Logger().Warn("report of the unreachable backup failed", "backup", addr, "err", err)
 			}
 		}
 	}

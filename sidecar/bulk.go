@@ -453,7 +453,7 @@ func (sh *shipper) bulkTo(ctx context.Context, addr string) (*bulkClient, error)
 		_ = c.Close()
 		return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
 	}
-	if tlsSrc := sh.s.cfg.TLS; tlsSrc != nil {
+	if tlsSrc := sh.h.TLS(); tlsSrc != nil {
 		tc := tls.Client(c, tlsSrc.ClientConfig())
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = c.Close()
@@ -462,7 +462,7 @@ func (sh *shipper) bulkTo(ctx context.Context, addr string) (*bulkClient, error)
 		c = tc
 	}
 	_ = c.SetDeadline(time.Time{})
-	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), small: make([]byte, 0, 1<<10), tls: sh.s.cfg.TLS != nil}
+	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), small: make([]byte, 0, 1<<10), tls: sh.h.TLS() != nil}
 	if sh.bulk != nil {
 		bc.vec, bc.small = sh.bulk.vec[:0], sh.bulk.small[:0]
 	}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"log/slog"
 	"sync/atomic"
+
+	"google.golang.org/grpc"
+
+	"github.com/hams-go/hams/internal/pki"
 )
 
 // Host is what a role stage needs of the sidecar that runs it, and all it
@@ -47,6 +51,20 @@ type Host interface {
 	Metrics() *metrics
 	// MaxMessageBytes is the deployment's message bound (0: default).
 	MaxMessageBytes() int
+	// Addr is this instance's dataplane address (its gRPC port).
+	Addr() string
+	// Topology resolves the live instances (nil for a backup that
+	// cannot be promoted); Backups resolves this model's backup (nil when
+	// not replicated).
+	Topology() Resolver
+	Backups() BackupResolver
+	// DialOptions are appended to every internal dial (TLS credentials);
+	// TLS is the certificate source of internal hops (nil: plaintext).
+	DialOptions() []grpc.DialOption
+	TLS() *pki.Source
+	// ShipHook runs before each snapshot is shipped (Config.ShipHook;
+	// nil: none).
+	ShipHook() func(ctx context.Context, batch uint64)
 	// RunContext is the context of the sidecar's Run: work that must
 	// outlive the stage that started it (a state write in flight when a
 	// role changes) runs under it. Valid once Run started the stage.
@@ -61,6 +79,8 @@ type sidecarHost struct {
 	log     *slog.Logger
 	metrics *metrics
 	maxMsg  int
+	// dialOpts are appended to every internal dial (TLS credentials).
+	dialOpts []grpc.DialOption
 	// epochV is the epoch recovery assigned to this instance (the
 	// sidecar's: role transitions set it).
 	epochV *atomic.Uint64
@@ -88,11 +108,17 @@ func (h *sidecarHost) AuditDir() string                { return h.cfg.AuditDir }
 func (h *sidecarHost) AuditSubdir(kind string) string {
 	return auditSubdir(h.cfg.Model, h.cfg.ID, kind)
 }
-func (h *sidecarHost) Executed(recs []execRec)     { h.idx.executed(recs) }
-func (h *sidecarHost) OutputLog() *OutputLog       { return h.outlog }
-func (h *sidecarHost) Metrics() *metrics           { return h.metrics }
-func (h *sidecarHost) MaxMessageBytes() int        { return h.maxMsg }
-func (h *sidecarHost) RunContext() context.Context { return h.runCtx }
+func (h *sidecarHost) Executed(recs []execRec)                 { h.idx.executed(recs) }
+func (h *sidecarHost) OutputLog() *OutputLog                   { return h.outlog }
+func (h *sidecarHost) Metrics() *metrics                       { return h.metrics }
+func (h *sidecarHost) MaxMessageBytes() int                    { return h.maxMsg }
+func (h *sidecarHost) RunContext() context.Context             { return h.runCtx }
+func (h *sidecarHost) Topology() Resolver                      { return h.cfg.Resolver }
+func (h *sidecarHost) Backups() BackupResolver                 { return h.cfg.BackupResolver }
+func (h *sidecarHost) DialOptions() []grpc.DialOption          { return h.dialOpts }
+func (h *sidecarHost) TLS() *pki.Source                        { return h.cfg.TLS }
+func (h *sidecarHost) ShipHook() func(context.Context, uint64) { return h.cfg.ShipHook }
+func (h *sidecarHost) Addr() string                            { return h.cfg.GRPCListener.Addr().String() }
 
 // IsStateful reports whether a model keeps state (dedup keys include its
 // seqs and outputs: its re-executions after failover supersede).

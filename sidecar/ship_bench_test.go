@@ -192,7 +192,7 @@ func runShipBench(b *testing.B, after, useTLS bool, sn *snapshot, stateBytes uin
 			}
 		}
 	}()
-	sh := &shipper{s: &Sidecar{cfg: Config{Model: "a"}}}
+	sh := &shipper{h: testHost(&Config{Model: "a"}, 0)}
 	addr := lis.Addr().String()
 	// dial: the bulk connection, after the magic in plaintext.
 	dial := func(ctx context.Context, addr string) (net.Conn, error) {

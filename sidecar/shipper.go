@@ -61,7 +61,8 @@ const (
 // the rollback target of a correlated failure (IV-C). nextID is the id of
 // the next snapshot taken.
 type shipper struct {
-	s    *Sidecar
+	// h is the primary's sidecar as the shipper sees it.
+	h    Host
 	acks chan uint64 // last compute batch covered by acknowledged snapshots, in order, to the driver
 
 	mu      sync.Mutex
@@ -105,8 +106,8 @@ type shipper struct {
 	bulkDial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
-func newShipper(s *Sidecar) *shipper {
-	return &shipper{s: s, acks: make(chan uint64, 64), wake: make(chan struct{}, 1), appliedC: make(chan struct{}, 1), tookC: make(chan struct{}, 1)}
+func newShipper(h Host) *shipper {
+	return &shipper{h: h, acks: make(chan uint64, 64), wake: make(chan struct{}, 1), appliedC: make(chan struct{}, 1), tookC: make(chan struct{}, 1)}
 }
 
 // enqueue queues a copied snapshot (without an id).
@@ -149,7 +150,7 @@ func (sh *shipper) head() *snapshot {
 	sn, err := mergeSnapshots(waiting)
 	if err != nil {
 		// Outputs that do not concatenate: send the first alone.
-		sh.s.log.Warn("snapshots not coalesced", "err", err)
+		sh.h.Logger().Warn("snapshots not coalesced", "err", err)
 		sn, waiting = waiting[0], waiting[:1]
 	}
 	if sh.nextID == 0 {
@@ -160,7 +161,7 @@ func (sh *shipper) head() *snapshot {
 	sh.nextID++
 	sh.queue = append([]*snapshot{sn}, sh.queue[len(waiting):]...)
 	sh.mu.Unlock()
-	sh.s.metrics.coalesced.Observe(float64(sn.batches))
+	sh.h.Metrics().coalesced.Observe(float64(sn.batches))
 	select {
 	case sh.tookC <- struct{}{}:
 	default:
@@ -278,7 +279,7 @@ func (sh *shipper) Applied() *snapshot {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if err := sh.foldApplied(); err != nil {
-		sh.s.log.Error("rollback target not materialized", "err", err)
+		sh.h.Logger().Error("rollback target not materialized", "err", err)
 		return nil
 	}
 	sh.disownApplied()
@@ -356,7 +357,7 @@ func (sh *shipper) setApplied(n uint64) {
 		}
 		if tail > sh.applied.header.GetStateBytes() || len(sh.appliedTail) >= maxUnapplied {
 			if err := sh.foldApplied(); err != nil {
-				sh.s.log.Error("fold applied deltas", "err", err)
+				sh.h.Logger().Error("fold applied deltas", "err", err)
 			}
 		}
 	}
@@ -413,7 +414,6 @@ func (sh *shipper) reset(base *snapshot, ship bool) {
 }
 
 func (sh *shipper) run(ctx context.Context) error {
-	s := sh.s
 	var (
 		cc      *grpc.ClientConn
 		ccAddr  string
@@ -432,12 +432,12 @@ func (sh *shipper) run(ctx context.Context) error {
 			// queue nothing more until one applies (the unapplied bound
 			// is reached when the old backup acknowledged snapshots it
 			// never wrote), so the move is looked for here too.
-			if addr, _, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model); ok && sh.rebase(addr) {
+			if addr, _, ok := sh.h.Backups().ResolveBackup(sh.h.Model()); ok && sh.rebase(addr) {
 				continue
 			}
 			var changed <-chan struct{}
-			if s.cfg.Resolver != nil {
-				changed = s.cfg.Resolver.Changed()
+			if sh.h.Topology() != nil {
+				changed = sh.h.Topology().Changed()
 			}
 			t := time.NewTimer(shipIdleCheck)
 			select {
@@ -451,19 +451,19 @@ func (sh *shipper) run(ctx context.Context) error {
 			t.Stop()
 			continue
 		}
-		if hook := s.cfg.ShipHook; hook != nil {
+		if hook := sh.h.ShipHook(); hook != nil {
 			hook(ctx, sn.batch)
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		addr, _, ok := s.cfg.BackupResolver.ResolveBackup(s.cfg.Model)
-		if ok && addr == s.cfg.GRPCListener.Addr().String() {
+		addr, _, ok := sh.h.Backups().ResolveBackup(sh.h.Model())
+		if ok && addr == sh.h.Addr() {
 			// The topology still names this instance as the backup: it
 			// was just promoted and the manager has not rewired yet.
 			// Shipping would stream the whole state to itself only to be
 			// refused (tens of ms of a failover, for a 64 MiB state).
-			s.metrics.shipSelf.Inc()
+			sh.h.Metrics().shipSelf.Inc()
 			if !sh.backoff(ctx, shipIdleCheck) {
 				return nil
 			}
@@ -474,13 +474,13 @@ func (sh *shipper) run(ctx context.Context) error {
 		}
 		var err error
 		if !ok {
-			err = fmt.Errorf("backup of %s not resolvable", s.cfg.Model)
+			err = fmt.Errorf("backup of %s not resolvable", sh.h.Model())
 		} else {
 			if cc == nil || addr != ccAddr {
 				if cc != nil {
 					_ = cc.Close()
 				}
-				cc, err = grpcx.Dial(addr, s.maxMsg, append(slices.Clip(s.dialOpts), sh.dialOptions...)...)
+				cc, err = grpcx.Dial(addr, sh.h.MaxMessageBytes(), append(slices.Clip(sh.h.DialOptions()), sh.dialOptions...)...)
 				if err != nil {
 					return fmt.Errorf("dial backup %s: %w", addr, err)
 				}
@@ -496,13 +496,13 @@ func (sh *shipper) run(ctx context.Context) error {
 			if bulkPayload(sn) >= bulkMinBytes {
 				applied, err = sh.sendBulk(sctx, addr, sn)
 				if err == nil {
-					s.metrics.shipBulk.Inc()
+					sh.h.Metrics().shipBulk.Inc()
 				}
 			} else {
 				applied, err = sh.send(sctx, cc, sn)
 			}
 			stopWatch()
-			s.metrics.shipSend.Observe(time.Since(t0).Seconds())
+			sh.h.Metrics().shipSend.Observe(time.Since(t0).Seconds())
 			if err == nil {
 				sh.recordAck(sn, addr, applied)
 			}
@@ -512,11 +512,11 @@ func (sh *shipper) run(ctx context.Context) error {
 				return nil
 			}
 			if status.Code(err) == codes.FailedPrecondition && strings.Contains(err.Error(), errNeedBase) && sh.baseFirst() {
-				s.log.Info("backup needs a full base state; shipping the applied state first", "backup", addr, "batch", sn.batch)
+				sh.h.Logger().Info("backup needs a full base state; shipping the applied state first", "backup", addr, "batch", sn.batch)
 				continue
 			}
-			s.metrics.shipRetries.Inc()
-			s.log.Info("snapshot shipment failed, resending", "batch", sn.batch, "backup", addr, "err", err, "backoff", backoff)
+			sh.h.Metrics().shipRetries.Inc()
+			sh.h.Logger().Info("snapshot shipment failed, resending", "batch", sn.batch, "backup", addr, "err", err, "backoff", backoff)
 			if !sh.backoff(ctx, backoff) {
 				return nil
 			}
@@ -533,14 +533,14 @@ func (sh *shipper) run(ctx context.Context) error {
 			sh.kept = sn
 		}
 		sh.mu.Unlock()
-		s.metrics.shipped.Inc()
+		sh.h.Metrics().shipped.Inc()
 		if sn.isDelta() {
-			s.metrics.shipBytes.Add(float64(sn.header.GetDeltaBytes()))
+			sh.h.Metrics().shipBytes.Add(float64(sn.header.GetDeltaBytes()))
 		} else {
-			s.metrics.shipBytes.Add(float64(sn.header.GetStateBytes()))
+			sh.h.Metrics().shipBytes.Add(float64(sn.header.GetStateBytes()))
 		}
-		s.metrics.snapDelivery.Observe(time.Since(sn.copiedAt).Seconds())
-		s.log.Debug("snapshot acknowledged", "batch", sn.batch, "bytes", sn.header.GetStateBytes())
+		sh.h.Metrics().snapDelivery.Observe(time.Since(sn.copiedAt).Seconds())
+		sh.h.Logger().Debug("snapshot acknowledged", "batch", sn.batch, "bytes", sn.header.GetStateBytes())
 		select {
 		case sh.acks <- sn.last:
 		case <-ctx.Done():
@@ -553,7 +553,7 @@ func (sh *shipper) run(ctx context.Context) error {
 // topology resolves the backup to another address than addr (or to none);
 // stop ends the watch and waits for it.
 func (sh *shipper) untilBackupMoves(ctx context.Context, addr string) (context.Context, func()) {
-	res := sh.s.cfg.Resolver
+	res := sh.h.Topology()
 	if res == nil {
 		return ctx, func() {}
 	}
@@ -563,8 +563,8 @@ func (sh *shipper) untilBackupMoves(ctx context.Context, addr string) (context.C
 		defer close(done)
 		for {
 			changed := res.Changed()
-			if a, _, ok := sh.s.cfg.BackupResolver.ResolveBackup(sh.s.cfg.Model); !ok || a != addr {
-				sh.s.log.Info("backup moved while a snapshot was being shipped; giving the shipment up", "backup", addr, "now", a)
+			if a, _, ok := sh.h.Backups().ResolveBackup(sh.h.Model()); !ok || a != addr {
+				sh.h.Logger().Info("backup moved while a snapshot was being shipped; giving the shipment up", "backup", addr, "now", a)
 				cancel()
 				return
 			}
@@ -582,8 +582,8 @@ func (sh *shipper) untilBackupMoves(ctx context.Context, addr string) (context.C
 // changes (a new backup is worth trying at once); false when ctx ended.
 func (sh *shipper) backoff(ctx context.Context, d time.Duration) bool {
 	var changed <-chan struct{}
-	if sh.s.cfg.Resolver != nil {
-		changed = sh.s.cfg.Resolver.Changed()
+	if sh.h.Topology() != nil {
+		changed = sh.h.Topology().Changed()
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -617,7 +617,7 @@ func (sh *shipper) send(ctx context.Context, cc *grpc.ClientConn, sn *snapshot) 
 			stateSum = xxhash.New()
 		}
 	}
-	ctx, span := sh.s.traceShip(ctx, sn) // nil when untraced (tracing.go)
+	ctx, span := traceShip(ctx, sh.h.Model(), sh.h.ID(), sn) // nil when untraced (tracing.go)
 	if span != nil {
 		defer func() { tracing.EndErr(span, err) }()
 	}
@@ -723,7 +723,7 @@ func (sh *shipper) rebase(addr string) bool {
 	if len(base) == 0 {
 		return false
 	}
-	sh.s.log.Info("backup moved; shipping the last state as its base", "backup", addr, "batch", base[0].batch,
+	sh.h.Logger().Info("backup moved; shipping the last state as its base", "backup", addr, "batch", base[0].batch,
 		"snapshots", len(base))
 	sh.queue = append(base, sh.queue...)
 	sh.sentTo = ""
@@ -763,7 +763,7 @@ func (sh *shipper) rebaseSnapshots() []*snapshot {
 	n := len(sh.unapplied)
 	if sh.kept.isDelta() || n > 0 && sh.unapplied[0].isDelta() || len(sh.appliedTail) > 0 {
 		if err := sh.foldApplied(); err != nil || sh.applied == nil {
-			sh.s.log.Error("no full base for a new backup", "err", err)
+			sh.h.Logger().Error("no full base for a new backup", "err", err)
 			return nil
 		}
 		sh.disownApplied() // it is sent, and may become kept

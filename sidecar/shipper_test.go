@@ -49,7 +49,7 @@ func snap(firstSeq uint64, batches int, pfmSeqs []uint64, rows []uint32, stateVa
 }
 
 func testShipper() *shipper {
-	return newShipper(&Sidecar{log: slog.New(slog.DiscardHandler), metrics: newMetrics(prometheus.NewRegistry(), "m")})
+	return newShipper(&sidecarHost{log: slog.New(slog.DiscardHandler), metrics: newMetrics(prometheus.NewRegistry(), "m")})
 }
 
 // Coalescing keeps the records of every covered batch in order, ships the

@@ -148,8 +148,6 @@ type Sidecar struct {
 	maxMsg     int
 	metrics    *metrics
 	serverOpts []grpc.ServerOption
-	// dialOpts are appended to every internal dial (TLS credentials).
-	dialOpts []grpc.DialOption
 	// authz decides who may call this sidecar (nil: plaintext, no
 	// identities).
 	authz *authz.Authorizer
@@ -343,7 +341,7 @@ func New(cfg Config) (*Sidecar, error) {
 		}
 		s.authz = az
 		s.serverOpts = append(append(s.serverOpts, grpcx.ServerTLS(cfg.TLS)), az.ServerOptions()...)
-		s.dialOpts = []grpc.DialOption{grpcx.DialTLS(cfg.TLS)}
+		s.host.dialOpts = []grpc.DialOption{grpcx.DialTLS(cfg.TLS)}
 	}
 	s.graph = g
 	s.idx = newLineageIndex()
@@ -359,7 +357,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.bk = newBackupState(s.host, s.epochV.Load())
 	}
 	if replicated {
-		s.ship = newShipper(s)
+		s.ship = newShipper(s.host)
 	}
 	s.metrics.watch(reg, s) // role, output log bound, durability lag (metrics.go)
 	if cfg.Resolver == nil {
@@ -393,7 +391,7 @@ func (s *Sidecar) newSenders() error {
 	for _, to := range s.succs {
 		snd, err := edge.NewSender(edge.SenderConfig{
 			From: s.cfg.Model, To: to, Resolver: s.cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: s.log,
-			Epoch: s.host.Epoch, Position: s.position, DialOptions: s.dialOpts, Now: s.now,
+			Epoch: s.host.Epoch, Position: s.position, DialOptions: s.host.dialOpts, Now: s.now,
 		})
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
@@ -599,7 +597,7 @@ func (s *Sidecar) startStage() {
 		switch {
 		case s.replicated:
 			sv.workers = append(sv.workers, namedRun{"shipper", s.ship.run})
-			if watch := s.backupWatch(); watch != nil {
+			if watch := s.ship.backupWatch(); watch != nil {
 				sv.workers = append(sv.workers, namedRun{"backup watch", watch}) // backupwatch.go
 			}
 			sv.workers = append(sv.workers, namedRun{"own durability watch", func(ctx context.Context) error {

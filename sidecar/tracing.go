@@ -153,13 +153,13 @@ func (bt *batchTrace) links() []trace.Link {
 
 // traceShip starts the snapshot.ship span of sn (nil: tracing is off or
 // sn covers no traced request) and returns ctx carrying it.
-func (s *Sidecar) traceShip(ctx context.Context, sn *snapshot) (context.Context, trace.Span) {
+func traceShip(ctx context.Context, model, id string, sn *snapshot) (context.Context, trace.Span) {
 	if len(sn.links) == 0 || !tracing.Enabled() {
 		return ctx, nil
 	}
 	parent := trace.ContextWithRemoteSpanContext(context.Background(), sn.links[0].SpanContext)
 	_, sp := tracing.Tracer().Start(parent, tracing.SpanSnapshotShip, trace.WithLinks(sn.links[1:]...), trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(tracing.AttrModel.String(s.cfg.Model), tracing.AttrInstance.String(s.cfg.ID),
+		trace.WithAttributes(tracing.AttrModel.String(model), tracing.AttrInstance.String(id),
 			tracing.AttrBatchID.Int64(int64(sn.batch)), tracing.AttrRequests.Int(len(sn.header.GetRequests())),
 			tracing.AttrStateBytes.Int64(int64(sn.header.GetStateBytes())), tracing.AttrDelta.Bool(sn.isDelta())))
 	return trace.ContextWithSpan(ctx, sp), sp

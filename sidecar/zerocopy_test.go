@@ -137,7 +137,7 @@ func TestBulkDigestNegotiation(t *testing.T) {
 		name := map[bool]string{false: "current backup", true: "backup before xxh3"}[old]
 		t.Run(name, func(t *testing.T) {
 			f := newFakeBulkBackup(t, n, old)
-			sh := &shipper{s: &Sidecar{cfg: Config{Model: "a"}}}
+			sh := &shipper{h: testHost(&Config{Model: "a"}, 0)}
 			defer func() { sh.bulk.close() }()
 			var kinds []string
 			for id := uint64(1); id <= 3; id++ {
@@ -197,7 +197,7 @@ func (c *cutConn) Write(p []byte) (int, error) {
 func TestBulkShortWriteMidRange(t *testing.T) {
 	const n = 4 << 20
 	f := newFakeBulkBackup(t, n, false)
-	sh := &shipper{s: &Sidecar{cfg: Config{Model: "a"}}}
+	sh := &shipper{h: testHost(&Config{Model: "a"}, 0)}
 	defer func() { sh.bulk.close() }()
 	dials := 0
 	sh.bulkDial = func(ctx context.Context, addr string) (net.Conn, error) {
@@ -317,7 +317,7 @@ func TestFoldInPlaceSparesHandedOutTarget(t *testing.T) {
 	base := &snapshot{batch: 1, header: &hamsv1.SnapshotHeader{BatchId: 1, StateBytes: n, StateTensors: specs},
 		state: []*hamsv1.Tensor{{Name: "a", Datatype: "UINT8", Shape: []int64{32}, Data: make([]byte, 32)},
 			{Name: "b", Datatype: "UINT8", Shape: []int64{32}, Data: make([]byte, 32)}}}
-	sh := &shipper{s: &Sidecar{cfg: Config{Model: "a"}, log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}}
+	sh := &shipper{h: &sidecarHost{cfg: &Config{Model: "a"}, log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}}
 	sh.reset(base, false)
 	want := make([]byte, n)
 	id := uint64(1)
