@@ -15,7 +15,7 @@ import (
 // still run (stopped, descheduled, cut off for longer than the suspicion
 // timeout). When it is heard from again its heartbeats do not make it
 // alive: the active manager holds it dead in the topology and asks
-// recovery (recovery.Machine.AliveAgain), which answers
+// recovery (event recovery.AliveAgain), which answers
 //   - Retire: its role was handed to another instance (or will be); it is
 //     never reused. Its heartbeats and registrations are answered NotFound
 //     with the reason, so its manager client gives up and its process
@@ -60,7 +60,7 @@ func (m *Manager) heldReturnLocked(id string) (held, first bool) {
 // declared dead.
 func (m *Manager) aliveAgain(id string) {
 	m.log.Info("component declared dead is alive again; held dead until recovery decides", "id", id)
-	ev := func(r *recovery.Machine) ([]recovery.Action, error) { return r.AliveAgain(id), nil }
+	ev := recEvent{recovery.AliveAgain{Component: id}}
 	select {
 	case m.recCh <- ev:
 	default:

@@ -41,15 +41,21 @@
 // # Recovery and the active manager
 //
 // Membership deaths (after the liveness write) and ReportFailure feed
-// Suspect events to the recovery loop, which owns the pure state machine
-// of package protocol/recovery and performs its actions: Replication RPCs
-// to sidecars (GetMaxSeq, GetLineageSummary, Promote, Rollback, Resend,
-// Demote; SyncBackup is a Demote of the new backup) with Config.RPCTimeout
-// each, StartInstance through Config.Starter, and Rewire as one CAS write
-// (roles and epochs recorded in assigned, which applyState lets win over
+// recovery.Suspected events to the recovery loop, which owns the pure
+// state machine of package protocol/recovery and drives it only through
+// Step (events in: topology changes, suspicions, returns from the dead,
+// the answers of its actions; actions out). It performs the actions of
+// each step in the order returned: Replication RPCs to sidecars
+// (GetMaxSeq, GetLineageSummary, Promote, Rollback, Resend, Demote;
+// SyncBackup is a Demote of the new backup) with Config.RPCTimeout each,
+// StartInstance through Config.Starter, and Rewire as one CAS write (roles
+// and epochs recorded in assigned, which applyState lets win over
 // registrations). The time from the first suspicion of a round to its
 // rewired topology is hams_manager_recovery_seconds. A stateless standby's
-// Promote carries its start seq in gRPC metadata StartSeqMetadata.
+// Promote carries its start seq in gRPC metadata StartSeqMetadata. An
+// event the machine refuses (a driver bug; the machine is unchanged) is
+// logged at error level and counted in
+// hams_manager_recovery_driver_errors_total.
 //
 // Several managers may share one bucket: the lease (lease.go, key
 // LeaseKey) elects one active manager; only it writes the deployment state,

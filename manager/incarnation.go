@@ -103,10 +103,7 @@ func (m *Manager) suspectNow(id, model string, role hamsv1.Role, why string) {
 	m.log.Info("recovery: suspect", "id", id, "model", model, "why", why)
 	m.emit(timeline.Event{Kind: timeline.Suspicion, Model: model, Component: id, Role: roleName(role), Detail: why})
 	t, _ := m.hub.get()
-	ev := func(r *recovery.Machine) ([]recovery.Action, error) {
-		out := r.Topology(t)
-		return append(out, r.Suspect(model, role, id)...), nil
-	}
+	ev := recEvent{recovery.TopologyChanged{Topology: t}, recovery.Suspected{Model: model, Role: role, Component: id}}
 	select {
 	case m.recCh <- ev:
 	default:
@@ -167,10 +164,7 @@ func (m *Manager) spareJoined(id string) {
 		return
 	}
 	t, _ := m.hub.get()
-	ev := func(r *recovery.Machine) ([]recovery.Action, error) {
-		out := r.Topology(t)
-		return append(out, r.SpareJoined(id)...), nil
-	}
+	ev := recEvent{recovery.TopologyChanged{Topology: t}, recovery.SpareJoined{Component: id}}
 	select {
 	case m.recCh <- ev:
 	default:

@@ -21,6 +21,9 @@ type metrics struct {
 	returned      *prometheus.CounterVec
 	restarts      prometheus.Counter
 	backupReports *prometheus.CounterVec
+	// driverErrors: events the recovery machine refused (a bug of the
+	// recovery driver, recover.go; the machine was left unchanged).
+	driverErrors prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -94,6 +97,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "hams_manager_backup_reports_total",
 			Help: "Sidecars' reports that a primary cannot ship to its backup, by outcome: replaced (the backup was retired and replaced) or refused (not the model's primary reporting its live backup).",
 		}, []string{"outcome"}),
+		driverErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hams_manager_recovery_driver_errors_total",
+			Help: "Events the recovery machine refused (a bug of the manager's recovery driver, logged at error level with the event; 0 in a healthy manager).",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.collectors()...)
@@ -103,7 +110,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
-		m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned, m.restarts, m.backupReports}
+		m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned, m.restarts, m.backupReports, m.driverErrors}
 }
 
 // MetricCollectors returns fresh, unregistered collectors of every metric

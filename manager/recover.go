@@ -16,6 +16,7 @@ import (
 
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/manager/dashboard/timeline"
+	"github.com/hams-go/hams/protocol"
 	"github.com/hams-go/hams/protocol/recovery"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -67,9 +68,10 @@ type assignment struct {
 	epoch uint64
 }
 
-// recEvent is one input for the recovery state machine, run on the
-// recovery loop's goroutine.
-type recEvent func(*recovery.Machine) ([]recovery.Action, error)
+// recEvent is one input of the recovery loop: events of the recovery
+// machine, stepped in order and back to back on the loop's goroutine (a
+// suspicion with the topology it must see first).
+type recEvent []protocol.Event
 
 // suspect posts a suspicion of component id to the recovery loop (only
 // the active manager recovers).
@@ -79,9 +81,7 @@ func (m *Manager) suspect(id, model string, role hamsv1.Role, why string) {
 	}
 	m.log.Info("recovery: suspect", "id", id, "model", model, "why", why)
 	m.emit(timeline.Event{Kind: timeline.Suspicion, Model: model, Component: id, Role: roleName(role), Detail: why})
-	ev := func(r *recovery.Machine) ([]recovery.Action, error) {
-		return r.Suspect(model, role, id), nil
-	}
+	ev := recEvent{recovery.Suspected{Model: model, Role: role, Component: id}}
 	select {
 	case m.recCh <- ev:
 	default:
@@ -89,15 +89,16 @@ func (m *Manager) suspect(id, model string, role hamsv1.Role, why string) {
 	}
 }
 
-// recoveryLoop owns the recovery state machine: it feeds it topology
-// changes, suspicions and the answers of its actions, and performs the
-// actions (RPCs in their own goroutines, waited for before it returns).
+// recoveryLoop owns the recovery state machine: it steps it with
+// topology changes, suspicions and the answers of its actions (events
+// in), and performs the actions each step returns, in order (RPCs in
+// their own goroutines, waited for before it returns).
 func (m *Manager) recoveryLoop(ctx context.Context) error {
 	rec, err := recovery.New(recovery.Config{Graph: recovery.NewGraph(m.cfg.Deployment), Replay: m.cfg.Deployment.RunMode().Replays()})
 	if err != nil {
 		return err
 	}
-	d := &driver{m: m, ctx: ctx, conns: map[string]*grpc.ClientConn{}}
+	d := &driver{m: m, rec: rec, ctx: ctx, conns: map[string]*grpc.ClientConn{}}
 	defer func() {
 		d.wg.Wait()
 		for _, cc := range d.conns {
@@ -105,33 +106,49 @@ func (m *Manager) recoveryLoop(ctx context.Context) error {
 		}
 	}()
 	t, changed := m.hub.get()
-	d.perform(rec.Topology(t))
+	d.step(recovery.TopologyChanged{Topology: t})
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
 			t, changed = m.hub.get()
-			d.perform(rec.Topology(t))
-		case ev := <-m.recCh:
+			d.step(recovery.TopologyChanged{Topology: t})
+		case evs := <-m.recCh:
 			if rec.Idle() {
 				d.roundStart = time.Now()
 			}
-			acts, err := ev(rec)
-			if err != nil {
-				m.log.Debug("recovery: stale answer", "err", err)
+			for _, ev := range evs {
+				d.step(ev)
 			}
-			d.perform(acts)
 		}
 	}
 }
 
 type driver struct {
 	m          *Manager
+	rec        protocol.Machine
 	ctx        context.Context
 	wg         sync.WaitGroup
 	conns      map[string]*grpc.ClientConn
 	roundStart time.Time
+}
+
+// step feeds one event to the recovery machine and performs the actions
+// it returns, in order. An error from Step is a bug of this driver (an
+// event the machine does not handle, or an answer to an action it does
+// not wait for: every action is answered exactly once): the machine is
+// unchanged, so step logs it at error level with the event and counts it
+// in hams_manager_recovery_driver_errors_total; it never panics, and the
+// loop goes on with the next event.
+func (d *driver) step(ev protocol.Event) {
+	acts, err := d.rec.Step(ev)
+	if err != nil {
+		d.m.metrics.driverErrors.Inc()
+		d.m.log.Error("recovery driver bug: the recovery machine refused an event", "event", ev.String(), "err", err)
+		return
+	}
+	d.perform(protocol.Select[recovery.Action](acts))
 }
 
 func (d *driver) conn(addr string) (hamsv1.ReplicationClient, error) {
@@ -152,15 +169,16 @@ func (d *driver) conn(addr string) (hamsv1.ReplicationClient, error) {
 }
 
 // post hands an answer back to the loop.
-func (d *driver) post(ev recEvent) {
+func (d *driver) post(ev protocol.Event) {
 	select {
-	case d.m.recCh <- ev:
+	case d.m.recCh <- recEvent{ev}:
 	case <-d.ctx.Done():
 	}
 }
 
-// async runs f in a goroutine with a per-call timeout and posts its result.
-func (d *driver) async(timeout time.Duration, f func(ctx context.Context) recEvent) {
+// async runs f in a goroutine with a per-call timeout and posts its
+// result (the event that answers the action f performs).
+func (d *driver) async(timeout time.Duration, f func(ctx context.Context) protocol.Event) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -171,8 +189,8 @@ func (d *driver) async(timeout time.Duration, f func(ctx context.Context) recEve
 	}()
 }
 
-func done(id recovery.ActionID, err error) recEvent {
-	return func(r *recovery.Machine) ([]recovery.Action, error) { return r.ActionDone(id, err) }
+func done(id recovery.ActionID, err error) protocol.Event {
+	return recovery.ActionDone{ID: id, Err: err}
 }
 
 func (d *driver) perform(acts []recovery.Action) {
@@ -225,7 +243,7 @@ func (d *driver) perform(acts []recovery.Action) {
 		if a.Address != "" {
 			var err error
 			if cl, err = d.conn(a.Address); err != nil {
-				d.async(to, func(context.Context) recEvent { return failed(a, err) })
+				d.async(to, func(context.Context) protocol.Event { return failed(a, err) })
 				continue
 			}
 		} else if a.Kind != recovery.StartInstance && a.Kind != recovery.Rewire {
@@ -233,26 +251,26 @@ func (d *driver) perform(acts []recovery.Action) {
 			// address (a model server's) cannot be performed: fail it
 			// so the machine treats the target as unreachable.
 			err := fmt.Errorf("%w: %s has no sidecar address", ErrNoAddress, a.String())
-			d.async(to, func(context.Context) recEvent { return failed(a, err) })
+			d.async(to, func(context.Context) protocol.Event { return failed(a, err) })
 			continue
 		}
 		switch a.Kind {
 		case recovery.GetMaxSeq:
-			d.async(to, func(ctx context.Context) recEvent {
+			d.async(to, func(ctx context.Context) protocol.Event {
 				resp, err := cl.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: a.Model})
 				if err != nil {
 					return failed(a, err)
 				}
-				return func(r *recovery.Machine) ([]recovery.Action, error) { return r.MaxSeq(a.ID, resp.GetMaxSeq()) }
+				return recovery.MaxSeqAnswered{ID: a.ID, MaxSeq: resp.GetMaxSeq()}
 			})
 		case recovery.GetLineageSummary:
-			d.async(to, func(ctx context.Context) recEvent {
+			d.async(to, func(ctx context.Context) protocol.Event {
 				resp, err := cl.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{FailedModel: a.FailedModel, FailedMaxSeq: a.FailedMaxSeq})
 				if err != nil {
 					return failed(a, err)
 				}
 				s := recovery.Summary{MaxOut: resp.GetMaxOutSeq(), MaxIn: resp.GetMaxInByPred(), ConsumedBeyond: resp.GetConsumedBeyond()}
-				return func(r *recovery.Machine) ([]recovery.Action, error) { return r.LineageSummary(a.ID, s) }
+				return recovery.SummaryAnswered{ID: a.ID, Summary: s}
 			})
 		case recovery.Promote:
 			pto := to
@@ -262,7 +280,7 @@ func (d *driver) perform(acts []recovery.Action) {
 			if a.ReplayAfter != nil {
 				pto = max(to, ReplayPromoteTimeout)
 			}
-			d.async(pto, func(ctx context.Context) recEvent {
+			d.async(pto, func(ctx context.Context) protocol.Event {
 				t0 := time.Now()
 				if !d.m.cfg.Deployment.Model(a.Model).Stateful {
 					ctx = metadata.AppendToOutgoingContext(ctx, StartSeqMetadata, strconv.FormatUint(a.StartSeq, 10))
@@ -275,12 +293,12 @@ func (d *driver) perform(acts []recovery.Action) {
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.Rollback:
-			d.async(max(to, StateOrderTimeout), func(ctx context.Context) recEvent {
+			d.async(max(to, StateOrderTimeout), func(ctx context.Context) protocol.Event {
 				_, err := cl.Rollback(ctx, &hamsv1.RollbackRequest{Model: a.Model, Epoch: a.Epoch})
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.Resend:
-			d.async(to, func(ctx context.Context) recEvent {
+			d.async(to, func(ctx context.Context) protocol.Event {
 				_, err := cl.Resend(ctx, &hamsv1.ResendRequest{ToModel: a.ToModel, ToAddress: a.ToAddress, AfterEdgeSeq: a.After, Epoch: a.Epoch})
 				if err != nil {
 					m.log.Warn("recovery: resend failed", "action", a.String(), "err", err)
@@ -288,14 +306,14 @@ func (d *driver) perform(acts []recovery.Action) {
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.Demote, recovery.SyncBackup:
-			d.async(to, func(ctx context.Context) recEvent {
+			d.async(to, func(ctx context.Context) protocol.Event {
 				t0 := time.Now()
 				_, err := cl.Demote(ctx, &hamsv1.DemoteRequest{Model: a.Model, Epoch: a.Epoch, PrimaryAddress: a.PrimaryAddress})
 				m.emitDone(a, t0, err)
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.StartInstance:
-			d.async(30*time.Second, func(ctx context.Context) recEvent {
+			d.async(30*time.Second, func(ctx context.Context) protocol.Event {
 				if m.cfg.Starter == nil {
 					return done(a.ID, ErrNoStarter)
 				}
@@ -308,21 +326,23 @@ func (d *driver) perform(acts []recovery.Action) {
 				return done(a.ID, wrap(a, err))
 			})
 		case recovery.Rewire:
-			d.async(10*time.Second, func(ctx context.Context) recEvent {
+			d.async(10*time.Second, func(ctx context.Context) protocol.Event {
 				return done(a.ID, wrap(a, m.rewire(ctx, a.Changes)))
 			})
 		default:
-			d.async(to, func(context.Context) recEvent {
+			d.async(to, func(context.Context) protocol.Event {
 				return done(a.ID, fmt.Errorf("manager: unknown recovery action %v", a))
 			})
 		}
 	}
 }
 
-func failed(a recovery.Action, err error) recEvent {
+// failed is the event that answers action a, which could not be
+// performed (err): QueryFailed for a query, ActionDone with err otherwise.
+func failed(a recovery.Action, err error) protocol.Event {
 	err = wrap(a, err)
 	if a.Kind == recovery.GetMaxSeq || a.Kind == recovery.GetLineageSummary {
-		return func(r *recovery.Machine) ([]recovery.Action, error) { return r.QueryFailed(a.ID, err) }
+		return recovery.QueryFailed{ID: a.ID, Err: err}
 	}
 	return done(a.ID, err)
 }
