@@ -7,15 +7,16 @@ import (
 )
 
 // ActionID names one action; the driver reports its outcome with the same
-// id (MaxSeq, LineageSummary, QueryFailed or ActionDone).
+// id (event MaxSeqAnswered, SummaryAnswered, QueryFailed or ActionDone).
 type ActionID uint64
 
 // Kind of an action.
 type Kind int
 
 // Action kinds. Queries (GetMaxSeq, GetLineageSummary) are answered with
-// MaxSeq / LineageSummary or QueryFailed; Recovered and Unrecoverable are
-// notices (no answer expected); every other kind is answered ActionDone.
+// MaxSeqAnswered / SummaryAnswered or QueryFailed; Recovered and
+// Unrecoverable are notices (no answer expected); every other kind is
+// answered ActionDone.
 const (
 	GetMaxSeq Kind = iota + 1
 	GetLineageSummary

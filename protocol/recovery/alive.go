@@ -7,12 +7,13 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-// AliveAgain reports that component, which the driver's membership
-// declared dead, was heard from again (a heartbeat or a registration after
-// a false suspicion: the process was stopped, descheduled or cut off for
-// longer than the suspicion timeout). The driver keeps it dead in the
-// topology until the answer: exactly one decision action, Readmit or
-// Retire (docs/recovery.md, "False suspicion").
+// onAliveAgain handles AliveAgain: component, which the driver's
+// membership declared dead, was heard from again (a heartbeat or a
+// registration after a false suspicion: the process was stopped,
+// descheduled or cut off for longer than the suspicion timeout). The
+// driver keeps it dead in the topology until the answer: exactly one
+// decision action, Readmit or Retire (docs/recovery.md, "False
+// suspicion").
 //
 // The rule: an instance whose role was handed to another instance, or will
 // be (its death is being, or was, recovered), is never reused: Retire (its
@@ -23,7 +24,7 @@ import (
 // suspicion of it is dropped. While a round recovers the component or its
 // model, the decision waits for the round's end (nil now; the decision
 // comes with the actions that end the round).
-func (m *Machine) AliveAgain(component string) []Action {
+func (m *Machine) onAliveAgain(component string) []Action {
 	p := m.placement(component)
 	if p == nil {
 		return []Action{{Kind: Retire, Component: component, Reason: "not in the topology"}}
@@ -71,7 +72,7 @@ func (m *Machine) AliveAgain(component string) []Action {
 // restoreBackup starts a new backup of stateful model when nothing else
 // will: no round is running, the model has a live primary (prim, being
 // readmitted, counts) and no live backup, and no new backup is awaited.
-// The new backup is synced when it shows up (Topology).
+// The new backup is synced when it shows up (onTopologyChanged).
 func (m *Machine) restoreBackup(model string, prim *hamsv1.Placement) []Action {
 	if m.r != nil || m.cfg.Replay || !m.g.Stateful(model) || m.awaitSync[model] != nil || m.liveBackup(model) != nil {
 		return nil

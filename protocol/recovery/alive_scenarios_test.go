@@ -188,7 +188,7 @@ func TestFalseSuspicionQueuedSuspicionDropped(t *testing.T) {
 	// Answer the source query: the round commits (Promote pending).
 	a := tr.pending[0]
 	tr.pending = tr.pending[1:]
-	tr.feed("#1 summary max_out=10", tr.must(tr.m.LineageSummary(a.ID, Summary{MaxOut: 10, MaxIn: map[string]uint64{"m": 10}})))
+	tr.feed("#1 summary max_out=10", tr.must(tr.m.onSummaryAnswered(a.ID, Summary{MaxOut: 10, MaxIn: map[string]uint64{"m": 10}})))
 	tr.dies("m/p")
 	tr.returns("m/p")
 	tr.settle()

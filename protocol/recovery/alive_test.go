@@ -45,7 +45,7 @@ func newTranscript(t *testing.T) *transcript {
 		tr.topo.Placements = append(tr.topo.Placements, &hamsv1.Placement{ComponentId: p.id, Model: p.id[:1], Role: p.role,
 			SidecarAddress: p.id + ":1", Epoch: 1, Alive: true})
 	}
-	tr.feed("topology", tr.m.Topology(proto.Clone(tr.topo).(*hamsv1.Topology)))
+	tr.feed("topology", tr.m.onTopologyChanged(proto.Clone(tr.topo).(*hamsv1.Topology)))
 	tr.lines = nil
 	return tr
 }
@@ -82,7 +82,7 @@ func (tr *transcript) must(acts []Action, err error) []Action {
 
 func (tr *transcript) topology(why string) {
 	tr.topo.Revision++
-	tr.feed("topology: "+why, tr.m.Topology(proto.Clone(tr.topo).(*hamsv1.Topology)))
+	tr.feed("topology: "+why, tr.m.onTopologyChanged(proto.Clone(tr.topo).(*hamsv1.Topology)))
 }
 
 // dies: membership declared id dead (topology) and suspects it.
@@ -90,12 +90,12 @@ func (tr *transcript) dies(id string) {
 	p := tr.pl(id)
 	p.Alive = false
 	tr.topology(id + " dead")
-	tr.feed("suspect "+id, tr.m.Suspect(p.Model, p.Role, id))
+	tr.feed("suspect "+id, tr.m.onSuspected(p.Model, p.Role, id))
 }
 
 // returns: id is heard from again (the driver holds it dead).
 func (tr *transcript) returns(id string) []Action {
-	acts := tr.m.AliveAgain(id)
+	acts := tr.m.onAliveAgain(id)
 	tr.feed("alive again "+id, acts)
 	for _, a := range acts {
 		if a.Kind == Readmit {
@@ -121,21 +121,21 @@ func (tr *transcript) settle() {
 		}
 		switch a.Kind {
 		case GetMaxSeq:
-			tr.feed(fmt.Sprintf("#%d max_seq 10", a.ID), tr.must(tr.m.MaxSeq(a.ID, 10)))
+			tr.feed(fmt.Sprintf("#%d max_seq 10", a.ID), tr.must(tr.m.onMaxSeqAnswered(a.ID, 10)))
 		case GetLineageSummary:
 			if err != nil {
-				tr.feed(fmt.Sprintf("#%d failed", a.ID), tr.must(tr.m.QueryFailed(a.ID, err)))
+				tr.feed(fmt.Sprintf("#%d failed", a.ID), tr.must(tr.m.onQueryFailed(a.ID, err)))
 				continue
 			}
 			s := Summary{MaxOut: 10, MaxIn: map[string]uint64{config.Frontend: 10, "m": 10}}
-			tr.feed(fmt.Sprintf("#%d summary max_out=10", a.ID), tr.must(tr.m.LineageSummary(a.ID, s)))
+			tr.feed(fmt.Sprintf("#%d summary max_out=10", a.ID), tr.must(tr.m.onSummaryAnswered(a.ID, s)))
 		case Rewire:
 			for _, c := range a.Changes {
 				p := tr.pl(c.Component)
 				p.Role, p.Epoch = c.Role, c.Epoch
 			}
 			tr.topology("rewired")
-			tr.feed(fmt.Sprintf("#%d done", a.ID), tr.must(tr.m.ActionDone(a.ID, nil)))
+			tr.feed(fmt.Sprintf("#%d done", a.ID), tr.must(tr.m.onActionDone(a.ID, nil)))
 		case StartInstance:
 			if err == nil {
 				tr.started++
@@ -150,9 +150,9 @@ func (tr *transcript) settle() {
 					SidecarAddress: id + ":1", Epoch: ep, Alive: true})
 				tr.topology(fmt.Sprintf("+%s %s", id, a.Role))
 			}
-			tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.ActionDone(a.ID, err)))
+			tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.onActionDone(a.ID, err)))
 		default:
-			tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.ActionDone(a.ID, err)))
+			tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.onActionDone(a.ID, err)))
 		}
 	}
 	if !tr.m.Idle() {

@@ -2,18 +2,18 @@ package recovery
 
 import hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 
-// SpareJoined reports that component joined as a live STANDBY (a spare
-// backup of a stateful model: a restarted process admitted fresh, or a
-// new spare). When its model has a live primary and no live backup, and
+// onSpareJoined handles SpareJoined: component joined as a live STANDBY
+// (a spare backup of a stateful model: a restarted process admitted
+// fresh, or a new spare). When its model has a live primary and no live backup, and
 // no round runs, a round restores redundancy at once the way a lost
 // backup's round does (finish: the spare is rewired to BACKUP at the
 // primary's epoch, then synced from the primary, whose state overwrites
 // whatever it held). Otherwise nothing: a running round restores
 // redundancy itself, and a model with a backup needs none.
 //
-// The driver calls it only where no new backup was asked of an instance
+// The driver steps SpareJoined only where no new backup was asked of an instance
 // starter that may still come up (two new backups would both be synced).
-func (m *Machine) SpareJoined(component string) []Action {
+func (m *Machine) onSpareJoined(component string) []Action {
 	p := m.placement(component)
 	if p == nil || !p.GetAlive() || p.GetRole() != hamsv1.Role_ROLE_STANDBY || m.r != nil || m.cfg.Replay {
 		return nil

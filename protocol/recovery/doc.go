@@ -1,7 +1,7 @@
 // Package recovery is the manager's failover logic (HAMS paper IV-C, IV-E)
 // as a pure state machine in the vocabulary of package protocol: no
 // goroutines, sockets or clocks. The driver (package manager) feeds it
-// events through Step (or the direct method of the same name) and
+// events through Step (its only entry point: events in, actions out) and
 // performs the Actions it returns, in order; tests drive it from a
 // simulated service graph, and the transcripts under protocol/testdata
 // (failover.txt, correlated.txt) replay the paper's failovers.

@@ -125,7 +125,7 @@ type round struct {
 }
 
 // Machine is the recovery state machine (see doc.go). Not safe for
-// concurrent use; the driver serialises calls.
+// concurrent use; the driver serialises Steps.
 type Machine struct {
 	cfg    Config
 	g      *Graph
@@ -198,9 +198,10 @@ func (m *Machine) Consumed() []string {
 	return sortedKeys(m.r.consumed)
 }
 
-// Topology installs the newest deployment state. New instances started for
+// onTopologyChanged handles TopologyChanged: it installs the newest
+// deployment state. New instances started for
 // recovery are found here.
-func (m *Machine) Topology(t *hamsv1.Topology) []Action {
+func (m *Machine) onTopologyChanged(t *hamsv1.Topology) []Action {
 	if t == nil {
 		return nil
 	}
@@ -257,10 +258,10 @@ func (m *Machine) Topology(t *hamsv1.Topology) []Action {
 	return out
 }
 
-// Suspect starts (or extends) recovery for component, an instance of model
+// onSuspected handles Suspected: it starts (or extends) recovery for component, an instance of model
 // in role. The topology's view of the component wins over model/role when
 // it knows the component.
-func (m *Machine) Suspect(model string, role hamsv1.Role, component string) []Action {
+func (m *Machine) onSuspected(model string, role hamsv1.Role, component string) []Action {
 	s := suspicion{model: model, component: component, role: role}
 	if p := m.placement(component); p != nil {
 		s.model, s.role = p.GetModel(), p.GetRole()
@@ -499,8 +500,8 @@ func (m *Machine) notice(model, reason string) Action {
 	return Action{Kind: Unrecoverable, Model: model, Reason: reason}
 }
 
-// MaxSeq answers a GetMaxSeq.
-func (m *Machine) MaxSeq(id ActionID, maxSeq uint64) ([]Action, error) {
+// onMaxSeqAnswered handles MaxSeqAnswered, the answer to a GetMaxSeq.
+func (m *Machine) onMaxSeqAnswered(id ActionID, maxSeq uint64) ([]Action, error) {
 	_, tk, err := m.answer(id, GetMaxSeq)
 	if err != nil {
 		return nil, err
@@ -528,8 +529,9 @@ func (m *Machine) MaxSeq(id ActionID, maxSeq uint64) ([]Action, error) {
 	return append(out, m.maybeCommit()...), nil
 }
 
-// LineageSummary answers a GetLineageSummary.
-func (m *Machine) LineageSummary(id ActionID, s Summary) ([]Action, error) {
+// onSummaryAnswered handles SummaryAnswered, the answer to a
+// GetLineageSummary.
+func (m *Machine) onSummaryAnswered(id ActionID, s Summary) ([]Action, error) {
 	q, tk, err := m.answer(id, GetLineageSummary)
 	if err != nil {
 		return nil, err
@@ -564,9 +566,9 @@ func (m *Machine) LineageSummary(id ActionID, s Summary) ([]Action, error) {
 	return append(out, m.progress()...), nil
 }
 
-// QueryFailed reports that a query could not be answered (timeout,
+// onQueryFailed handles QueryFailed: a query could not be answered (timeout,
 // connection refused): it is retried, then its target is deemed dead.
-func (m *Machine) QueryFailed(id ActionID, cause error) ([]Action, error) {
+func (m *Machine) onQueryFailed(id ActionID, cause error) ([]Action, error) {
 	if m.r == nil {
 		return nil, fmt.Errorf("%w: #%d", ErrUnknownAction, id)
 	}
@@ -644,8 +646,8 @@ func (m *Machine) answer(id ActionID, k Kind) (*query, *task, error) {
 	return q, tk, nil
 }
 
-// ActionDone reports the outcome of a non-query action.
-func (m *Machine) ActionDone(id ActionID, err error) ([]Action, error) {
+// onActionDone handles ActionDone, the outcome of a non-query action.
+func (m *Machine) onActionDone(id ActionID, err error) ([]Action, error) {
 	if model, ok := m.syncing[id]; ok {
 		delete(m.syncing, id)
 		if err != nil {
@@ -1116,14 +1118,14 @@ func (m *Machine) endRound() []Action {
 	ret := m.returning
 	m.returning = nil
 	for _, id := range ret {
-		out = append(out, m.AliveAgain(id)...)
+		out = append(out, m.onAliveAgain(id)...)
 	}
 	q := m.queued
 	m.queued = nil
 	for _, s := range q {
 		// Drop suspicions of components the topology shows alive again in
 		// a role that needs no recovery (a standby made of an old active).
-		out = append(out, m.Suspect(s.model, s.role, s.component)...)
+		out = append(out, m.onSuspected(s.model, s.role, s.component)...)
 	}
 	return out
 }

@@ -161,7 +161,7 @@ func (s *sim) at(d int, f func()) {
 
 func (s *sim) feedTopo() {
 	s.topo.Revision++
-	s.handle(s.m.Topology(proto.Clone(s.topo).(*hamsv1.Topology)), nil)
+	s.handle(s.m.onTopologyChanged(proto.Clone(s.topo).(*hamsv1.Topology)), nil)
 }
 
 func (s *sim) pl(id string) *hamsv1.Placement {
@@ -180,7 +180,7 @@ func (s *sim) kill(id string) {
 	p.Alive = false
 	s.logf("kill %s", id)
 	s.feedTopo()
-	s.handle(s.m.Suspect(p.Model, p.Role, id), nil)
+	s.handle(s.m.onSuspected(p.Model, p.Role, id), nil)
 }
 
 func (s *sim) handle(acts []Action, err error) {
@@ -256,7 +256,7 @@ func (s *sim) do(a Action) {
 			s.fail("%v in replay mode: a spare has no applied state to ask about", a)
 		}
 		if !s.reachable(a) || s.rng.Float64() < s.dropP {
-			s.at(delay+20, func() { s.handle(s.m.QueryFailed(a.ID, errors.New("timeout"))) })
+			s.at(delay+20, func() { s.handle(s.m.onQueryFailed(a.ID, errors.New("timeout"))) })
 			return
 		}
 		p := s.pl(a.Component)
@@ -265,7 +265,7 @@ func (s *sim) do(a Action) {
 				s.fail("GetMaxSeq sent to %s in role %s", a.Component, p.Role)
 			}
 			v := s.durable[a.Model]
-			s.at(delay, func() { s.handle(s.m.MaxSeq(a.ID, v)) })
+			s.at(delay, func() { s.handle(s.m.onMaxSeqAnswered(a.ID, v)) })
 			return
 		}
 		var sum Summary
@@ -287,7 +287,7 @@ func (s *sim) do(a Action) {
 			sum = s.summaryAt(a.FailedModel, v)
 			sum.ConsumedBeyond = a.FailedMaxSeq < s.exec[a.Model] && p.Role == hamsv1.Role_ROLE_PRIMARY
 		}
-		s.at(delay, func() { s.handle(s.m.LineageSummary(a.ID, sum)) })
+		s.at(delay, func() { s.handle(s.m.onSummaryAnswered(a.ID, sum)) })
 	case Promote, Rollback:
 		p := s.pl(a.Component)
 		var err error
@@ -323,7 +323,7 @@ func (s *sim) do(a Action) {
 				s.exec[a.Model] = s.durable[a.Model]
 			}
 		}
-		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, err)) })
+		s.at(delay, func() { s.handle(s.m.onActionDone(a.ID, err)) })
 	case Rewire:
 		for _, c := range a.Changes {
 			p := s.pl(c.Component)
@@ -332,7 +332,7 @@ func (s *sim) do(a Action) {
 		s.checkPrimaries()
 		s.at(delay, func() {
 			s.feedTopo()
-			s.handle(s.m.ActionDone(a.ID, nil))
+			s.handle(s.m.onActionDone(a.ID, nil))
 		})
 	case Resend:
 		s.resends = append(s.resends, a)
@@ -340,7 +340,7 @@ func (s *sim) do(a Action) {
 		if a.Component != "" && s.dead[a.Component] {
 			err = errors.New("unavailable")
 		}
-		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, err)) })
+		s.at(delay, func() { s.handle(s.m.onActionDone(a.ID, err)) })
 	case Demote, SyncBackup:
 		if s.replay && a.Kind == SyncBackup {
 			s.fail("%v in replay mode: a spare has nothing to sync", a)
@@ -351,12 +351,12 @@ func (s *sim) do(a Action) {
 		} else if p := s.pl(a.Component); p.Role != hamsv1.Role_ROLE_BACKUP {
 			s.fail("%v: target is %s", a, p.Role)
 		}
-		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, err)) })
+		s.at(delay, func() { s.handle(s.m.onActionDone(a.ID, err)) })
 	case StartInstance:
 		s.started++
 		s.startedRole[a.Role]++
 		id := fmt.Sprintf("%s/new%d", a.Model, s.started)
-		s.at(delay, func() { s.handle(s.m.ActionDone(a.ID, nil)) })
+		s.at(delay, func() { s.handle(s.m.onActionDone(a.ID, nil)) })
 		// The new instance's model server registers first, without a
 		// sidecar address; its sidecar follows.
 		s.at(delay+2, func() {
@@ -584,7 +584,7 @@ func runScenario(t *testing.T, sc scenario, seed uint64) {
 		p := s.pl(id)
 		// A failure report from a peer: the component is alive to
 		// membership but does not answer.
-		s.handle(s.m.Suspect(p.Model, p.Role, id), nil)
+		s.handle(s.m.onSuspected(p.Model, p.Role, id), nil)
 	}
 	for _, id := range sc.kill {
 		s.kill(id)
@@ -658,22 +658,22 @@ func TestMachineBadInput(t *testing.T) {
 		t.Fatal("New without a graph succeeded")
 	}
 	m, _ := New(Config{Graph: NewGraphFromEdges(simStateful, simEdges)})
-	if _, err := m.MaxSeq(7, 1); !errors.Is(err, ErrUnknownAction) {
+	if _, err := m.onMaxSeqAnswered(7, 1); !errors.Is(err, ErrUnknownAction) {
 		t.Fatalf("MaxSeq(unknown) = %v", err)
 	}
-	if _, err := m.LineageSummary(7, Summary{}); !errors.Is(err, ErrUnknownAction) {
+	if _, err := m.onSummaryAnswered(7, Summary{}); !errors.Is(err, ErrUnknownAction) {
 		t.Fatalf("LineageSummary(unknown) = %v", err)
 	}
-	if _, err := m.QueryFailed(7, errors.New("x")); !errors.Is(err, ErrUnknownAction) {
+	if _, err := m.onQueryFailed(7, errors.New("x")); !errors.Is(err, ErrUnknownAction) {
 		t.Fatalf("QueryFailed(unknown) = %v", err)
 	}
-	if _, err := m.ActionDone(7, nil); !errors.Is(err, ErrUnknownAction) {
+	if _, err := m.onActionDone(7, nil); !errors.Is(err, ErrUnknownAction) {
 		t.Fatalf("ActionDone(unknown) = %v", err)
 	}
-	if acts := m.Suspect("nope", hamsv1.Role_ROLE_PRIMARY, "nope/p"); len(acts) != 0 || !m.Idle() {
+	if acts := m.onSuspected("nope", hamsv1.Role_ROLE_PRIMARY, "nope/p"); len(acts) != 0 || !m.Idle() {
 		t.Fatalf("suspicion of an unknown model: %v", acts)
 	}
-	if acts := m.Topology(nil); acts != nil {
+	if acts := m.onTopologyChanged(nil); acts != nil {
 		t.Fatal("nil topology produced actions")
 	}
 	if Kind(99).String() != "Kind(99)" || Promote.String() != "Promote" || !Recovered.Notice() {

@@ -14,10 +14,10 @@ import (
 // MaxSeqAnswered, SummaryAnswered or QueryFailed with the action's ID;
 // every other action that is not a notice (Kind.Notice) by ActionDone.
 type (
-	// TopologyChanged: the newest deployment state (Machine.Topology).
+	// TopologyChanged: the newest deployment state.
 	TopologyChanged struct{ Topology *hamsv1.Topology }
 	// Suspected: Component, an instance of Model in Role, is suspected to
-	// have failed (an RPC timeout, a missed heartbeat; Machine.Suspect).
+	// have failed (an RPC timeout, a missed heartbeat).
 	Suspected struct {
 		Model     string
 		Role      hamsv1.Role
@@ -47,10 +47,10 @@ type (
 		Err error
 	}
 	// AliveAgain: Component, declared dead by membership, was heard from
-	// again (Machine.AliveAgain; answered by one Readmit or Retire).
+	// again (answered by one Readmit or Retire; alive.go).
 	AliveAgain struct{ Component string }
 	// SpareJoined: Component joined as a live spare (STANDBY) of a
-	// stateful model (Machine.SpareJoined; backupreplace.go).
+	// stateful model (backupreplace.go).
 	SpareJoined struct{ Component string }
 )
 
@@ -109,35 +109,36 @@ var _ protocol.Machine = (*Machine)(nil)
 var errNoAnswer = errors.New("recovery: no answer")
 
 // Step feeds one event to the machine and returns the actions (each a
-// recovery.Action) to perform in order. It is the same as the direct
-// method the event names (Topology, Suspect, MaxSeq, LineageSummary,
-// QueryFailed, ActionDone, AliveAgain, SpareJoined); an answer to an action the machine
-// does not wait for is an error wrapping ErrUnknownAction and
-// protocol.ErrOutOfOrder.
+// recovery.Action) to perform in order; it is the machine's only entry
+// point (each event has its handler, on plus the event's name). An answer
+// to an action the machine does not wait for is an error wrapping
+// ErrUnknownAction and protocol.ErrOutOfOrder; an event of another
+// machine one wrapping protocol.ErrUnknownEvent. Either leaves the
+// machine unchanged.
 func (m *Machine) Step(ev protocol.Event) ([]protocol.Action, error) {
 	var acts []Action
 	var err error
 	switch e := ev.(type) {
 	case TopologyChanged:
-		acts = m.Topology(e.Topology)
+		acts = m.onTopologyChanged(e.Topology)
 	case Suspected:
-		acts = m.Suspect(e.Model, e.Role, e.Component)
+		acts = m.onSuspected(e.Model, e.Role, e.Component)
 	case MaxSeqAnswered:
-		acts, err = m.MaxSeq(e.ID, e.MaxSeq)
+		acts, err = m.onMaxSeqAnswered(e.ID, e.MaxSeq)
 	case SummaryAnswered:
-		acts, err = m.LineageSummary(e.ID, e.Summary)
+		acts, err = m.onSummaryAnswered(e.ID, e.Summary)
 	case QueryFailed:
 		cause := e.Err
 		if cause == nil {
 			cause = errNoAnswer
 		}
-		acts, err = m.QueryFailed(e.ID, cause)
+		acts, err = m.onQueryFailed(e.ID, cause)
 	case ActionDone:
-		acts, err = m.ActionDone(e.ID, e.Err)
+		acts, err = m.onActionDone(e.ID, e.Err)
 	case AliveAgain:
-		acts = m.AliveAgain(e.Component)
+		acts = m.onAliveAgain(e.Component)
 	case SpareJoined:
-		acts = m.SpareJoined(e.Component)
+		acts = m.onSpareJoined(e.Component)
 	default:
 		return nil, protocol.UnknownEvent("recovery.Machine", ev)
 	}
