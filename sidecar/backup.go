@@ -278,6 +278,49 @@ func (b *backupState) durable(n *hamsv1.DurabilityNotice) {
 	b.push(b.alg.Durable(n.GetModel(), n.GetDurableSeq()))
 }
 
+// handover is what a promotion takes of a backup whose stage stopped: the
+// last snapshot applied, the seq and batch it covers, the state (cur,
+// specs; the new primary's base owns it from then on) and its audit
+// marks, and how many snapshots were still pending (dropped).
+type handover struct {
+	last       *received
+	seq, batch uint64
+	pending    int
+	cur        []byte
+	specs      []*hamsv1.TensorSpec
+	marks      [][]byte
+}
+
+// handover writes the applied state to the model server first (flush,
+// bounded by ctx: the new primary computes on it), then returns it.
+func (b *backupState) handover(ctx context.Context) (handover, error) {
+	if err := b.flush(ctx); err != nil {
+		return handover{}, err
+	}
+	b.mu.Lock()
+	ho := handover{last: b.last, seq: b.doneSeq, batch: b.doneBatch, pending: len(b.snaps), cur: b.cur, specs: b.curSpecs}
+	b.mu.Unlock()
+	// The audit hash of cur (its apply goroutine is stopped): a new
+	// backup that audits resumes from its marks instead of hashing the
+	// whole base again (~46 ms for 64 MiB on the failover path).
+	if b.curHash != nil && len(ho.cur) > 0 {
+		ho.marks = b.curHash.Marks(ho.cur)
+	}
+	return ho, nil
+}
+
+// resync makes the next full snapshot of epoch (or a later one) the
+// backup's new base, whatever it applied before (Demote of a backup:
+// SyncBackup, replication.go).
+func (b *backupState) resync(epoch uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if epoch > b.epoch {
+		b.epoch = epoch
+	}
+	b.synced = false
+}
+
 // MaxSeq is the highest request seq and batch covered by an applied
 // (written) snapshot.
 func (b *backupState) MaxSeq() (seq, batch uint64) {

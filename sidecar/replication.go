@@ -249,26 +249,15 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		if s.receiver == nil {
 			return status.Errorf(codes.FailedPrecondition, "Promote: backup of %q has no resolver: it cannot serve", s.cfg.Model)
 		}
-		bk := s.bk
 		// The model server gets the applied state first: the new
 		// primary computes on it.
 		fctx, cancel := context.WithTimeout(s.host.runCtx, stateWriteTimeout)
-		err := bk.flush(fctx)
+		ho, err := s.bk.handover(fctx)
 		cancel()
 		if err != nil {
 			return status.Errorf(codes.Unavailable, "Promote: write the applied state to the model server: %v", err)
 		}
-		bk.mu.Lock()
-		last, seq, batch, pending := bk.last, bk.doneSeq, bk.doneBatch, len(bk.snaps)
-		cur, specs := bk.cur, bk.curSpecs
-		bk.mu.Unlock()
-		// The audit hash of cur (its apply goroutine is stopped): a new
-		// backup that audits resumes from its marks instead of hashing
-		// the whole base again (~46 ms for 64 MiB on the failover path).
-		var marks [][]byte
-		if bk.curHash != nil && len(cur) > 0 {
-			marks = bk.curHash.Marks(cur)
-		}
+		last, seq, batch := ho.last, ho.seq, ho.batch
 		// The new epoch's durability starts at what this backup applied:
 		// published before anything of the new epoch runs, so a frontend
 		// drops the replies it holds on the lost primary's speculative
@@ -288,13 +277,13 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		var base *snapshot
 		if last != nil {
 			// The backup role is over: the new primary's base owns cur.
-			state, err := tensor.SplitBySpecs(specs, cur)
+			state, err := tensor.SplitBySpecs(ho.specs, ho.cur)
 			if err != nil {
 				return status.Errorf(codes.Internal, "Promote: applied state: %v", err)
 			}
 			base = s.baseSnapshot(state, last.header.GetStateVersion(), last.header.GetRequests())
 			base.batch, base.header.BatchId = batch, batch
-			base.header.Sha256Marks = marks
+			base.header.Sha256Marks = ho.marks
 		}
 		s.ship.reset(base, base != nil)
 		s.setRole(RolePrimary)
@@ -308,7 +297,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		resent := s.resendOutputLog()
 		maxSeq = seq
 		s.log.Info("promoted: backup becomes the primary", "epoch", epoch, "max_seq", seq, "batch", batch,
-			"pending_snapshots_dropped", pending, "outputs_resent", resent)
+			"pending_snapshots_dropped", ho.pending, "outputs_resent", resent)
 		return nil
 	})
 	return maxSeq, err
@@ -336,13 +325,7 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 		// last kept state and deltas from there; kept in sync, it held
 		// them all behind the gap for good. Deltas are refused until the
 		// base came (the primary then ships it first).
-		bk := s.backupNow()
-		bk.mu.Lock()
-		if epoch > bk.epoch {
-			bk.epoch = epoch
-		}
-		bk.synced = false
-		bk.mu.Unlock()
+		s.backupNow().resync(epoch)
 		s.epochV.Store(epoch)
 		s.log.Info("backup: syncing from primary", "epoch", epoch, "primary", primaryAddr)
 		return nil
