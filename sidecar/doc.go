@@ -71,8 +71,13 @@
 // state is durable once installed in the copy.
 //
 // Roles and recovery (replication.go, paper IV-C and IV-E). The goroutines
-// of the current role form a stage (loop, executor or primary driver,
-// senders, shipper, own-durability watch; or the backup's applier). A
+// of the current role form a Stage (stage.go), which owns them through a
+// run.Group: the serving stage (loop, executor or primary driver, senders,
+// shipper, backup watch, own-durability watch), the backup stage (the
+// applier, the state writer, the PFM watch), or an idle one (a deposed
+// primary, a replay spare). A stage's Cancel and Wait are idempotent. The
+// backup and the shipper see the sidecar only through Host (host.go):
+// model, backend, coordination, resolvers, epoch, metrics, logger. A
 // recovery order stops the stage (cancel and wait: no batch in flight, no
 // snapshot being written), switches the role state, logs the transition
 // at Info and starts the next stage; orders are serialised and checked
