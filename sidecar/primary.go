@@ -760,23 +760,6 @@ func (s *Sidecar) execRecs(parts [][]*hamsv1.Item, seqs []uint64, lineages [][]*
 	return recs
 }
 
-// ownDurable learns from this model's durability notices which snapshot
-// the backup applied (the rollback target moves forward). Notices of an
-// epoch before this instance's last promotion or rollback are another
-// numbering's.
-func (s *Sidecar) ownDurable(n *hamsv1.DurabilityNotice) {
-	if n.GetModel() != s.cfg.Model || n.GetEpoch() < s.recoveredEpoch.Load() {
-		return
-	}
-	s.ship.mu.Lock()
-	s.ship.setApplied(n.GetBatchId())
-	s.ship.mu.Unlock()
-	select {
-	case s.ship.appliedC <- struct{}{}:
-	default:
-	}
-}
-
 // completed garbage-collects the output log and the senders' retained
 // items on a completion notice.
 func (s *Sidecar) completed(n *hamsv1.CompletionNotice) {

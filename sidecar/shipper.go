@@ -774,3 +774,22 @@ func (sh *shipper) rebaseSnapshots() []*snapshot {
 	}
 	return slices.Clone(sh.unapplied)
 }
+
+// watchOwnDurable learns from this model's durability notices which
+// snapshot the backup applied (the rollback target moves forward), until
+// ctx ends. Notices of an epoch before recovered (the epoch of this
+// instance's last promotion or rollback) are another numbering's.
+func (sh *shipper) watchOwnDurable(ctx context.Context, recovered func() uint64) error {
+	return sh.h.Coord().WatchDurable(ctx, []string{sh.h.Model()}, func(n *hamsv1.DurabilityNotice) {
+		if n.GetModel() != sh.h.Model() || n.GetEpoch() < recovered() {
+			return
+		}
+		sh.mu.Lock()
+		sh.setApplied(n.GetBatchId())
+		sh.mu.Unlock()
+		select {
+		case sh.appliedC <- struct{}{}:
+		default:
+		}
+	})
+}

@@ -601,7 +601,7 @@ func (s *Sidecar) startStage() {
 				sv.workers = append(sv.workers, namedRun{"backup watch", watch}) // backupwatch.go
 			}
 			sv.workers = append(sv.workers, namedRun{"own durability watch", func(ctx context.Context) error {
-				return s.cfg.Coord.WatchDurable(ctx, []string{s.cfg.Model}, s.ownDurable)
+				return s.ship.watchOwnDurable(ctx, s.recoveredEpoch.Load)
 			}})
 			sv.executor = s.primaryExecutor
 		case s.rp != nil:
