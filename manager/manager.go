@@ -525,6 +525,9 @@ func (m *Manager) setActive(active bool) {
 	}
 	m.active.Store(active)
 	m.emit(timeline.Event{Kind: map[bool]timeline.Kind{true: timeline.Active, false: timeline.Standby}[active], Component: m.cfg.ID})
+	if active {
+		m.resumeRecovery()
+	}
 }
 
 // takeoverGrace is how much longer than a suspicion timeout a manager
