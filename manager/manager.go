@@ -19,6 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/config"
@@ -334,6 +336,13 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	srv := grpc.NewServer(opts...)
 	hamsv1.RegisterManagerServer(srv, &service{m: m})
+	// grpc.health.v1 (issue 19, item 2: on every gRPC server): the server
+	// ("") and hams.v1.Manager are SERVING while Run runs, standby or
+	// active (a standby takes registrations and heartbeats too), and
+	// NOT_SERVING once its context ends.
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	hs.SetServingStatus(hamsv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -356,7 +365,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	start("serve gRPC", func(ctx context.Context) error {
 		// Streaming handlers end when stopping is closed; close it as
 		// soon as ctx ends so GracefulStop does not wait for them.
-		go func() { <-ctx.Done(); m.stopOnce() }()
+		go func() { <-ctx.Done(); hs.Shutdown(); m.stopOnce() }()
 		return grpcx.Serve(ctx, srv, m.cfg.GRPCListener, 2*time.Second)
 	})
 	m.natsURL = nc.url
