@@ -121,6 +121,9 @@ type Manager struct {
 	// stopping is closed when Run starts shutting down; streaming handlers
 	// end on it so the gRPC server can stop gracefully.
 	stopping chan struct{}
+	// isolatedSince: when every live member went silent at once (zero:
+	// not so; guarded by mu; holdIfIsolatedLocked).
+	isolatedSince time.Time
 
 	st *store // set before ready is closed
 
@@ -382,6 +385,40 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	m.log.Info("manager stopped")
 	return errors.Join(errs...)
+}
+
+// holdIfIsolatedLocked forgives this tick's silence when every live
+// member (two or more) went silent at once: the manager is the one cut
+// off (a partition of its host, a NIC, a firewall), not all of them. A
+// partitioned active manager declared every component dead, and on
+// healing retired every standby and backup it could not hear (a
+// 10-minute soak, 2026-11-26). The hold lasts at most one lease ttl: a
+// manager cut off that long has lost its lease and stepped down, so one
+// that still leads reaches the deployment state and the silence is real
+// (every instance lost at once). Exits the supervisor reports are
+// declared at once regardless (service.go). Caller holds mu.
+func (m *Manager) holdIfIsolatedLocked(now time.Time, period time.Duration) {
+	// Silent for half a timeout: members heartbeat several times per
+	// timeout at different phases, so when the manager is cut off they
+	// cross the timeout one by one; by then none was heard for half.
+	_, alive := m.members.Counts()
+	due := m.members.Silent(now, m.cfg.SuspicionTimeout)
+	if alive < 2 || due == 0 || m.members.Silent(now, m.cfg.SuspicionTimeout/2) < alive {
+		if !m.isolatedSince.IsZero() {
+			m.log.Info("components heard again; failure suspicion resumes", "isolated_for", now.Sub(m.isolatedSince))
+		}
+		m.isolatedSince = time.Time{}
+		return
+	}
+	if m.isolatedSince.IsZero() {
+		m.isolatedSince = now
+		m.log.Warn("every live component went silent at once: this manager takes itself to be cut off and declares nobody dead", "components", alive, "hold_at_most", m.cfg.LeaseTTL)
+	}
+	if now.Sub(m.isolatedSince) >= m.cfg.LeaseTTL {
+		return
+	}
+	m.members.Pause(period)
+	m.metrics.isolated.Inc()
 }
 
 // stopOnce closes stopping (idempotent).
@@ -735,6 +772,7 @@ func (m *Manager) membershipLoop(ctx context.Context) error {
 				m.metrics.stalls.Inc()
 				m.log.Info("manager stalled; silence forgiven", "stall", stall)
 			}
+			m.holdIfIsolatedLocked(now, period)
 			acts := m.members.Tick(now)
 			dirty := m.dirty
 			type dead struct {

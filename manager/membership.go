@@ -153,6 +153,18 @@ func (ms *Membership) Progress(id string) (Progress, bool) {
 	return m.progress, true
 }
 
+// Silent returns how many alive members were not heard from for longer
+// than d as of now (Silent(now, timeout) are the ones Tick declares dead).
+func (ms *Membership) Silent(now time.Time, d time.Duration) int {
+	n := 0
+	for _, m := range ms.members {
+		if m.alive && now.Sub(m.lastSeen) > d {
+			n++
+		}
+	}
+	return n
+}
+
 // Counts returns the number of members and of alive members.
 func (ms *Membership) Counts() (total, alive int) {
 	for _, m := range ms.members {

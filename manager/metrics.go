@@ -11,6 +11,7 @@ type metrics struct {
 	failures      prometheus.Counter
 	deaths        prometheus.Counter
 	stalls        prometheus.Counter
+	isolated      prometheus.Counter
 	kvConflicts   prometheus.Counter
 	kvUpdates     prometheus.Counter
 	kvUnreadable  prometheus.Counter
@@ -51,6 +52,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		deaths: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hams_manager_components_declared_dead_total",
 			Help: "Components declared dead after missing their heartbeats.",
+		}),
+		isolated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hams_manager_isolated_ticks_total",
+			Help: "Membership ticks at which every live component had gone silent at once: the manager took itself to be cut off and declared nobody dead (for at most one lease ttl).",
 		}),
 		stalls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hams_manager_stalls_total",
@@ -109,7 +114,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
+	return []prometheus.Collector{m.registered, m.alive, m.registrations, m.heartbeats, m.failures, m.deaths, m.stalls, m.isolated, m.kvConflicts, m.kvUpdates, m.kvUnreadable,
 		m.recoveryTime, m.recoveries, m.unrecoverable, m.active, m.returned, m.restarts, m.backupReports, m.driverErrors}
 }
 
