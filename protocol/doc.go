@@ -48,9 +48,11 @@
 // protocol forbids in the machine's state (a driver bug, e.g. Computed for
 // a batch that never started) gives ErrOutOfOrder, an event that
 // contradicts the machine's configuration ErrInvalidEvent; all leave the
-// machine as it was. The older direct methods (Pipeline.Computed, Backup.Snapshot,
-// recovery's Machine.Suspect, parity's Machine.Submit, ...) stay beside
-// Step and do the same; those that panicked on a driver bug still do.
+// machine as it was. recovery's Machine has Step as its only entry point
+// (the manager drives it so); the older direct methods of the others
+// (Pipeline.Computed, Backup.Snapshot, parity's Machine.Submit, ...) stay
+// beside Step and do the same; those that panicked on a driver bug still
+// do.
 //
 // Every Event and Action renders itself on one line (String): logs and
 // the transcript tests use that form. The transcripts (testdata/*.txt,
