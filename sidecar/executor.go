@@ -3,7 +3,6 @@ package sidecar
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -79,12 +78,6 @@ func inputNames(d *hamsv1.ModelDescription) []string {
 
 func (s *Sidecar) setDescription(d *hamsv1.ModelDescription) {
 	s.desc = d
-	s.anyIn = len(d.GetInputs()) == 0
-	for _, in := range d.GetInputs() {
-		if in.GetName() == AnyInput {
-			s.anyIn = true
-		}
-	}
 }
 
 // request is a joined request prepared for the backend.
@@ -99,62 +92,10 @@ type request struct {
 }
 
 // selectInputs picks the tensors the backend declares (all of them for
-// "*"), from the parts in predecessor order, and validates them.
+// AnyInput), from the parts in predecessor order, and validates them: the
+// one rule of tensor.SelectInputs.
 func (s *Sidecar) selectInputs(j *Joined) ([]*hamsv1.Tensor, uint32, error) {
-	var ins []*hamsv1.Tensor
-	if s.anyIn {
-		if len(j.Parts) == 1 {
-			ins = j.Parts[0].GetTensors()
-		} else {
-			for _, p := range j.Parts {
-				ins = append(ins, p.GetTensors()...)
-			}
-		}
-	} else {
-		ins = make([]*hamsv1.Tensor, 0, len(s.desc.GetInputs()))
-		for _, spec := range s.desc.GetInputs() {
-			t := findTensor(j.Parts, spec.GetName())
-			if t == nil {
-				return nil, 0, fmt.Errorf("missing input %q", spec.GetName())
-			}
-			if spec.GetDatatype() != "" && t.GetDatatype() != spec.GetDatatype() {
-				return nil, 0, fmt.Errorf("input %q: datatype %s, want %s", spec.GetName(), t.GetDatatype(), spec.GetDatatype())
-			}
-			ins = append(ins, t)
-		}
-	}
-	if len(ins) == 0 {
-		return nil, 0, errors.New("no input tensors")
-	}
-	var rows int64 = -1
-	for _, t := range ins {
-		if err := tensor.Validate(t); err != nil {
-			return nil, 0, err
-		}
-		if len(t.GetShape()) == 0 {
-			return nil, 0, fmt.Errorf("input %q is a scalar (batch dimension 0 required)", t.GetName())
-		}
-		r := t.GetShape()[0]
-		if rows >= 0 && r != rows {
-			return nil, 0, fmt.Errorf("input %q has %d rows, other inputs %d", t.GetName(), r, rows)
-		}
-		rows = r
-	}
-	if rows > 1<<31 {
-		return nil, 0, fmt.Errorf("input of %d rows", rows)
-	}
-	return ins, uint32(rows), nil
-}
-
-func findTensor(parts []*hamsv1.Item, name string) *hamsv1.Tensor {
-	for _, p := range parts {
-		for _, t := range p.GetTensors() {
-			if t.GetName() == name {
-				return t
-			}
-		}
-	}
-	return nil
+	return tensor.SelectInputs(s.desc.GetInputs(), j.Parts)
 }
 
 // execute runs one batch: deadline and input checks per request, then the

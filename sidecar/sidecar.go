@@ -23,6 +23,7 @@ import (
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/internal/pki"
+	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -124,7 +125,7 @@ type Config struct {
 }
 
 // AnyInput is the declared input name that accepts every tensor of a request.
-const AnyInput = "*"
+const AnyInput = tensor.AnyInput
 
 const (
 	inboxSize      = 4096
@@ -172,7 +173,6 @@ type Sidecar struct {
 	// between bases, so a computed batch at or below it means the server
 	// lost its state (restarted under this sidecar). 0: unknown.
 	versionSeen atomic.Uint64
-	anyIn       bool
 	// describeMu: the first executor describes the backend, the others
 	// wait for it (a concurrent backend runs several executors).
 	describeMu sync.Mutex
