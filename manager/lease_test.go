@@ -40,6 +40,43 @@ func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
 	}
 }
 
+// rewriteTopology writes the deployment state as edit changes it (a
+// compare-and-set on the topology key), as a manager would.
+func rewriteTopology(t *testing.T, url string, edit func(*hamsv1.Topology)) {
+	t.Helper()
+	ctx := waitCtx(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, manager.BucketName(testDeployment(t).Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, manager.TopologyKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := manager.DecodeTopology(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(tp)
+	tp.Revision = 0
+	b, err := proto.Marshal(tp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, manager.TopologyKey, b, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Two managers on one NATS: the active one crashes (Run cancelled without
 // releasing the lease); the standby takes over within the lease time and
 // serves Register, Heartbeat and the topology, writing what it learned as
@@ -139,37 +176,10 @@ func TestTakeoverKeepsSpareMadeBackup(t *testing.T) {
 	}
 	// What recovery's spare promotion writes: the spare is the backup,
 	// at the model's unchanged epoch 1.
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(ctx, manager.BucketName(testDeployment(t).Name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := kv.Get(ctx, manager.TopologyKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp, err := manager.DecodeTopology(e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := placement(tp, "sidecar/a/standby")
-	p.Role, p.Epoch = hamsv1.Role_ROLE_BACKUP, 1
-	tp.Revision = 0
-	b, err := proto.Marshal(tp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Update(ctx, manager.TopologyKey, b, e.Revision()); err != nil {
-		t.Fatal(err)
-	}
+	rewriteTopology(t, url, func(tp *hamsv1.Topology) {
+		p := placement(tp, "sidecar/a/standby")
+		p.Role, p.Epoch = hamsv1.Role_ROLE_BACKUP, 1
+	})
 	waitFor(t, "the standby manager to see the backup", 5*time.Second, func() bool {
 		p := placement(r2.m.Topology(), "sidecar/a/standby")
 		return p != nil && p.GetRole() == hamsv1.Role_ROLE_BACKUP

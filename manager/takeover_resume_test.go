@@ -5,10 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/proto"
-
 	"github.com/hams-go/hams/manager"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -47,39 +43,13 @@ func TestTakeoverFinishesUnfinishedRecovery(t *testing.T) {
 	if err := r1.stop(); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(ctx, manager.BucketName(testDeployment(t).Name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := kv.Get(ctx, manager.TopologyKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp, err := manager.DecodeTopology(e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p := placement(tp, standby.Id); p == nil || p.GetRole() != hamsv1.Role_ROLE_STANDBY {
-		t.Fatalf("the standby's placement before the takeover: %v", p)
-	}
-	placement(tp, standby.Id).Alive = false
-	tp.Revision = 0
-	b, err := proto.Marshal(tp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Update(ctx, manager.TopologyKey, b, e.Revision()); err != nil {
-		t.Fatal(err)
-	}
+	rewriteTopology(t, url, func(tp *hamsv1.Topology) {
+		p := placement(tp, standby.Id)
+		if p == nil || p.GetRole() != hamsv1.Role_ROLE_STANDBY {
+			t.Fatalf("the standby's placement before the takeover: %v", p)
+		}
+		p.Alive = false
+	})
 	waitFor(t, "the standby manager to become active", 5*time.Second, func() bool { return metricValue(t, r2.reg, "hams_manager_active") == 1 })
 	waitFor(t, "a new standby of a", 5*time.Second, func() bool {
 		return slices.Contains(starter.list(), "a/"+hamsv1.Role_ROLE_STANDBY.String())
