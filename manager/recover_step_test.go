@@ -27,19 +27,7 @@ func (strayEvent) ProtocolEvent() {}
 // machine (unchanged) takes the next event.
 func TestRecoveryStepRefusedEventLoggedAndCounted(t *testing.T) {
 	var logs bytes.Buffer
-	dep, err := config.Parse([]byte(`
-name: test
-models:
-  - name: a
-    kind: prep
-  - name: b
-    kind: lstm
-    stateful: true
-    placement: {primary: h1, backup: h2}
-services:
-  - name: s
-    edges: [[frontend, a], [a, b], [b, frontend]]
-`))
+	dep, err := config.Parse([]byte(chainYAML))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,10 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-const takeoverYAML = `
-name: t
-mode: nspb
+// chainYAML is frontend -> a (stateless) -> b (stateful, replicated) ->
+// frontend, the default mode (nspb): the internal tests' deployment.
+const chainYAML = `
+name: test
 models:
   - name: a
     kind: prep
@@ -28,7 +29,7 @@ func place(id, model string, role hamsv1.Role, alive bool) *hamsv1.Placement {
 }
 
 func TestUnfinishedRecovery(t *testing.T) {
-	dep, err := config.Parse([]byte(takeoverYAML))
+	dep, err := config.Parse([]byte(chainYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
