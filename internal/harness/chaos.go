@@ -18,6 +18,7 @@ import (
 	"github.com/hams-go/hams/integration/consistency"
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/loadgen"
 	"github.com/hams-go/hams/internal/netfault"
 	"github.com/hams-go/hams/internal/run"
@@ -421,6 +422,10 @@ func (ch *Chaos) Run(ctx context.Context) error {
 	if !opt.RequestLog && nFrontends == 1 {
 		reask = nil // no request log: a restarted frontend forgot its answers
 	}
+	var skipped int
+	if reask, skipped = withinRetention(reask, time.Now()); skipped > 0 {
+		fmt.Fprintf(os.Stderr, "hams chaos: %d answered requests older than the request log's retention (%v) not re-asked\n", skipped, coord.RequestLogMaxAge)
+	}
 	mismatches, mexamples := reaskAll(ctx, fes, reask, *timeout)
 	if len(mexamples) > 0 {
 		fmt.Fprintf(os.Stderr, "hams chaos: re-asked requests answered differently: %s\n", strings.Join(mexamples, "; "))
@@ -535,6 +540,18 @@ func replyDigest(r *hamsv1.PredictResponse) string {
 		ts = append(ts, o.GetTensors()...)
 	}
 	return tensor.Digest(ts...)
+}
+
+// withinRetention keeps the results of rs sent inside the request log's
+// retention (coord.RequestLogMaxAge, less a minute's margin) as of now and
+// counts the others. Asked again after it, an answered request is a new
+// one and runs again (docs/coordination.md): a 30-minute soak re-asked its
+// first requests at its end and counted their new answers as mismatches.
+func withinRetention(rs []loadgen.Result, now time.Time) (kept []loadgen.Result, skipped int) {
+	cutoff := now.Add(-coord.RequestLogMaxAge + time.Minute)
+	n := len(rs)
+	kept = slices.DeleteFunc(rs, func(r loadgen.Result) bool { return r.Sent.Before(cutoff) })
+	return kept, n - len(kept)
 }
 
 // reaskAll sends every answered request of rs again (same request_id and

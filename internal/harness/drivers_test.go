@@ -8,6 +8,7 @@ import (
 
 	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/loadgen"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -129,5 +130,19 @@ func TestKillTrackerFrontendRule(t *testing.T) {
 	}
 	if !kr.Recovered || kr.RecoveryMs != 300 {
 		t.Fatalf("recovery %v ms, want 300", kr.RecoveryMs)
+	}
+}
+
+func TestReaskOnlyWithinRetention(t *testing.T) {
+	now := time.Now()
+	rs := []loadgen.Result{
+		{Sent: now.Add(-coord.RequestLogMaxAge - time.Minute)},    // past the retention
+		{Sent: now.Add(-coord.RequestLogMaxAge + 30*time.Second)}, // inside the margin
+		{Sent: now.Add(-time.Minute)},
+		{Sent: now},
+	}
+	kept, skipped := withinRetention(rs, now)
+	if skipped != 2 || len(kept) != 2 || !kept[0].Sent.Equal(now.Add(-time.Minute)) {
+		t.Fatalf("kept %v, skipped %d; want the last two kept", kept, skipped)
 	}
 }
