@@ -52,7 +52,8 @@ func (c *Coord) now() time.Time {
 
 // ServerClockOffset returns this process's clock minus the JetStream
 // server's, probing the server when the last estimate is older than
-// serverClockTTL.
+// serverClockTTL. A failed probe returns the last estimate when there is
+// one, its error only when there is none.
 func (c *Coord) ServerClockOffset(ctx context.Context) (time.Duration, error) {
 	c.clock.mu.Lock()
 	defer c.clock.mu.Unlock()
@@ -62,6 +63,12 @@ func (c *Coord) ServerClockOffset(ctx context.Context) (time.Duration, error) {
 	}
 	off, err := c.probeServerClock(ctx)
 	if err != nil {
+		if !c.clock.at.IsZero() {
+			// The last estimate stands in (clocks drift by parts per
+			// million): a probe fails while the request log's stream
+			// elects a leader, and a watch ended on it would restart.
+			return c.clock.offset, nil
+		}
 		return 0, err
 	}
 	c.clock.offset, c.clock.at = off, c.now()

@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -97,5 +98,36 @@ func TestWatchRequestsUnderClockSkew(t *testing.T) {
 	wcancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A probe that fails (no request-log stream: as while it elects a leader)
+// leaves the last estimate in use; with none, the error is returned.
+func TestServerClockOffsetKeepsLastEstimate(t *testing.T) {
+	nc := embedded(t)
+	ctx := context.Background()
+	c := openT(t, nc)
+	var mu sync.Mutex
+	now := time.Now().Add(time.Hour)
+	c.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	first, err := c.ServerClockOffset(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.js.DeleteStream(ctx, RequestsStream("rl")); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(2 * serverClockTTL) // the estimate is stale: a probe is due
+	mu.Unlock()
+	if off, err := c.ServerClockOffset(ctx); err != nil || off != first {
+		t.Fatalf("after a failed probe: %v %v, want the last estimate %v", off, err, first)
+	}
+	fresh := openT(t, nc) // recreates the stream
+	if err := fresh.js.DeleteStream(ctx, RequestsStream("rl")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fresh.ServerClockOffset(ctx); err == nil {
+		t.Fatal("a first probe without the stream succeeded")
 	}
 }
