@@ -733,7 +733,7 @@ func (c *directChain) call(ctx context.Context, inputs []*hamsv1.Tensor, rows []
 		for _, p := range c.g.Pred(m) {
 			parts = append(parts, outs[p])
 		}
-		ins, _, err := tensor.SelectInputs(c.desc[m].GetInputs(), parts)
+		ins, err := tensor.PickInputs(c.desc[m].GetInputs(), parts)
 		if err != nil {
 			return fmt.Errorf("inputs of %s: %w", m, err)
 		}

@@ -37,14 +37,14 @@ func TakesAnyInput(specs []*hamsv1.TensorSpec) bool {
 	return false
 }
 
-// SelectInputs picks a model's inputs from its predecessors' outputs
+// PickInputs picks a model's inputs from its predecessors' outputs
 // (parts, in predecessor order), the one rule of the sidecar and of the
 // benchmark's direct chain: every tensor of every part when the model
 // takes any input (TakesAnyInput), else for each declared input the first
-// tensor of that name, of the declared datatype when one is declared.
-// Every input is validated and they must agree on their rows (dimension
-// 0, the batch), which are returned.
-func SelectInputs[P Part](specs []*hamsv1.TensorSpec, parts []P) ([]*hamsv1.Tensor, uint32, error) {
+// tensor of that name, of the declared datatype when one is declared. It
+// checks nothing else (the direct chain's baseline does no more work than
+// that); SelectInputs validates too.
+func PickInputs[P Part](specs []*hamsv1.TensorSpec, parts []P) ([]*hamsv1.Tensor, error) {
 	var ins []*hamsv1.Tensor
 	if TakesAnyInput(specs) {
 		if len(parts) == 1 {
@@ -59,16 +59,26 @@ func SelectInputs[P Part](specs []*hamsv1.TensorSpec, parts []P) ([]*hamsv1.Tens
 		for _, spec := range specs {
 			t := findTensor(parts, spec.GetName())
 			if t == nil {
-				return nil, 0, fmt.Errorf("missing input %q", spec.GetName())
+				return nil, fmt.Errorf("missing input %q", spec.GetName())
 			}
 			if spec.GetDatatype() != "" && t.GetDatatype() != spec.GetDatatype() {
-				return nil, 0, fmt.Errorf("input %q: datatype %s, want %s", spec.GetName(), t.GetDatatype(), spec.GetDatatype())
+				return nil, fmt.Errorf("input %q: datatype %s, want %s", spec.GetName(), t.GetDatatype(), spec.GetDatatype())
 			}
 			ins = append(ins, t)
 		}
 	}
 	if len(ins) == 0 {
-		return nil, 0, errors.New("no input tensors")
+		return nil, errors.New("no input tensors")
+	}
+	return ins, nil
+}
+
+// SelectInputs is PickInputs, then every input is validated and they must
+// agree on their rows (dimension 0, the batch), which are returned.
+func SelectInputs[P Part](specs []*hamsv1.TensorSpec, parts []P) ([]*hamsv1.Tensor, uint32, error) {
+	ins, err := PickInputs(specs, parts)
+	if err != nil {
+		return nil, 0, err
 	}
 	var rows int64 = -1
 	for _, t := range ins {
