@@ -47,7 +47,7 @@ func (m *Manager) emitDone(a recovery.Action, t0 time.Time, err error) {
 	case a.Kind == recovery.Promote:
 		e.Kind = timeline.Promotion
 	case a.Kind == recovery.SyncBackup:
-		e.Kind, e.Role, e.Detail = timeline.RedundancyRestored, "backup", "new backup synced"
+		e.Kind, e.Role, e.Detail = timeline.RedundancyRestored, "backup", "new backup syncing: it is redundancy once it applied the primary's next full state (hams_sidecar_backup_synced)"
 	case a.Kind == recovery.StartInstance && a.Role == hamsv1.Role_ROLE_STANDBY:
 		e.Kind, e.Detail = timeline.RedundancyRestored, "new standby started"
 	default:

@@ -168,6 +168,13 @@ type LiveAnnouncer interface {
 	AnnounceLive(n *hamsv1.DurabilityNotice) error
 }
 
+// DurableReader is an optional Coord extension (*coord.Coord has it):
+// LastDurable reads the newest stored durability notice of a model (nil
+// when there is none). A promotion checks the backup against it.
+type DurableReader interface {
+	LastDurable(ctx context.Context, model string) (*hamsv1.DurabilityNotice, error)
+}
+
 // newBackupState is the backup of h's model; it takes snapshots of epoch
 // and later ones.
 func newBackupState(h Host, epoch uint64) *backupState {
@@ -181,6 +188,7 @@ func newBackupState(h Host, epoch uint64) *backupState {
 	if la, ok := h.Coord().(LiveAnnouncer); ok {
 		b.live, b.persist = la, coord.NewNoticePersister(h.Coord().Announce)
 	}
+	h.Metrics().backupSynced.Set(0)
 	return b
 }
 
@@ -319,6 +327,7 @@ func (b *backupState) resync(epoch uint64) {
 		b.epoch = epoch
 	}
 	b.synced = false
+	b.h.Metrics().backupSynced.Set(0)
 }
 
 // MaxSeq is the highest request seq and batch covered by an applied
@@ -493,6 +502,10 @@ func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *aud
 	b.doneSeq = max(b.doneSeq, maxSeq)
 	b.last = top
 	done := b.doneSeq
+	if b.synced {
+		// Under mu: a resync (which sets it to 0) cannot come between.
+		b.h.Metrics().backupSynced.Set(1)
+	}
 	b.mu.Unlock()
 	select {
 	case b.writeWake <- struct{}{}:

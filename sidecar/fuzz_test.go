@@ -28,7 +28,7 @@ const (
 // testHost is a Host of cfg alone (no metrics, log discarded, epoch 0),
 // for a stage driven without a sidecar.
 func testHost(cfg *Config, maxMsg int) *sidecarHost {
-	return &sidecarHost{cfg: cfg, log: slog.New(slog.DiscardHandler), maxMsg: maxMsg, epochV: new(atomic.Uint64)}
+	return &sidecarHost{cfg: cfg, log: slog.New(slog.DiscardHandler), maxMsg: maxMsg, epochV: new(atomic.Uint64), metrics: newMetrics(nil, cfg.Model)}
 }
 
 // fuzzBackup is a backup's state manager as far as receiving goes.

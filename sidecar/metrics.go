@@ -46,6 +46,7 @@ type metrics struct {
 	applySeconds  prometheus.Histogram
 	pending       prometheus.Gauge
 	durableSeq    prometheus.Gauge
+	backupSynced  prometheus.Gauge
 	// Stage breakdown of the state path.
 	updateWait prometheus.Histogram // compute end -> update issued (waits for a copy)
 	copyPin    prometheus.Histogram // copy start -> state captured
@@ -122,6 +123,8 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_backup_pending_snapshots", Help: "Snapshots the backup holds, waiting for earlier batches or PFM durability.", ConstLabels: cl})
 	m.durableSeq = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "hams_sidecar_durable_seq", Help: "Highest request seq covered by an applied snapshot (backup).", ConstLabels: cl})
+	m.backupSynced = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hams_sidecar_backup_synced", Help: "1 once the backup applied a snapshot on a base (a full state) from its current primary: it can be promoted without losing state; 0 while it waits for that base (a new or re-chosen backup).", ConstLabels: cl})
 	m.updateWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "hams_sidecar_update_wait_seconds", Help: "From a batch's compute end to its Update being issued (waits for the previous copy).", ConstLabels: cl, Buckets: secs})
 	m.copyPin = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -151,7 +154,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.backendHealthy, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.shipSelf, m.shipBulk, m.outlogBytes, m.outlogItems,
-			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq,
+			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq, m.backupSynced,
 			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.shipBytes, m.applyWait, m.announce)
 	}
 	return m

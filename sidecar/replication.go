@@ -258,6 +258,9 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			return status.Errorf(codes.Unavailable, "Promote: write the applied state to the model server: %v", err)
 		}
 		last, seq, batch := ho.last, ho.seq, ho.batch
+		if err := s.coversDurable(seq); err != nil {
+			return err
+		}
 		// The new epoch's durability starts at what this backup applied:
 		// published before anything of the new epoch runs, so a frontend
 		// drops the replies it holds on the lost primary's speculative
@@ -409,6 +412,42 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 		return nil
 	})
 	return version, err
+}
+
+// coversDurable refuses to promote a backup whose applied state (up to
+// request seq) is behind what its model already made durable: the reply
+// gates may have released replies that depend on the later state. A
+// backup is behind when it never took a base from the current primary (it
+// was started, or chosen again, after the model had run, and the primary
+// was lost before its first full snapshot arrived). Promoting it would
+// restart the model's state silently under the same request seqs; refused
+// (FailedPrecondition), the recovery reports the model's state as lost.
+// A model with no stored notice has no history to lose (the deployment's
+// first backup, promoted before any snapshot). Coords that cannot read the
+// stored notices (DurableReader) are not checked.
+func (s *Sidecar) coversDurable(seq uint64) error {
+	dr, ok := s.cfg.Coord.(DurableReader)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.host.runCtx, stateWriteTimeout)
+	defer cancel()
+	backoff := stateOpBackoff
+	for attempt := 1; ; attempt++ {
+		n, err := dr.LastDurable(ctx, s.cfg.Model)
+		if err == nil {
+			if n.GetDurableSeq() > seq {
+				return status.Errorf(codes.FailedPrecondition,
+					"Promote: backup of %q applied state up to request seq %d, but the model is durable up to seq %d (epoch %d): it has not taken a base from the primary, and promoting it would lose state behind released replies",
+					s.cfg.Model, seq, n.GetDurableSeq(), n.GetEpoch())
+			}
+			return nil
+		}
+		if attempt >= stateOpAttempts || !run.Sleep(ctx, backoff) {
+			return status.Errorf(codes.Unavailable, "Promote: read how far %q is durable: %v", s.cfg.Model, err)
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // announceEpoch publishes DurabilityNotice{model, epoch, seq, batch}

@@ -119,6 +119,30 @@ func (c *Coord) Announce(ctx context.Context, n *hamsv1.DurabilityNotice) error 
 	return nil
 }
 
+// LastDurable returns the newest durability notice of model the stream
+// stores, nil when it stores none (the model never had a snapshot
+// applied). A notice handed to the reply gates at once (AnnounceLive) and
+// not yet stored is not seen: the answer is a lower bound of what the
+// gates may have released.
+func (c *Coord) LastDurable(ctx context.Context, model string) (*hamsv1.DurabilityNotice, error) {
+	st, err := c.js.Stream(ctx, streamName(c.deployment, "DURABLE"))
+	if err != nil {
+		return nil, fmt.Errorf("coord: durability stream: %w", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, DurableSubject(c.deployment, model))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("coord: read the last durability notice of %s: %w", model, err)
+	}
+	n := &hamsv1.DurabilityNotice{}
+	if err := proto.Unmarshal(m.Data, n); err != nil {
+		return nil, fmt.Errorf("coord: decode the last durability notice of %s: %w", model, err)
+	}
+	return n, nil
+}
+
 // Complete publishes that requests left the graph.
 func (c *Coord) Complete(ctx context.Context, n *hamsv1.CompletionNotice) error {
 	if len(n.ReqIds) == 0 {

@@ -169,3 +169,32 @@ func TestDurabilityWatchDeliversOnlyAdvances(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// LastDurable reads the newest stored notice of one model, and nil for a
+// model that never had one (a model with no history can be promoted from
+// an empty backup; one with history cannot).
+func TestLastDurable(t *testing.T) {
+	nc := embedded(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := Open(ctx, nc, "t-last", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.LastDurable(ctx, "a"); err != nil || n != nil {
+		t.Fatalf("LastDurable of a model with no notice = %v, %v; want nil, nil", n, err)
+	}
+	for _, n := range []*hamsv1.DurabilityNotice{
+		{Model: "a", Epoch: 1, DurableSeq: 4},
+		{Model: "b", Epoch: 1, DurableSeq: 40},
+		{Model: "a", Epoch: 2, DurableSeq: 9},
+	} {
+		if err := c.Announce(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := c.LastDurable(ctx, "a")
+	if err != nil || n.GetEpoch() != 2 || n.GetDurableSeq() != 9 {
+		t.Fatalf("LastDurable(a) = %v, %v; want epoch 2 seq 9", n, err)
+	}
+}

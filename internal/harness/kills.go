@@ -55,7 +55,10 @@ type killReport struct {
 	RestartMs float64 `json:"restart_ms"`
 	// RestoredMs: until the topology again had a live serving instance,
 	// backup (replicated models) or standby (stateless models) for every
-	// model, i.e. redundancy was restored; -1 if not within the run.
+	// model, and every replicated model's backup had applied a base from
+	// its primary (cluster.UnsyncedBackups: a backup that has not cannot
+	// be promoted), i.e. redundancy was restored; -1 if not within the
+	// run.
 	RestoredMs float64 `json:"restored_ms"`
 	Recovered  bool    `json:"recovered"`
 	Error      string  `json:"error,omitempty"`
@@ -347,7 +350,7 @@ func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *k
 					r, ok := d.Supervisor.Ready(rt.Child)
 					restarted = ok && r.Generation > before.Generation
 				}
-				if t, err := d.Topology(ctx); err == nil && restarted && len(d.Missing(t)) == 0 && controlRestored(ctx, d, t, rt.Kind) {
+				if t, err := d.Topology(ctx); err == nil && restarted && len(d.Missing(t)) == 0 && controlRestored(ctx, d, t, rt.Kind) && len(d.UnsyncedBackups(ctx, t)) == 0 {
 					if fault != faultKill || rt.Inst == nil || !cluster.AliveID(t, rt.Inst.ID) || !d.Protected() {
 						now := time.Now()
 						newActive := ""
