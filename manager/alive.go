@@ -73,17 +73,24 @@ func (m *Manager) aliveAgain(id string) {
 }
 
 // retire applies a Retire decision.
-func (m *Manager) retire(a recovery.Action) {
+func (m *Manager) retire(a recovery.Action) (died bool) {
 	m.mu.Lock()
 	m.retired[a.Component] = a.Reason
 	if r := m.regs[a.Component]; r != nil {
 		m.retiredInc[a.Component] = r.GetIncarnation()
 	}
 	delete(m.returning, a.Component)
+	// A component still alive to membership (recovery found it
+	// unreachable and replaced it) is dead from now on.
+	if died = len(m.members.Dead(a.Component)) > 0; died {
+		m.metrics.deaths.Inc()
+		m.updateGaugesLocked()
+	}
 	m.mu.Unlock()
 	m.metrics.returned.WithLabelValues("retired").Inc()
 	m.log.Warn("falsely suspected component retired: it is never reused and is told to exit", "id", a.Component,
 		"model", a.Model, "role", a.Role.String(), "model_epoch", a.Epoch, "why", a.Reason)
+	return died
 }
 
 // readmit applies a Readmit decision: id is alive again.

@@ -213,7 +213,18 @@ func (d *driver) perform(acts []recovery.Action) {
 				m.emit(timeline.Event{Kind: timeline.Unrecoverable, Model: a.Model, Detail: a.Reason})
 			case recovery.Retire:
 				if !m.takeReincarnated(a.Component) {
-					m.retire(a)
+					if m.retire(a) {
+						// Listed alive (a round retired it as
+						// unreachable): written dead now, so nobody
+						// resolves it as its model's backup meanwhile.
+						d.wg.Add(1)
+						go func() {
+							defer d.wg.Done()
+							if _, err := m.reconcile(d.ctx); err != nil {
+								m.log.Warn("write liveness to deployment state", "id", a.Component, "err", err)
+							}
+						}()
+					}
 					break
 				}
 				// A new process under the retired instance's id: a

@@ -929,18 +929,23 @@ func (m *Machine) finish() []Action {
 		switch tk.kind {
 		case tFailover, tReplay:
 			old := tk.old[0]
-			if m.live(old) {
+			switch {
+			case m.live(old):
 				a := m.act(Action{Kind: Demote, Model: model, Component: old.GetComponentId(), Address: old.GetSidecarAddress(),
 					Epoch: tk.newEpoch, PrimaryAddress: tk.inst.GetSidecarAddress()})
 				r.pending[a.ID] = func(err error) []Action {
 					if err != nil {
-						return m.startBackup(model)
+						// Not demoted, yet listed as the backup by the
+						// rewire: retired, so it cannot serve as a
+						// second backup beside the new one.
+						return append([]Action{m.retireDeposed(model, old, tk.newEpoch, "demotion failed: "+err.Error())}, m.startBackup(model)...)
 					}
 					return nil
 				}
 				out = append(out, a)
 				delete(needBackup, model)
-			} else {
+			default:
+				// Dead, or dead to this round only (retired below).
 				needBackup[model] = true
 			}
 		case tStateless:
@@ -953,6 +958,7 @@ func (m *Machine) finish() []Action {
 			}
 		}
 	}
+	out = append(out, m.retireUnreachableBackups(recovered)...)
 	for _, model := range sortedKeys(needBackup) {
 		if tk := r.tasks[model]; tk != nil && tk.abandoned != "" && tk.kind == tFailover {
 			continue // no primary to sync from
@@ -1145,6 +1151,69 @@ func (m *Machine) placement(id string) *hamsv1.Placement {
 }
 
 // live: alive in the topology and not deemed dead in this round.
+// listedAlive reports whether the topology lists p's component alive
+// (whatever the current round decided about it).
+func (m *Machine) listedAlive(p *hamsv1.Placement) bool {
+	cur := m.placement(p.GetComponentId())
+	return cur != nil && cur.GetAlive() && cur.GetSidecarAddress() != ""
+}
+
+// retireDeposed retires old, model's primary before a failover to epoch
+// that could not be demoted: the rewire listed it as the backup, and a new
+// backup replaces it.
+func (m *Machine) retireDeposed(model string, old *hamsv1.Placement, epoch uint64, why string) Action {
+	// Its exit (the retirement's effect) is not a new failure: the new
+	// backup is already asked for.
+	m.handled[old.GetComponentId()] = true
+	return Action{Kind: Retire, Component: old.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_BACKUP, Epoch: epoch,
+		Reason: "deposed primary of " + model + " not demoted (" + why + "): a new backup replaces it"}
+}
+
+// retireUnreachableBackups retires, at the end of a round, every instance
+// of a stateful model the round deemed dead because RPCs to it failed
+// while membership still lists it alive, and that is (or the round's
+// rewire made it) its model's backup: the round replaces it with a new
+// backup. If it runs, it would stay a second backup (a deposed primary
+// listed as the backup demotes itself) that the primary never ships to,
+// and a later failover could promote it. Retired, its process exits and
+// it is never reused. Replay mode's backups are spares that replay the
+// log: several may run.
+func (m *Machine) retireUnreachableBackups(recovered []string) []Action {
+	if m.cfg.Replay {
+		return nil
+	}
+	r := m.r
+	deposedOld := map[string]uint64{} // failed-over primaries the rewire made backups -> new epoch
+	for _, model := range recovered {
+		if tk := r.tasks[model]; tk.kind == tFailover {
+			for _, o := range tk.old {
+				deposedOld[o.GetComponentId()] = tk.newEpoch
+			}
+		}
+	}
+	var out []Action
+	for _, id := range sortedKeys(r.dead) {
+		p := m.placement(id)
+		if p == nil || !m.listedAlive(p) || !m.g.Stateful(p.GetModel()) {
+			continue
+		}
+		if tk := r.tasks[p.GetModel()]; tk != nil && tk.abandoned != "" {
+			continue // no new backup: it may hold the last copy of the state
+		}
+		if epoch, ok := deposedOld[id]; ok {
+			out = append(out, m.retireDeposed(p.GetModel(), p, epoch, "unreachable during the recovery that replaced it"))
+			continue
+		}
+		if p.GetRole() != hamsv1.Role_ROLE_BACKUP {
+			continue
+		}
+		m.handled[id] = true
+		out = append(out, Action{Kind: Retire, Component: id, Model: p.GetModel(), Role: p.GetRole(), Epoch: p.GetEpoch(),
+			Reason: "backup of " + p.GetModel() + " unreachable during a recovery: a new backup replaces it"})
+	}
+	return out
+}
+
 func (m *Machine) live(p *hamsv1.Placement) bool {
 	if p == nil || !p.GetAlive() || p.GetSidecarAddress() == "" {
 		return false

@@ -370,6 +370,18 @@ func (s *sim) do(a Action) {
 			s.logf("started %s as %s", id, a.Role)
 			s.feedTopo()
 		})
+	case Retire:
+		// The retired process exits (told so at its next heartbeat, or
+		// when a partition heals); membership then reports it.
+		if sv := s.serving(a.Model); sv != nil && sv.ComponentId == a.Component {
+			s.fail("%v retires %s's serving instance", a, a.Model)
+		}
+		s.logf("retired %s", a.Component)
+		s.at(delay+3, func() {
+			if !s.dead[a.Component] {
+				s.kill(a.Component)
+			}
+		})
 	default:
 		s.fail("unexpected action %v", a)
 	}
@@ -436,6 +448,25 @@ func (s *sim) checkFinal(wantAllServing bool, initialExec map[string]uint64) {
 		}
 		if sv != nil && s.g.Stateful(md) && s.pl(sv.ComponentId).Role != hamsv1.Role_ROLE_PRIMARY {
 			s.fail("model %s served by %s", md, sv.Role)
+		}
+	}
+	// At most one live backup per stateful model: a second one (a deposed
+	// primary listed as the backup beside the new one started for it)
+	// never gets the primary's snapshots, and a later failover could
+	// promote it. (Replay mode's backups are spares that replay the log:
+	// several may run.)
+	for _, md := range s.g.Models() {
+		if s.replay {
+			break
+		}
+		var backups []string
+		for _, p := range s.topo.Placements {
+			if p.Model == md && p.Role == hamsv1.Role_ROLE_BACKUP && p.SidecarAddress != "" && p.Alive && !s.dead[p.ComponentId] {
+				backups = append(backups, p.ComponentId)
+			}
+		}
+		if len(backups) > 1 {
+			s.fail("model %s has %d live backups %v", md, len(backups), backups)
 		}
 	}
 	// Every downstream model that consumed beyond a failed-over model's
