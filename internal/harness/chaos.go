@@ -359,9 +359,10 @@ func (ch *Chaos) Run(ctx context.Context) error {
 			kt.mu.Lock()
 			fmt.Fprintf(os.Stderr, "hams chaos:            recovered after %.0f ms, redundancy restored after %.0f ms\n", kr.RecoveryMs, kr.RestoredMs)
 			gaveUp := !kr.Recovered || kr.RestoredMs < 0
+			lacking := kr.Unrestored
 			kt.mu.Unlock()
 			if gaveUp {
-				fmt.Fprintf(os.Stderr, "hams chaos: %s did not recover within %v; no more kills\n", kr.Target, *maxRecovery)
+				fmt.Fprintf(os.Stderr, "hams chaos: %s did not recover within %v (lacking %v); no more kills\n", kr.Target, *maxRecovery, lacking)
 				return
 			}
 		}

@@ -60,6 +60,9 @@ type killReport struct {
 	// be promoted), i.e. redundancy was restored; -1 if not within the
 	// run.
 	RestoredMs float64 `json:"restored_ms"`
+	// Unrestored: what the last check before the report still lacked
+	// (a missing instance, an unsynced backup).
+	Unrestored []string `json:"unrestored,omitempty"`
 	Recovered  bool    `json:"recovered"`
 	Error      string  `json:"error,omitempty"`
 	// Note says what a manager or frontend was doing when it was killed:
@@ -350,7 +353,15 @@ func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *k
 					r, ok := d.Supervisor.Ready(rt.Child)
 					restarted = ok && r.Generation > before.Generation
 				}
-				if t, err := d.Topology(ctx); err == nil && restarted && len(d.Missing(t)) == 0 && controlRestored(ctx, d, t, rt.Kind) && len(d.UnsyncedBackups(ctx, t)) == 0 {
+				t, err := d.Topology(ctx)
+				if err == nil {
+					// What is still missing, for a run that gives up.
+					lacking := append(d.Missing(t), d.UnsyncedBackups(ctx, t)...)
+					kt.mu.Lock()
+					kr.Unrestored = lacking
+					kt.mu.Unlock()
+				}
+				if err == nil && restarted && len(d.Missing(t)) == 0 && controlRestored(ctx, d, t, rt.Kind) && len(d.UnsyncedBackups(ctx, t)) == 0 {
 					if fault != faultKill || rt.Inst == nil || !cluster.AliveID(t, rt.Inst.ID) || !d.Protected() {
 						now := time.Now()
 						newActive := ""
