@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/hams-go/hams/internal/config"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -381,7 +382,7 @@ func (m *Machine) newFailover(model string, old *hamsv1.Placement) []Action {
 			r.tasks[model] = tk
 			return nil
 		}
-		tk := &task{model: model, kind: tFailover, old: []*hamsv1.Placement{old}, abandoned: "primary and backup both failed"}
+		tk := &task{model: model, kind: tFailover, old: []*hamsv1.Placement{old}, abandoned: "primary and backup both failed" + m.backupsSeen(model)}
 		r.tasks[model] = tk
 		return []Action{m.notice(model, tk.abandoned)}
 	}
@@ -391,6 +392,21 @@ func (m *Machine) newFailover(model string, old *hamsv1.Placement) []Action {
 		m.ask(qMaxSeq, tk, model, Action{Kind: GetMaxSeq, Model: model, Component: b.GetComponentId(), Address: b.GetSidecarAddress()}),
 		m.ask(qBackupPos, tk, model, Action{Kind: GetLineageSummary, Model: model, Component: b.GetComponentId(), Address: b.GetSidecarAddress()}),
 	}
+}
+
+// backupsSeen lists model's backup placements as this machine sees them
+// (for the reason of an abandoned failover: which backup was not live).
+func (m *Machine) backupsSeen(model string) string {
+	var out []string
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_BACKUP {
+			out = append(out, fmt.Sprintf("%s epoch=%d alive=%t dead-in-round=%t", p.GetComponentId(), p.GetEpoch(), p.GetAlive(), m.r != nil && m.r.dead[p.GetComponentId()]))
+		}
+	}
+	if len(out) == 0 {
+		return " (no backup in the topology)"
+	}
+	return " (backups: " + strings.Join(out, "; ") + ")"
 }
 
 // failoverLostBackup handles the loss of the backup a failover task was
