@@ -254,6 +254,7 @@ func (d *driver) perform(acts []recovery.Action) {
 		if a.Address != "" {
 			var err error
 			if cl, err = d.conn(a.Address); err != nil {
+				m.log.Warn("recovery: connect for action failed", "action", a.String(), "err", err)
 				d.async(to, func(context.Context) protocol.Event { return failed(a, err) })
 				continue
 			}
@@ -262,6 +263,7 @@ func (d *driver) perform(acts []recovery.Action) {
 			// address (a model server's) cannot be performed: fail it
 			// so the machine treats the target as unreachable.
 			err := fmt.Errorf("%w: %s has no sidecar address", ErrNoAddress, a.String())
+			m.log.Warn("recovery: action has no target address", "action", a.String())
 			d.async(to, func(context.Context) protocol.Event { return failed(a, err) })
 			continue
 		}
@@ -270,6 +272,7 @@ func (d *driver) perform(acts []recovery.Action) {
 			d.async(to, func(ctx context.Context) protocol.Event {
 				resp, err := cl.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: a.Model})
 				if err != nil {
+					m.log.Warn("recovery: query failed", "action", a.String(), "err", err)
 					return failed(a, err)
 				}
 				return recovery.MaxSeqAnswered{ID: a.ID, MaxSeq: resp.GetMaxSeq()}
@@ -278,6 +281,7 @@ func (d *driver) perform(acts []recovery.Action) {
 			d.async(to, func(ctx context.Context) protocol.Event {
 				resp, err := cl.GetLineageSummary(ctx, &hamsv1.LineageSummaryRequest{FailedModel: a.FailedModel, FailedMaxSeq: a.FailedMaxSeq})
 				if err != nil {
+					m.log.Warn("recovery: query failed", "action", a.String(), "err", err)
 					return failed(a, err)
 				}
 				s := recovery.Summary{MaxOut: resp.GetMaxOutSeq(), MaxIn: resp.GetMaxInByPred(), ConsumedBeyond: resp.GetConsumedBeyond()}

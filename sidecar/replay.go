@@ -891,7 +891,7 @@ func (x *lineageIndex) replayExport(k int) ([]*hamsv1.ReplayFlowPair, map[string
 func (x *lineageIndex) replayRestore(f *lineage.Flow, lastSeq uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.exec = &execLog{base: f}
+	x.exec = &execLog{base: f, all: f.Clone()}
 	x.recv = f.Clone()
 	x.lastSeq = lastSeq
 }

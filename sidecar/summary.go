@@ -34,12 +34,20 @@ type fromKey struct {
 type execLog struct {
 	base *lineage.Flow
 	recs []execRec
+	// all is base plus recs, kept as requests are added and rebuilt when
+	// recs are truncated, so a summary reads it instead of rebuilding it
+	// from up to maxExecLog records under the index's lock (hundreds of
+	// milliseconds on a loaded machine: a backup's GetLineageSummary ran
+	// past the recovery's query timeout, and the backup was given up as
+	// dead with its primary, 2026-11-26 soak).
+	all *lineage.Flow
 }
 
-func newExecLog() *execLog { return &execLog{base: lineage.NewFlow()} }
+func newExecLog() *execLog { return &execLog{base: lineage.NewFlow(), all: lineage.NewFlow()} }
 
 func (l *execLog) add(r execRec) {
 	l.recs = append(l.recs, r)
+	l.all.Add(r.lin)
 	if len(l.recs) > maxExecLog {
 		n := len(l.recs) / 4
 		for _, old := range l.recs[:n] {
@@ -53,18 +61,19 @@ func (l *execLog) add(r execRec) {
 // truncate forgets the requests with seq above seq.
 func (l *execLog) truncate(seq uint64) {
 	i := sort.Search(len(l.recs), func(i int) bool { return l.recs[i].seq > seq })
+	if i == len(l.recs) {
+		return
+	}
 	clear(l.recs[i:])
 	l.recs = l.recs[:i]
+	l.all = l.base.Clone()
+	for _, r := range l.recs {
+		l.all.Add(r.lin)
+	}
 }
 
-// flow is the flow index of everything logged.
-func (l *execLog) flow() *lineage.Flow {
-	f := l.base.Clone()
-	for _, r := range l.recs {
-		f.Add(r.lin)
-	}
-	return f
-}
+// flow is a copy of the flow index of everything logged.
+func (l *execLog) flow() *lineage.Flow { return l.all.Clone() }
 
 // keys groups the remembered dedup keys per inbound edge.
 func (l *execLog) keys() map[string][]uint64 {
@@ -134,7 +143,7 @@ func (x *lineageIndex) reset() {
 func (x *lineageIndex) summary(g *config.Graph, self, failed string, failedMax uint64, fromState bool) *hamsv1.LineageSummary {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	ex := x.exec.flow()
+	ex := x.exec.all // read only, under mu
 	if failed == "" {
 		return &hamsv1.LineageSummary{Model: self, MaxOutSeq: x.lastSeq, MaxInByPred: ex.Prefixes(g, self)}
 	}

@@ -2,11 +2,14 @@ package sidecar
 
 import (
 	"errors"
+	"reflect"
+	"sort"
 	"testing"
 	"time"
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/protocol/lineage"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -285,4 +288,75 @@ func TestJoinerRejoinsSupersedingPart(t *testing.T) {
 	if d, _, _ := j2.Add(item("s", 1)); d != nil || j2.Waiting() != 1 {
 		t.Fatal("re-formed without RememberJoined")
 	}
+}
+
+// The flow an execLog keeps as requests are added is the one rebuilt from
+// its records, across compaction and truncation (summaries read it
+// instead of rebuilding it under the index's lock).
+func TestExecLogFlowKeptIncrementally(t *testing.T) {
+	l := newExecLog()
+	rebuilt := func() *lineage.Flow {
+		f := l.base.Clone()
+		for _, r := range l.recs {
+			f.Add(r.lin)
+		}
+		return f
+	}
+	same := func(what string) {
+		t.Helper()
+		a, am := l.all.Export()
+		b, bm := rebuilt().Export()
+		sortPairs := func(p []lineage.PairState) {
+			sort.Slice(p, func(i, j int) bool { return p[i].From+">"+p[i].To < p[j].From+">"+p[j].To })
+		}
+		sortPairs(a)
+		sortPairs(b)
+		if !reflect.DeepEqual(a, b) || !reflect.DeepEqual(am, bm) {
+			t.Fatalf("%s: kept flow %v %v, rebuilt %v %v", what, a, am, b, bm)
+		}
+	}
+	n := uint64(maxExecLog + maxExecLog/2)
+	for seq := uint64(1); seq <= n; seq++ {
+		l.add(execRec{seq: seq, lin: []*hamsv1.LineageEntry{
+			{PredModel: "frontend", Model: "a", PredSeq: seq, Seq: seq},
+			{PredModel: "a", Model: "b", PredSeq: seq, Seq: seq},
+		}})
+	}
+	same("after compaction")
+	l.truncate(n - 10)
+	same("after truncation")
+	if got := l.all.MaxSeq("b"); got != n-10 {
+		t.Fatalf("max seq of b after truncating at %d: %d", n-10, got)
+	}
+	l.truncate(n) // nothing above: unchanged
+	same("after an empty truncation")
+}
+
+// BenchmarkExecLogFlow: what a summary of a full exec log costs, rebuilt
+// from the records as it was (rebuild) and read from the kept flow (kept).
+func BenchmarkExecLogFlow(b *testing.B) {
+	l := newExecLog()
+	for seq := uint64(1); seq <= maxExecLog; seq++ {
+		l.add(execRec{seq: seq, lin: []*hamsv1.LineageEntry{
+			{PredModel: "frontend", Model: "a", PredSeq: seq, Seq: seq},
+			{PredModel: "a", Model: "b", PredSeq: seq, Seq: seq},
+			{PredModel: "a", Model: "c", PredSeq: seq, Seq: seq},
+			{PredModel: "b", Model: "d", PredSeq: seq, Seq: seq},
+			{PredModel: "c", Model: "d", PredSeq: seq, Seq: seq},
+		}})
+	}
+	b.Run("rebuild", func(b *testing.B) {
+		for b.Loop() {
+			f := l.base.Clone()
+			for _, r := range l.recs {
+				f.Add(r.lin)
+			}
+			_ = f.MaxSeq("d")
+		}
+	})
+	b.Run("kept", func(b *testing.B) {
+		for b.Loop() {
+			_ = l.all.MaxSeq("d")
+		}
+	})
 }
