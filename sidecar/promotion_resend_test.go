@@ -240,13 +240,13 @@ func TestPromotionAnnouncesEpochFirst(t *testing.T) {
 
 		// Rollback to the kept state at epoch 3 announces that state first.
 		b2.sc.roleMu.Lock()
-		kept := b2.sc.ship.Applied()
+		kept := b2.sc.prim.ship.Applied()
 		b2.sc.roleMu.Unlock()
 		if _, err := rb.Rollback(ctx, &hamsv1.RollbackRequest{Model: "b", Epoch: 3}); err != nil {
 			t.Fatalf("Rollback: %v", err)
 		}
 		b2.sc.roleMu.Lock()
-		wantSeq := b2.sc.baseSeq
+		wantSeq := b2.sc.prim.baseSeq
 		b2.sc.roleMu.Unlock()
 		if kept == nil || wantSeq < maxSeq {
 			t.Fatalf("rollback target seq %d (kept %v), below the promotion's %d", wantSeq, kept != nil, maxSeq)

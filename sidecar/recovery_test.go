@@ -412,7 +412,7 @@ func TestRollbackRestoresKeptState(t *testing.T) {
 		// The primary learns of the apply asynchronously (the ack's applied
 		// flag or the durability notice): its rollback target must be batch 2
 		// before the backup dies.
-		waitFor(t, "primary knows the first snapshot applied", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.batch == limit })
+		waitFor(t, "primary knows the first snapshot applied", func() bool { a := prim.sc.prim.ship.Applied(); return a != nil && a.batch == limit })
 		keptSeq, _ := back.sc.bk.MaxSeq()
 		waitFor(t, "the backup's model server has what it applied", func() bool { return bbe.Digest() == bkStateDigest(back.sc) })
 		kept := bbe.Digest()

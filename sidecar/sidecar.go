@@ -160,33 +160,10 @@ type Sidecar struct {
 	joiner  *Joiner
 	batcher *Batcher[*Joined]
 
-	// Owned by the executor goroutine.
-	lineage *Lineage
-	desc    *hamsv1.ModelDescription
-	// stateSpecs, stateBytes: the layout of the model state, from the
-	// last full state seen (headers of delta snapshots carry it).
-	stateSpecs []*hamsv1.TensorSpec
-	stateBytes uint64
-	// versionSeen is the highest state version the primary's model
-	// server holds to this sidecar's knowledge: the version of the last
-	// base state (baseSnapshot) or of a computed batch. Versions only grow
-	// between bases, so a computed batch at or below it means the server
-	// lost its state (restarted under this sidecar). 0: unknown.
-	versionSeen atomic.Uint64
-	// describeMu: the first executor describes the backend, the others
-	// wait for it (a concurrent backend runs several executors).
-	describeMu sync.Mutex
-	// nextBatchID numbers the batch requests built.
-	nextBatchID atomic.Uint64
-	// concurrent: the backend takes several batches at once
-	// (ConcurrentBackend: a replica pool) and that many executors run;
-	// finishMu then serialises finishing (seqs, lineage, sends).
-	concurrent bool
-	executors  int
-	finishMu   sync.Mutex
-	// callID is the identity of the last batch request built (callid.go):
-	// the backend call running it carries it in metadata.
-	callID atomic.Pointer[batchIdentity]
+	// exec runs the serving stages' batches on the backend (executor.go);
+	// backend is how they meet an unreachable one (backendloss.go).
+	exec    *executor
+	backend *backendPolicy
 
 	inbox chan *hamsv1.Item
 	done  chan struct{} // closed when Run's context ends
@@ -198,13 +175,8 @@ type Sidecar struct {
 
 	graph *config.Graph
 	idx   *lineageIndex
-	// epochV is the epoch recovery assigned to this instance;
-	// recoveredEpoch the one of its last promotion or rollback (batch ids
-	// and seqs were renumbered then).
-	epochV, recoveredEpoch atomic.Uint64
-	// baseBatch and baseSeq: where a primary's pipeline and numbering
-	// start (after the state it took over or rolled back to).
-	baseBatch, baseSeq uint64
+	// epochV is the epoch recovery assigned to this instance.
+	epochV atomic.Uint64
 
 	// roleMu serialises role transitions; mu guards role, senders, and
 	// the Run context fields.
@@ -213,8 +185,6 @@ type Sidecar struct {
 	stage   Stage
 	stopped bool
 	fatal   func(error)
-	// backendLostAfter: Config.BackendLostAfter or its default.
-	backendLostAfter time.Duration
 	// healthInterval: Config.HealthInterval or its default (<0: off).
 	healthInterval time.Duration
 	// health is the grpc.health.v1 server of the sidecar's port (health.go).
@@ -223,9 +193,9 @@ type Sidecar struct {
 	// State manager (replicated stateful models only).
 	role       string // guarded by mu once Run started
 	mode       nspb.Mode
-	replicated bool       // stateful, ha stateful, mode not bare
-	outlog     *OutputLog // primary: released outputs; backup: applied outputs
-	ship       *shipper   // primary
+	replicated bool          // stateful, ha stateful, mode not bare
+	outlog     *OutputLog    // primary: released outputs; backup: applied outputs
+	prim       *primaryState // a replicated primary's role (primary.go)
 	bk         *backupState
 	rp         *replayState // mode replay (stateful, ha stateful)
 }
@@ -296,17 +266,16 @@ func New(cfg Config) (*Sidecar, error) {
 		inbox:   make(chan *hamsv1.Item, inboxSize),
 		done:    make(chan struct{}), collecting: make(chan struct{}),
 		role: role, mode: mode, replicated: replicated,
-		backendLostAfter: cfg.BackendLostAfter,
-		healthInterval:   cfg.HealthInterval,
+		healthInterval: cfg.HealthInterval,
 	}
 	s.host = &sidecarHost{cfg: &s.cfg, log: log, metrics: s.metrics, maxMsg: s.maxMsg, epochV: &s.epochV, sbe: sbe}
-	if s.backendLostAfter == 0 {
-		s.backendLostAfter = DefaultBackendLostAfter
+	s.backend = &backendPolicy{h: s.host, protected: mode != nspb.Bare || cfg.Deployment.RunMode().Replays(), lostAfter: cfg.BackendLostAfter}
+	if s.backend.lostAfter == 0 {
+		s.backend.lostAfter = DefaultBackendLostAfter
 	}
-	s.executors = 1
+	executors := 1
 	if cb, ok := cfg.Backend.(ConcurrentBackend); ok && !m.Stateful {
-		s.executors = max(cb.Concurrency(), 1)
-		s.concurrent = s.executors > 1
+		executors = max(cb.Concurrency(), 1)
 	}
 	if s.healthInterval == 0 {
 		s.healthInterval = DefaultHealthInterval
@@ -347,17 +316,21 @@ func New(cfg Config) (*Sidecar, error) {
 	s.idx = newLineageIndex()
 	s.host.idx = s.idx
 	s.epochV.Store(cfg.Epoch)
-	if rp, err := s.replaySetup(role); err != nil {
+	if rp, err := replaySetup(cfg, s.host, s.backend, s.idx, role); err != nil {
 		return nil, err
 	} else {
 		s.rp = rp
 	}
-	s.lineage = NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch))
+	s.exec = newExecutor(s.host, s, s.backend, m.Backend.Model, executors, NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch)))
+	if s.rp != nil {
+		s.exec.log = s.rp
+		s.rp.x = s.exec
+	}
 	if role == RoleBackup && s.rp == nil {
 		s.bk = newBackupState(s.host, s.epochV.Load())
 	}
 	if replicated {
-		s.ship = newShipper(s.host)
+		s.prim = newPrimaryState(s.host, s.exec, s, s.backend, mode)
 	}
 	s.metrics.watch(reg, s) // role, output log bound, durability lag (metrics.go)
 	if cfg.Resolver == nil {
@@ -480,7 +453,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	// Backend calls made under this context carry the identity of the
 	// batch they run (hamsmd.UnaryClientInterceptor asks s).
-	ctx = hamsmd.WithSource(ctx, s)
+	ctx = hamsmd.WithSource(ctx, s.exec)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv := grpc.NewServer(s.serverOpts...)
@@ -596,19 +569,12 @@ func (s *Sidecar) startStage() {
 		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.sendersNow(), loop: s.loop, executors: 1}
 		switch {
 		case s.replicated:
-			sv.workers = append(sv.workers, namedRun{"shipper", s.ship.run})
-			if watch := s.ship.backupWatch(); watch != nil {
-				sv.workers = append(sv.workers, namedRun{"backup watch", watch}) // backupwatch.go
-			}
-			sv.workers = append(sv.workers, namedRun{"own durability watch", func(ctx context.Context) error {
-				return s.ship.watchOwnDurable(ctx, s.recoveredEpoch.Load)
-			}})
-			sv.executor = s.primaryExecutor
+			sv.workers, sv.executor = s.prim.workers(), s.prim.executor
 		case s.rp != nil:
 			sv.workers = []namedRun{{"replay logger", s.rp.logger}, {"replay checkpointer", s.rp.checkpointer}}
 			sv.executor = s.rp.executor
 		default:
-			sv.executor, sv.executors = s.executor, s.executors
+			sv.executor, sv.executors = s.exec.serve, s.exec.n
 		}
 		st = sv
 	}
@@ -819,4 +785,18 @@ func (s *Sidecar) fanOutTo(it *hamsv1.Item, sent []*hamsv1.Item) {
 		}
 		snd.Send(c)
 	}
+}
+
+// completed garbage-collects the output log and the senders' retained
+// items on a completion notice.
+func (s *Sidecar) completed(n *hamsv1.CompletionNotice) {
+	for _, snd := range s.sendersNow() {
+		snd.Complete(n.GetReqIds()...)
+	}
+	if s.outlog == nil || s.outlog.Complete(n.GetReqIds()) == 0 {
+		return
+	}
+	_, items, bytes := s.outlog.Stats()
+	s.metrics.outlogItems.Set(float64(items))
+	s.metrics.outlogBytes.Set(float64(bytes))
 }
