@@ -599,7 +599,7 @@ func TestStaleEpochTrafficRefused(t *testing.T) {
 	snd.Send(&hamsv1.Item{ReqId: 100, Tensors: []*hamsv1.Tensor{row(1, 2)}})
 	waitFor(t, "a1 executed the stale request", func() bool { return snd.Backlog() == 0 })
 	waitFor(t, "a1's batch to q refused", func() bool {
-		for _, s := range a1.sc.sendersNow() {
+		for _, s := range a1.sc.out.current() {
 			if s.Stats().Reconnects > 0 && s.Backlog() > 0 {
 				return true
 			}

@@ -66,10 +66,10 @@ func (s *Sidecar) promoteReplay(epoch uint64, after map[string]uint64) (uint64, 
 			return status.Errorf(codes.Internal, "Promote: %v", err)
 		}
 		sent := 0
-		for i, snd := range s.sendersNow() {
+		for i, snd := range s.out.current() {
 			lim, named := after[s.succs[i]]
 			for _, it := range items {
-				if named && s.position(it) <= lim {
+				if named && s.out.position(it) <= lim {
 					continue
 				}
 				snd.Send(&hamsv1.Item{ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,

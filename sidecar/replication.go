@@ -441,7 +441,7 @@ func (s *Sidecar) announceEpoch(rpc string, epoch, seq, batch uint64) error {
 // current senders, each edge its own items, and returns how many. The
 // caller holds the role transition (no traffic runs yet).
 func (s *Sidecar) resendOutputLog() int {
-	senders := s.sendersNow()
+	senders := s.out.current()
 	n := 0
 	for i, snd := range senders {
 		items := s.outlog.ForEdge(s.cfg.Model, i, len(senders))
@@ -463,7 +463,7 @@ func (s *Sidecar) resend(req *hamsv1.ResendRequest) (int, error) {
 	if s.receiver == nil || ((s.replicated || s.rp != nil) && s.Role() != RolePrimary) {
 		return 0, status.Errorf(codes.FailedPrecondition, "Resend: sidecar of %q is a %s", s.cfg.Model, s.Role())
 	}
-	senders := s.sendersNow()
+	senders := s.out.current()
 	for i, to := range s.succs {
 		if to != req.GetToModel() {
 			continue

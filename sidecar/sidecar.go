@@ -154,7 +154,9 @@ type Sidecar struct {
 	authz *authz.Authorizer
 
 	receiver *edge.Receiver
-	senders  []*edge.Sender // one per successor, in Graph.Succ order
+	// out is the sending end of the request path (outedges.go): the
+	// out-edges, failing a request, fan-out.
+	out *outEdges
 
 	// Owned by the loop goroutine.
 	joiner  *Joiner
@@ -178,8 +180,8 @@ type Sidecar struct {
 	// epochV is the epoch recovery assigned to this instance.
 	epochV atomic.Uint64
 
-	// roleMu serialises role transitions; mu guards role, senders, and
-	// the Run context fields.
+	// roleMu serialises role transitions; mu guards role and the Run
+	// context fields.
 	roleMu  sync.Mutex
 	mu      sync.Mutex
 	stage   Stage
@@ -269,6 +271,7 @@ func New(cfg Config) (*Sidecar, error) {
 		healthInterval: cfg.HealthInterval,
 	}
 	s.host = &sidecarHost{cfg: &s.cfg, log: log, metrics: s.metrics, maxMsg: s.maxMsg, epochV: &s.epochV, sbe: sbe}
+	s.out = &outEdges{model: cfg.Model, log: log, metrics: s.metrics, clock: cfg.Now}
 	s.backend = &backendPolicy{h: s.host, protected: mode != nspb.Bare || cfg.Deployment.RunMode().Replays(), lostAfter: cfg.BackendLostAfter}
 	if s.backend.lostAfter == 0 {
 		s.backend.lostAfter = DefaultBackendLostAfter
@@ -321,7 +324,7 @@ func New(cfg Config) (*Sidecar, error) {
 	} else {
 		s.rp = rp
 	}
-	s.exec = newExecutor(s.host, s, s.backend, m.Backend.Model, executors, NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch)))
+	s.exec = newExecutor(s.host, s.out, s.backend, m.Backend.Model, executors, NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch)))
 	if s.rp != nil {
 		s.exec.log = s.rp
 		s.rp.x = s.exec
@@ -330,7 +333,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.bk = newBackupState(s.host, s.epochV.Load())
 	}
 	if replicated {
-		s.prim = newPrimaryState(s.host, s.exec, s, s.backend, mode)
+		s.prim = newPrimaryState(s.host, s.exec, s.out, s.backend, mode)
 	}
 	s.metrics.watch(reg, s) // role, output log bound, durability lag (metrics.go)
 	if cfg.Resolver == nil {
@@ -345,7 +348,7 @@ func New(cfg Config) (*Sidecar, error) {
 		// arrives after an upstream stateful failover (Joiner.RememberJoined).
 		s.joiner.RememberJoined(maxWaitingJoin)
 	}
-	opts := []edge.ReceiverOption{edge.WithDedup(0, s.host.IsStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.now)}
+	opts := []edge.ReceiverOption{edge.WithDedup(0, s.host.IsStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.out.now)}
 	if !m.Stateful {
 		// A resend through this model toward a replacement further down
 		// must run here again.
@@ -364,45 +367,15 @@ func (s *Sidecar) newSenders() error {
 	for _, to := range s.succs {
 		snd, err := edge.NewSender(edge.SenderConfig{
 			From: s.cfg.Model, To: to, Resolver: s.cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: s.log,
-			Epoch: s.host.Epoch, Position: s.position, DialOptions: s.host.dialOpts, Now: s.now,
+			Epoch: s.host.Epoch, Position: s.out.position, DialOptions: s.host.dialOpts, Now: s.out.now,
 		})
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 		out = append(out, snd)
 	}
-	s.mu.Lock()
-	s.senders = out
-	s.mu.Unlock()
+	s.out.set(out)
 	return nil
-}
-
-// sendersNow returns the current out-edges (for goroutines outside the
-// role stage).
-func (s *Sidecar) sendersNow() []*edge.Sender {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.senders
-}
-
-// position is an output item's position on an out-edge: this model's seq
-// of the request (error items, which carry none, are always resent).
-func (s *Sidecar) position(it *hamsv1.Item) uint64 {
-	lin := it.GetLineage()
-	for i := len(lin) - 1; i >= 0; i-- {
-		if lin[i].GetModel() == s.cfg.Model {
-			return lin[i].GetSeq()
-		}
-	}
-	return ^uint64(0)
-}
-
-// now is the clock request deadlines are on (Config.Now).
-func (s *Sidecar) now() time.Time {
-	if s.cfg.Now != nil {
-		return s.cfg.Now()
-	}
-	return time.Now()
 }
 
 // senderEpoch is the epoch the topology knows for a sending model; the
@@ -566,7 +539,7 @@ func (s *Sidecar) startStage() {
 	case role == RoleBackup:
 		st = newBackupStage(s.bk)
 	default:
-		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.sendersNow(), loop: s.loop, executors: 1}
+		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.out.current(), loop: s.loop, executors: 1}
 		switch {
 		case s.replicated:
 			sv.workers, sv.executor = s.prim.workers(), s.prim.executor
@@ -608,13 +581,13 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		now := s.now()
+		now := s.out.now()
 		for _, j := range s.joiner.Expire(now) {
-			s.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
+			s.out.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
 		}
 		blocked := false
 		if idleN > 0 && s.batcher.Len() > 0 {
-			if blocked = s.sendersFull(); !blocked {
+			if blocked = s.out.full(); !blocked {
 				if b := s.batcher.Ready(now); b != nil {
 					select {
 					case work <- b:
@@ -648,7 +621,7 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 			for n := 0; n < 256; n++ {
 				select {
 				case it := <-s.inbox:
-					s.accept(it, s.now())
+					s.accept(it, s.out.now())
 					continue
 				default:
 				}
@@ -663,21 +636,12 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 	}
 }
 
-func (s *Sidecar) sendersFull() bool {
-	for _, snd := range s.sendersNow() {
-		if snd.Full() {
-			return true
-		}
-	}
-	return false
-}
-
 // accept runs one inbound item through the Joiner.
 func (s *Sidecar) accept(it *hamsv1.Item, now time.Time) {
 	s.metrics.itemsIn.Inc()
 	j, evicted, err := s.joiner.Add(it)
 	for _, e := range evicted {
-		s.fail(e, codes.ResourceExhausted, "too many incomplete joins")
+		s.out.fail(e, codes.ResourceExhausted, "too many incomplete joins")
 	}
 	if err != nil {
 		reason := "unknown_pred"
@@ -695,11 +659,11 @@ func (s *Sidecar) accept(it *hamsv1.Item, now time.Time) {
 		return
 	}
 	if hasError(j) {
-		s.passError(j)
+		s.out.passError(j)
 		return
 	}
 	if j.Deadline != 0 && now.UnixNano() >= j.Deadline {
-		s.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
+		s.out.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
 		return
 	}
 	s.batcher.Add(j, now)
@@ -714,83 +678,10 @@ func hasError(j *Joined) bool {
 	return false
 }
 
-// passError forwards the first upstream error of j unchanged.
-func (s *Sidecar) passError(j *Joined) {
-	for _, p := range j.Parts {
-		if p != nil && (p.GetError() != "" || p.GetErrorCode() != 0) {
-			code := codes.Code(p.GetErrorCode())
-			if code == codes.OK {
-				code = codes.Unknown
-			}
-			s.sendError(j, code, p.GetError())
-			return
-		}
-	}
-}
-
-// fail turns request j into an error item from this model.
-func (s *Sidecar) fail(j *Joined, code codes.Code, msg string) {
-	if hasError(j) {
-		s.passError(j)
-		return
-	}
-	s.metrics.errors.WithLabelValues(code.String()).Inc()
-	s.log.Debug("request failed", "req_id", j.ReqID, "code", code, "err", msg)
-	s.sendError(j, code, fmt.Sprintf("model %s: %s", s.cfg.Model, msg))
-}
-
-func (s *Sidecar) sendError(j *Joined, code codes.Code, msg string) {
-	var parts []*hamsv1.Item
-	for _, p := range j.Parts {
-		if p != nil {
-			parts = append(parts, p)
-		}
-	}
-	it := &hamsv1.Item{
-		ReqId: j.ReqID, Lineage: MergeLineage(nil, parts), DeadlineUnixNano: j.Deadline,
-		Error: msg, ErrorCode: int32(code),
-	}
-	if len(parts) > 0 {
-		it.Service, it.StreamId = parts[0].GetService(), parts[0].GetStreamId()
-	}
-	s.fanOut(it)
-}
-
-// fanOut sends it to every successor (one copy per out-edge, sharing
-// tensors and lineage: Send stamps edge_seq on its own copy).
-func (s *Sidecar) fanOut(it *hamsv1.Item) { s.fanOutTo(it, nil) }
-
-// fanOutKeep is fanOut returning the items sent, in successor order.
-func (s *Sidecar) fanOutKeep(it *hamsv1.Item) []*hamsv1.Item {
-	sent := make([]*hamsv1.Item, len(s.sendersNow()))
-	s.fanOutTo(it, sent)
-	return sent
-}
-
-// fanOutTo records the item sent on out-edge i in sent[i] when sent is not
-// nil.
-func (s *Sidecar) fanOutTo(it *hamsv1.Item, sent []*hamsv1.Item) {
-	senders := s.sendersNow()
-	for i, snd := range senders {
-		c := it
-		if i < len(senders)-1 {
-			c = &hamsv1.Item{
-				ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
-				Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Error: it.Error, ErrorCode: it.ErrorCode,
-				Approximate: it.Approximate, TraceContext: it.TraceContext,
-			}
-		}
-		if sent != nil {
-			sent[i] = c
-		}
-		snd.Send(c)
-	}
-}
-
 // completed garbage-collects the output log and the senders' retained
 // items on a completion notice.
 func (s *Sidecar) completed(n *hamsv1.CompletionNotice) {
-	for _, snd := range s.sendersNow() {
+	for _, snd := range s.out.current() {
 		snd.Complete(n.GetReqIds()...)
 	}
 	if s.outlog == nil || s.outlog.Complete(n.GetReqIds()) == 0 {
