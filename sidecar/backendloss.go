@@ -8,8 +8,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/hams-go/hams/protocol/nspb"
 )
 
 // A model server and its sidecar are one failure unit (a "host"). When the
@@ -30,33 +28,46 @@ const (
 // unreachable for BackendLostAfter; the sidecar stops on it.
 var errBackendLost = errors.New("sidecar: backend unreachable")
 
-// errNotRepeated marks callOnce's errBackendLost: the call may have taken
+// errNotRepeated marks backendPolicy.once's errBackendLost: the call may have taken
 // effect, and the backend was not given BackendLostAfter to come back.
 var errNotRepeated = errors.New("not repeated")
 
-// backendDown reports whether err from the backend means the model server
-// is unreachable and a replacement will re-execute the requests.
-func (s *Sidecar) backendDown(err error) bool {
-	return (s.mode != nspb.Bare || s.cfg.Deployment.RunMode().Replays()) && status.Code(err) == codes.Unavailable
+// backendPolicy is how a sidecar meets an unreachable backend (see
+// above): the executors, the primary's state operations and replay's
+// recovery all call the backend through it. It is fixed when the sidecar
+// is built.
+type backendPolicy struct {
+	h Host
+	// protected: a replacement re-executes the requests (the mode is not
+	// bare, or the deployment runs replay), so an unreachable backend
+	// holds them rather than failing them.
+	protected bool
+	// lostAfter: Config.BackendLostAfter or its default.
+	lostAfter time.Duration
 }
 
-// retryBackend runs call until it succeeds, fails for another reason than
-// an unreachable backend (see backendDown), ctx ends, or the backend has
-// been unreachable for BackendLostAfter (the error then wraps
-// errBackendLost).
-func (s *Sidecar) retryBackend(ctx context.Context, what string, call func() error) error {
+// down reports whether err from the backend means the model server is
+// unreachable and a replacement will re-execute the requests.
+func (bp *backendPolicy) down(err error) bool {
+	return bp.protected && status.Code(err) == codes.Unavailable
+}
+
+// retry runs call until it succeeds, fails for another reason than an
+// unreachable backend (see down), ctx ends, or the backend has been
+// unreachable for lostAfter (the error then wraps errBackendLost).
+func (bp *backendPolicy) retry(ctx context.Context, what string, call func() error) error {
 	var since time.Time
 	for attempt := 1; ; attempt++ {
 		err := call()
-		if err == nil || ctx.Err() != nil || !s.backendDown(err) {
+		if err == nil || ctx.Err() != nil || !bp.down(err) {
 			return err
 		}
 		if since.IsZero() {
 			since = time.Now()
-			s.log.Warn("backend unreachable, holding the batch", "op", what, "err", err)
+			bp.h.Logger().Warn("backend unreachable, holding the batch", "op", what, "err", err)
 		}
-		s.metrics.backendDown.Inc()
-		if time.Since(since) >= s.backendLostAfter {
+		bp.h.Metrics().backendDown.Inc()
+		if time.Since(since) >= bp.lostAfter {
 			return fmt.Errorf("%w: %s for %v (%d attempts): %w", errBackendLost, what, time.Since(since).Round(time.Millisecond), attempt, err)
 		}
 		t := time.NewTimer(backendRetry)
@@ -69,25 +80,25 @@ func (s *Sidecar) retryBackend(ctx context.Context, what string, call func() err
 	}
 }
 
-// callOnce is retryBackend for a call that changes the model's state
-// inside the model server: Infer of a stateful model whose server holds
-// the state (the reference model server's ModelRuntime), in any mode that
-// runs it (the replay baseline, a stateful model served ha: stateless or
-// off), live or re-executed. An Unavailable answer does not say whether
-// the server applied the batch before the answer was lost (a connection
-// reset after processing), and a repeat would apply it twice. So the call
-// is not repeated: the backend is lost at once (fail-stop). A replay
+// once is retry for a call that changes the model's state inside the
+// model server: Infer of a stateful model whose server holds the state
+// (the reference model server's ModelRuntime), in any mode that runs it
+// (the replay baseline, a stateful model served ha: stateless or off),
+// live or re-executed. An Unavailable answer does not say whether the
+// server applied the batch before the answer was lost (a connection reset
+// after processing), and a repeat would apply it twice. So the call is not
+// repeated: the backend is lost at once (fail-stop). A replay
 // re-execution starts again from the checkpoint instead
 // (replayState.recover's caller).
-func (s *Sidecar) callOnce(ctx context.Context, what string, call func() error) error {
+func (bp *backendPolicy) once(ctx context.Context, what string, call func() error) error {
 	err := call()
-	if err == nil || ctx.Err() != nil || !s.backendDown(err) {
+	if err == nil || ctx.Err() != nil || !bp.down(err) {
 		return err
 	}
-	s.metrics.backendDown.Inc()
-	s.log.Warn("backend unreachable during a call that changes the model's state in the server: not repeated", "op", what, "err", err)
+	bp.h.Metrics().backendDown.Inc()
+	bp.h.Logger().Warn("backend unreachable during a call that changes the model's state in the server: not repeated", "op", what, "err", err)
 	return fmt.Errorf("%w: %s of stateful model %q %w (the server may have applied it before its answer was lost): %w",
-		errBackendLost, what, s.cfg.Model, errNotRepeated, err)
+		errBackendLost, what, bp.h.Model(), errNotRepeated, err)
 }
 
 // RepeatableInfer is implemented by a backend whose Infer of a stateful
@@ -99,13 +110,12 @@ type RepeatableInfer interface {
 	InferRepeatable() bool
 }
 
-// backendCall is how a batch's Infer meets an unreachable backend: held
-// and retried (retryBackend) for a stateless model or a backend whose
-// Infer is repeatable, not repeated (callOnce) when the server holds the
-// state.
-func (s *Sidecar) backendCall() func(context.Context, string, func() error) error {
-	if r, ok := s.cfg.Backend.(RepeatableInfer); s.host.IsStateful(s.cfg.Model) && !(ok && r.InferRepeatable()) {
-		return s.callOnce
+// call is how a batch's Infer meets an unreachable backend: held and
+// retried (retry) for a stateless model or a backend whose Infer is
+// repeatable, not repeated (once) when the server holds the state.
+func (bp *backendPolicy) call() func(context.Context, string, func() error) error {
+	if r, ok := bp.h.Backend().(RepeatableInfer); bp.h.IsStateful(bp.h.Model()) && !(ok && r.InferRepeatable()) {
+		return bp.once
 	}
-	return s.retryBackend
+	return bp.retry
 }

@@ -270,7 +270,7 @@ func TestBackupWritesBehindAndPromotionFlushes(t *testing.T) {
 	r.send(1, 12)
 	waitFor(t, "12 replies", func() bool { return r.sink.count() == 12 })
 	waitFor(t, "the backup applied every request", func() bool { return maxSeqOf(back.sc) == 12 })
-	waitFor(t, "the primary knows", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.seq == 12 })
+	waitFor(t, "the primary knows", func() bool { a := prim.sc.prim.ship.Applied(); return a != nil && a.seq == 12 })
 	// The primary installs its last batch a little after computing it.
 	waitFor(t, "the primary installed what the backup applied", func() bool { return pbe.Digest() == bkStateDigest(back.sc) })
 	hw.mu.Lock()
@@ -411,7 +411,7 @@ func oneStatefulPair(t *testing.T, w *gatedDeltaWriter) (r *rig, prim, back *ins
 	r.send(next, last)
 	waitFor(t, "replies behind the held write", func() bool { return r.sink.count() == int(last) })
 	waitFor(t, "the backup applied every request", func() bool { return maxSeqOf(back.sc) == last })
-	waitFor(t, "the primary knows", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.seq == last })
+	waitFor(t, "the primary knows", func() bool { a := prim.sc.prim.ship.Applied(); return a != nil && a.seq == last })
 	waitFor(t, "the primary installed what the backup applied", func() bool { return pbe.Digest() == bkStateDigest(back.sc) })
 	if w.full.Load() != 1 {
 		t.Fatalf("%d whole-state writes before the promotion, want 1 (the base)", w.full.Load())
@@ -658,7 +658,7 @@ services:
 // model's batch is held and retried (TestBackendUnavailableHoldsBatch...).
 func TestStatefulInferNotRepeatedAfterLostAnswer(t *testing.T) {
 	// run() is the live path of every mode (the replay baseline's too) and
-	// replay's re-execution calls the same backendCall.
+	// replay's re-execution calls the same backendPolicy.call.
 	for _, mode := range []string{"ha-stateless", "ha-off"} {
 		t.Run(mode, func(t *testing.T) {
 			y := statelessStatefulGraph

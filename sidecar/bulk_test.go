@@ -91,8 +91,8 @@ func TestBulkStreamFaultsAreResent(t *testing.T) {
 				dial, dials := faultyDial(2, hurt)
 				h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": back},
 					replOpts{tweak: func(_ string, s *Sidecar) {
-						if s.ship != nil && s.Role() == RolePrimary {
-							s.ship.bulkDial = dial
+						if s.prim != nil && s.Role() == RolePrimary {
+							s.prim.ship.bulkDial = dial
 						}
 					}})
 				defer h.stop()

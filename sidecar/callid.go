@@ -8,8 +8,8 @@ import (
 )
 
 // Request identity on backend calls (internal/hamsmd). Run puts the
-// sidecar on its context as the hamsmd.Source; batchRequest notes the
-// requests of every batch it builds; a backend connection dialled with
+// sidecar's executor on its context as the hamsmd.Source; batchRequest
+// notes the requests of every batch it builds; a backend connection dialled with
 // hamsmd.UnaryClientInterceptor then asks BatchLineage on each call that
 // runs a batch and sends the answer as hams-req-id / hams-lineage-bin
 // metadata. At most one batch computes at a time (the executor runs one;
@@ -34,11 +34,11 @@ type batchIdentity struct {
 }
 
 // noteBatch records the requests of the batch being built.
-func (s *Sidecar) noteBatch(reqs []request) { s.callID.Store(s.identityOf(reqs)) }
+func (x *executor) noteBatch(reqs []request) { x.callID.Store(x.identityOf(reqs)) }
 
 // identityOf is the identity of a batch of reqs.
-func (s *Sidecar) identityOf(reqs []request) *batchIdentity {
-	b := &batchIdentity{model: s.cfg.Model, reqs: make([]callReq, len(reqs))}
+func (x *executor) identityOf(reqs []request) *batchIdentity {
+	b := &batchIdentity{model: x.h.Model(), reqs: make([]callReq, len(reqs))}
 	for i, r := range reqs {
 		p0 := r.j.Parts[0]
 		b.reqs[i] = callReq{reqID: r.j.ReqID, service: p0.GetService(), stream: p0.GetStreamId(), parts: lineageOnly(r.j.Parts)}
@@ -49,8 +49,8 @@ func (s *Sidecar) identityOf(reqs []request) *batchIdentity {
 // noteReplayed records the requests of a logged batch that replay
 // re-executes, so its backend call names them and not the last live
 // batch. The logged parts already carry no tensors.
-func (s *Sidecar) noteReplayed(b *hamsv1.ReplayBatch) {
-	id := &batchIdentity{model: s.cfg.Model, reqs: make([]callReq, len(b.GetRequests()))}
+func (x *executor) noteReplayed(b *hamsv1.ReplayBatch) {
+	id := &batchIdentity{model: x.h.Model(), reqs: make([]callReq, len(b.GetRequests()))}
 	for i, r := range b.GetRequests() {
 		var service, stream string
 		if ps := r.GetParts(); len(ps) > 0 {
@@ -58,7 +58,7 @@ func (s *Sidecar) noteReplayed(b *hamsv1.ReplayBatch) {
 		}
 		id.reqs[i] = callReq{reqID: r.GetReqId(), service: service, stream: stream, parts: r.GetParts()}
 	}
-	s.callID.Store(id)
+	x.callID.Store(id)
 }
 
 // lineageOnly keeps the parts' lineage without their tensors.
@@ -72,8 +72,8 @@ func lineageOnly(parts []*hamsv1.Item) []*hamsv1.Item {
 
 // BatchLineage implements hamsmd.Source: the identity of the requests of
 // the last batch built, one per request in row order.
-func (s *Sidecar) BatchLineage() []*hamsv1.CallLineage {
-	b := s.callID.Load()
+func (x *executor) BatchLineage() []*hamsv1.CallLineage {
+	b := x.callID.Load()
 	if b == nil {
 		return nil
 	}

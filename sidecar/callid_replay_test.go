@@ -10,8 +10,7 @@ import (
 // logged requests (hams-req-id / hams-lineage-bin), not by the last live
 // batch the sidecar built.
 func TestReplayedBatchNamesItsRequests(t *testing.T) {
-	s := &Sidecar{}
-	s.cfg.Model = "b"
+	s := &executor{h: &sidecarHost{cfg: &Config{Model: "b"}}}
 	s.noteBatch([]request{{j: &Joined{ReqID: 99, Parts: []*hamsv1.Item{{ReqId: 99, Service: "live"}}}}})
 	s.noteReplayed(&hamsv1.ReplayBatch{Model: "b", BatchId: 4, Requests: []*hamsv1.ReplayRequest{
 		{ReqId: 7, Parts: []*hamsv1.Item{{ReqId: 7, FromModel: "a", Service: "svc", StreamId: "s1",

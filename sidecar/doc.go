@@ -19,7 +19,7 @@
 // their own.
 //
 // Request identity (callid.go): batchRequest notes the requests of the
-// batch it builds and the sidecar is the hamsmd.Source on Run's context, so
+// batch it builds and the executor is the hamsmd.Source on Run's context, so
 // a backend connection dialled with hamsmd.UnaryClientInterceptor sends
 // each batch call's req_ids and lineages as hams-req-id / hams-lineage-bin
 // metadata (the stateful primary's Compute included: it builds its batch

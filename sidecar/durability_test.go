@@ -233,7 +233,7 @@ func TestBrokenShipStreamResentWithoutDuplicates(t *testing.T) {
 		h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": back},
 			replOpts{tweak: func(name string, s *Sidecar) {
 				if s.role == RolePrimary {
-					s.ship.dialOptions = []grpc.DialOption{grpc.WithStreamInterceptor(cut.intercept)}
+					s.prim.ship.dialOptions = []grpc.DialOption{grpc.WithStreamInterceptor(cut.intercept)}
 				}
 			}})
 		defer h.stop()

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/hamsmd"
-	"github.com/hams-go/hams/protocol/nspb"
 )
 
 // Backend health. A model server can stay reachable and still be unable
@@ -94,7 +93,7 @@ func (s *Sidecar) watchHealth(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		hctx, cancel := context.WithTimeout(ctx, 2*s.backendLostAfter)
+		hctx, cancel := context.WithTimeout(ctx, 2*s.backend.lostAfter)
 		err := s.cfg.Backend.Health(hctx)
 		hung := errors.Is(hctx.Err(), context.DeadlineExceeded)
 		cancel()
@@ -121,11 +120,11 @@ func (s *Sidecar) watchHealth(ctx context.Context) error {
 			s.log.Warn("backend unhealthy", "err", err)
 		}
 		fails++
-		protected := s.mode != nspb.Bare || s.cfg.Deployment.RunMode().Replays()
+		protected := s.backend.protected
 		if !armed || !protected {
 			s.setBackendServing(false)
 		}
-		if armed && protected && fails >= healthFailures && time.Since(since) >= s.backendLostAfter {
+		if armed && protected && fails >= healthFailures && time.Since(since) >= s.backend.lostAfter {
 			return fmt.Errorf("%w: unhealthy for %v (%d checks in a row): %w", errBackendLost, time.Since(since).Round(time.Millisecond), fails, err)
 		}
 	}

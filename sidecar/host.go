@@ -11,11 +11,12 @@ import (
 )
 
 // Host is what a role stage needs of the sidecar that runs it, and all it
-// may use: the stages (backup.go today; primary and replay next, issue 21
-// item 2) hold a Host, never the *Sidecar, so a role can be read and
-// changed without the rest of the sidecar. The sidecar keeps role
+// may use: the roles (backupState, primaryState, replayState) and the
+// executor they share hold a Host, never the *Sidecar, so a role can be
+// read and changed without the rest of the sidecar. The sidecar keeps role
 // transitions, its RPCs and the data path; a stage asks it for its
-// dependencies here.
+// dependencies here (and the serving roles for the request path's
+// fan-out through requestPath, executor.go).
 type Host interface {
 	// Model is the name of the model this sidecar serves.
 	Model() string

@@ -187,7 +187,11 @@ func (s *Sidecar) metricRole() string {
 // and the durability lag (the shipper's snapshots the backup has not
 // applied). Called once, when s is built.
 func (m *metrics) watch(reg prometheus.Registerer, s *Sidecar) {
-	cs := m.watched(s.metricRole, s.outlog, s.ship)
+	var ship *shipper
+	if s.prim != nil {
+		ship = s.prim.ship
+	}
+	cs := m.watched(s.metricRole, s.outlog, ship)
 	if reg != nil {
 		reg.MustRegister(cs...)
 	}

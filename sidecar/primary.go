@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hams-go/hams/internal/run"
@@ -13,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -118,6 +118,58 @@ type snapshot struct {
 // isDelta reports whether sn carries ranges, not the full state.
 func (sn *snapshot) isDelta() bool { return sn.header.GetDelta() }
 
+// primaryState is the role of a replicated stateful model's primary: what
+// outlives one run of its stage (a role transition stops and restarts
+// it). Its stage runs executor (the driver below, on the executor
+// goroutine) and workers (the shipper and its watches). It depends on the
+// sidecar only through Host, the shared executor and the request path.
+//
+// Invariants: baseBatch, baseSeq and recoveredEpoch change only in a role
+// transition (promotion, rollback), while no stage runs; stateSpecs and
+// stateBytes belong to the driver (or a transition); versionSeen only
+// grows between bases.
+type primaryState struct {
+	h    Host
+	x    *executor
+	path requestPath
+	bp   *backendPolicy
+	mode nspb.Mode
+	ship *shipper
+	// baseBatch and baseSeq: where the pipeline and numbering start
+	// (after the state it took over or rolled back to).
+	baseBatch, baseSeq uint64
+	// recoveredEpoch is the epoch of the last promotion or rollback
+	// (batch ids and seqs were renumbered then).
+	recoveredEpoch atomic.Uint64
+	// stateSpecs, stateBytes: the layout of the model state, from the
+	// last full state seen (headers of delta snapshots carry it).
+	stateSpecs []*hamsv1.TensorSpec
+	stateBytes uint64
+	// versionSeen is the highest state version the model server holds to
+	// this primary's knowledge: the version of the last base state
+	// (baseSnapshot) or of a computed batch. Versions only grow between
+	// bases, so a computed batch at or below it means the server lost its
+	// state (restarted under this sidecar). 0: unknown.
+	versionSeen atomic.Uint64
+}
+
+func newPrimaryState(h Host, x *executor, path requestPath, bp *backendPolicy, mode nspb.Mode) *primaryState {
+	return &primaryState{h: h, x: x, path: path, bp: bp, mode: mode, ship: newShipper(h)}
+}
+
+// workers are the primary stage's goroutines besides its executor: the
+// shipper, the backup watch (backupwatch.go) and the watch of its own
+// durability notices.
+func (ps *primaryState) workers() []namedRun {
+	ws := []namedRun{{"shipper", ps.ship.run}}
+	if watch := ps.ship.backupWatch(); watch != nil {
+		ws = append(ws, namedRun{"backup watch", watch})
+	}
+	return append(ws, namedRun{"own durability watch", func(ctx context.Context) error {
+		return ps.ship.watchOwnDurable(ctx, ps.recoveredEpoch.Load)
+	}})
+}
+
 // primary drives a replicated stateful model's batches through an
 // nspb.Pipeline. It runs on the executor goroutine; backend operations run
 // on their own goroutines and report on events.
@@ -129,7 +181,7 @@ func (sn *snapshot) isDelta() bool { return sn.header.GetDelta() }
 // once, in batch order, when the pipeline says so; a batch failing Compute
 // consumes no batch id and leaves the state untouched.
 type primary struct {
-	s       *Sidecar
+	ps      *primaryState
 	pipe    *nspb.Pipeline
 	events  chan opDone
 	ops     sync.WaitGroup
@@ -160,26 +212,28 @@ type primary struct {
 	computedAt map[uint64]time.Time
 }
 
-// primaryExecutor replaces executor for a replicated stateful primary.
-func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
-	if !s.describe(ctx) {
+// executor is the primary stage's executor goroutine: it drives batches
+// through a new pipeline starting at baseBatch until ctx ends.
+func (ps *primaryState) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
+	if !ps.x.describe(ctx) {
 		return nil
 	}
-	p := &primary{s: s, pipe: nspb.NewPipeline(s.mode, s.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{},
-		covered: s.baseBatch, computedAt: map[uint64]time.Time{}}
-	p.capture = s.desc.GetStateDelta() && p.pipe.CaptureAtCompute()
-	p.fold = p.capture && s.desc.GetComputeInstalls()
-	if s.ship.Applied() == nil {
+	p := &primary{ps: ps, pipe: nspb.NewPipeline(ps.mode, ps.baseBatch), events: make(chan opDone, 8), batches: map[uint64]*computedBatch{},
+		covered: ps.baseBatch, computedAt: map[uint64]time.Time{}}
+	desc := ps.x.description()
+	p.capture = desc.GetStateDelta() && p.pipe.CaptureAtCompute()
+	p.fold = p.capture && desc.GetComputeInstalls()
+	if ps.ship.Applied() == nil {
 		// The rollback target before the backup applied anything: the
 		// state this primary starts from.
-		ts, v, err := s.host.sbe.ReadState(ctx)
+		ts, v, err := ps.h.StateBackend().ReadState(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("read initial state: %w", err)
 		}
-		base := s.baseSnapshot(ts, v, nil)
+		base := ps.baseSnapshot(ts, v, nil)
 		if p.capture {
 			// Deltas need a base at the backup: the initial state goes
 			// first, as snapshot 1 (snapshot ids are the shipper's, not
@@ -187,12 +241,12 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 			base.batch = max(base.batch, 1)
 			base.header.BatchId = base.batch
 		}
-		s.ship.reset(base, p.capture)
+		ps.ship.reset(base, p.capture)
 	}
 	if !p.capture {
 		p.onDemand = p.pipe.CopyOnDemand()
 	}
-	_, p.pinEarly = s.host.sbe.(PinnedStateReader)
+	_, p.pinEarly = ps.h.StateBackend().(PinnedStateReader)
 	p.pinEarly = p.pinEarly && p.onDemand
 	defer p.ops.Wait()
 	idleSent := false
@@ -203,14 +257,14 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 		}
 	}()
 	for {
-		full, space := s.outlog.Full()
+		full, space := ps.h.OutputLog().Full()
 		if full != p.blocked {
 			p.blocked = full
 			if full {
-				s.metrics.outlogBlocked.Inc()
-				s.log.Info("output log full, holding new batches until completions free space")
+				ps.h.Metrics().outlogBlocked.Inc()
+				ps.h.Logger().Info("output log full, holding new batches until completions free space")
 			} else {
-				s.log.Info("output log has space again")
+				ps.h.Logger().Info("output log has space again")
 			}
 		}
 		canStart := !p.busy && !p.installing && p.gatesOpen() && p.pipe.CanCompute()
@@ -230,7 +284,7 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 		}
 		// On demand, ask for a copy whenever the shipper has nothing
 		// waiting: the next snapshot is then as fresh as it can be.
-		if p.onDemand && !p.streaming && !p.pipe.Copying() && !p.pipe.CopyRequested() && s.ship.Waiting() == 0 {
+		if p.onDemand && !p.streaming && !p.pipe.Copying() && !p.pipe.CopyRequested() && ps.ship.Waiting() == 0 {
 			p.do(ctx, p.pipe.RequestCopy())
 		}
 		// A folded install that no batch carries soon is issued on its
@@ -253,41 +307,22 @@ func (s *Sidecar) primaryExecutor(ctx context.Context, work <-chan []*Joined, id
 			idleSent = true
 		case b := <-work:
 			idleSent = false
-			if reqs := s.prepare(b); len(reqs) > 0 {
+			if reqs := ps.x.prepare(b); len(reqs) > 0 {
 				p.queue = append(p.queue, reqs)
 			}
 		case ev := <-p.events:
 			if err := p.handle(ctx, ev); err != nil {
 				return err
 			}
-		case n := <-s.ship.acks:
+		case n := <-ps.ship.acks:
 			p.do(ctx, p.pipe.Acked(n))
-		case <-s.ship.appliedC:
-		case <-s.ship.tookC:
+		case <-ps.ship.appliedC:
+		case <-ps.ship.tookC:
 		case <-spaceC:
 		case <-ctx.Done():
 			return nil
 		}
 	}
-}
-
-// prepare checks deadlines and inputs per request (failing the bad ones).
-func (s *Sidecar) prepare(batch []*Joined) []request {
-	now := s.now().UnixNano()
-	reqs := make([]request, 0, len(batch))
-	for _, j := range batch {
-		if j.Deadline != 0 && now >= j.Deadline {
-			s.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
-			continue
-		}
-		ins, rows, err := s.selectInputs(j)
-		if err != nil {
-			s.fail(j, codes.InvalidArgument, err.Error())
-			continue
-		}
-		reqs = append(reqs, request{j: j, inputs: ins, rows: rows})
-	}
-	return reqs
 }
 
 // spawn runs f on its own goroutine and delivers its report.
@@ -307,14 +342,14 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 	p.busy = true
 	computed, _, _, _, _ := p.pipe.Progress()
 	id := computed + 1
-	s := p.s
+	ps := p.ps
 	// Read on the driver goroutine, which alone writes them.
 	stage, install := p.capture, p.pendingInstall
-	bt := s.traceBatch(reqs, id) // nil when tracing is off
+	bt := traceBatch(ps.h, reqs, id) // nil when tracing is off
 	p.spawn(ctx, func() opDone {
 		ev := opDone{kind: evComputed, batch: id, reqs: reqs, tr: bt, install: install}
 		cctx := bt.callCtx(ctx)
-		req, err := s.batchRequest(reqs, id)
+		req, err := ps.x.batchRequest(reqs, id)
 		if err != nil {
 			ev.err = err
 			return ev
@@ -325,15 +360,15 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 		// install of batch install, which is idempotent (installing the
 		// batch installed last is a no-op: models.core.updateLocked), so a
 		// compute that found the backend unreachable is retried
-		// (retryBackend) even when its first attempt took effect.
+		// (backendPolicy.retry) even when its first attempt took effect.
 		var resp *hamsv1.BatchResponse
-		err = s.retryBackend(ctx, "compute", func() (err error) {
+		err = ps.bp.retry(ctx, "compute", func() (err error) {
 			start := time.Now()
-			resp, err = s.host.sbe.Compute(cctx, req)
+			resp, err = ps.h.StateBackend().Compute(cctx, req)
 			ev.dur = time.Since(start)
-			s.metrics.backend.Observe(ev.dur.Seconds())
-			s.metrics.batches.Inc()
-			s.metrics.batchSize.Observe(float64(len(reqs)))
+			ps.h.Metrics().backend.Observe(ev.dur.Seconds())
+			ps.h.Metrics().batches.Inc()
+			ps.h.Metrics().batchSize.Observe(float64(len(reqs)))
 			return err
 		})
 		if err == nil && stage && !resp.GetHasStateDelta() {
@@ -353,7 +388,7 @@ func (p *primary) startCompute(ctx context.Context, reqs []request) {
 }
 
 func (p *primary) handle(ctx context.Context, ev opDone) error {
-	s := p.s
+	ps := p.ps
 	switch ev.kind {
 	case evComputed:
 		p.busy = false
@@ -361,7 +396,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			ev.tr.end(ev.err)
 			return p.computeFailed(ctx, ev)
 		}
-		if v, seen := ev.resp.GetNextStateVersion(), s.versionSeen.Load(); v != 0 && seen != 0 && v <= seen {
+		if v, seen := ev.resp.GetNextStateVersion(), ps.versionSeen.Load(); v != 0 && seen != 0 && v <= seen {
 			// The server computed from a state older than one it already
 			// held: it was restarted under this sidecar (a restart no
 			// Update noticed) and these outputs come from its initial
@@ -372,7 +407,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			ev.tr.end(err)
 			return err
 		} else if v > seen {
-			s.versionSeen.Store(v)
+			ps.versionSeen.Store(v)
 		}
 		if id := p.pipe.StartCompute(); id != ev.batch {
 			return fmt.Errorf("pipeline started batch %d, compute ran %d", id, ev.batch)
@@ -383,7 +418,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		p.do(ctx, p.pipe.Computed(ev.batch))
 	case evInstalled:
 		p.installing = false
-		s.metrics.update.Observe(ev.dur.Seconds())
+		ps.h.Metrics().update.Observe(ev.dur.Seconds())
 		if err := lostStagedState(ctx, ev.err, "install of batch %d", ev.batch); err != nil {
 			return err
 		}
@@ -394,7 +429,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			p.pendingInstall = 0
 		}
 	case evUpdated:
-		s.metrics.update.Observe(ev.dur.Seconds())
+		ps.h.Metrics().update.Observe(ev.dur.Seconds())
 		if err := lostStagedState(ctx, ev.err, "update of batch %d", ev.batch); err != nil {
 			return err
 		}
@@ -402,14 +437,14 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
 				return fmt.Errorf("update batch %d: %w", ev.batch, ev.err)
 			}
-			s.log.Warn("update failed, retrying", "batch", ev.batch, "attempt", ev.attempt+1, "err", ev.err)
+			ps.h.Logger().Warn("update failed, retrying", "batch", ev.batch, "attempt", ev.attempt+1, "err", ev.err)
 			p.update(ctx, ev.batch, ev.attempt+1)
 			return nil
 		}
 		p.do(ctx, p.pipe.Updated(ev.batch))
 	case evPinned:
 		p.streaming = true
-		s.metrics.copyPin.Observe(ev.dur.Seconds())
+		ps.h.Metrics().copyPin.Observe(ev.dur.Seconds())
 		p.copied(ctx, ev.batch)
 	case evCopied:
 		if ev.err != nil {
@@ -421,25 +456,25 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 				if p.copyFails >= stateOpAttempts || ctx.Err() != nil {
 					return fmt.Errorf("copy state after batch %d: %w", ev.batch, ev.err)
 				}
-				s.log.Warn("state copy failed after capture, copying again", "batch", ev.batch, "attempt", p.copyFails, "err", ev.err)
+				ps.h.Logger().Warn("state copy failed after capture, copying again", "batch", ev.batch, "attempt", p.copyFails, "err", ev.err)
 				p.do(ctx, p.pipe.CopyLost(ev.batch))
 				return nil
 			}
 			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
 				return fmt.Errorf("copy state after batch %d: %w", ev.batch, ev.err)
 			}
-			s.log.Warn("state copy failed, retrying", "batch", ev.batch, "attempt", ev.attempt+1, "err", ev.err)
+			ps.h.Logger().Warn("state copy failed, retrying", "batch", ev.batch, "attempt", ev.attempt+1, "err", ev.err)
 			p.copyState(ctx, ev.batch, ev.attempt+1)
 			return nil
 		}
 		p.copyFails = 0
-		s.metrics.snapCopy.Observe(ev.dur.Seconds())
+		ps.h.Metrics().snapCopy.Observe(ev.dur.Seconds())
 		p.streaming = false
 		sn := p.snapshotOf(ev.batch, ev.state, ev.version)
 		if !ev.pinned {
 			p.copied(ctx, ev.batch)
 		}
-		s.ship.enqueue(sn)
+		ps.ship.enqueue(sn)
 	}
 	return nil
 }
@@ -455,7 +490,7 @@ func (p *primary) copied(ctx context.Context, n uint64) {
 // size from the base state): it covers every batch since the previous
 // snapshot.
 func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64) *snapshot {
-	s := p.s
+	ps := p.ps
 	var bytes uint64
 	var specs []*hamsv1.TensorSpec
 	if state != nil {
@@ -463,11 +498,11 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 		for _, t := range state {
 			bytes += uint64(len(t.GetData()))
 		}
-		s.stateSpecs, s.stateBytes = specs, bytes
+		ps.stateSpecs, ps.stateBytes = specs, bytes
 	} else {
-		specs, bytes = s.stateSpecs, s.stateBytes
+		specs, bytes = ps.stateSpecs, ps.stateBytes
 	}
-	s.metrics.stateBytes.Set(float64(bytes))
+	ps.h.Metrics().stateBytes.Set(float64(bytes))
 	var (
 		records []*hamsv1.RequestRecord
 		rows    []uint32
@@ -497,12 +532,12 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 	if len(parts) > 0 {
 		var err error
 		if outputs, err = concatOutputs(parts); err != nil {
-			s.log.Warn("outputs of coalesced batches do not concatenate; the backup keeps none of them", "batch", last, "err", err)
+			ps.h.Logger().Warn("outputs of coalesced batches do not concatenate; the backup keeps none of them", "batch", last, "err", err)
 			outputs, rows = nil, nil
 		}
 	}
 	return &snapshot{last: last, batches: n, seq: maxSeq, state: state, copiedAt: time.Now(), links: links, header: &hamsv1.SnapshotHeader{
-		Model: s.cfg.Model, Epoch: s.host.Epoch(), StateVersion: version,
+		Model: ps.h.Model(), Epoch: ps.h.Epoch(), StateVersion: version,
 		Requests: records, StateTensors: specs, StateBytes: bytes, Outputs: outputs, OutputRows: rows,
 	}}
 }
@@ -510,9 +545,9 @@ func (p *primary) snapshotOf(last uint64, state []*hamsv1.Tensor, version uint64
 // gatesOpen: no bound holds new batches back (output log, unacknowledged,
 // unapplied and waiting snapshots).
 func (p *primary) gatesOpen() bool {
-	full, _ := p.s.outlog.Full()
-	_, unacked := p.s.ship.Kept()
-	return !full && unacked < maxUnacked && p.s.ship.Unapplied() < maxUnapplied && p.s.ship.Waiting() < maxWaiting
+	full, _ := p.ps.h.OutputLog().Full()
+	_, unacked := p.ps.ship.Kept()
+	return !full && unacked < maxUnacked && p.ps.ship.Unapplied() < maxUnapplied && p.ps.ship.Waiting() < maxWaiting
 }
 
 // lostStagedState returns errBackendLost when err is the model server's
@@ -535,7 +570,7 @@ func lostStagedState(ctx context.Context, err error, what string, args ...any) e
 // (errBackendLost) fails nothing: the sidecar stops and the backup, once
 // promoted, executes the requests after the predecessors' resend.
 func (p *primary) computeFailed(ctx context.Context, ev opDone) error {
-	s := p.s
+	ps := p.ps
 	if ctx.Err() != nil {
 		return nil // stopping: the requests come again by resend
 	}
@@ -549,7 +584,7 @@ func (p *primary) computeFailed(ctx context.Context, ev opDone) error {
 	}
 	code := status.Code(ev.err)
 	if code == codes.InvalidArgument && len(ev.reqs) > 1 {
-		s.log.Debug("batch rejected as invalid, re-running requests one by one", "size", len(ev.reqs), "err", ev.err)
+		ps.h.Logger().Debug("batch rejected as invalid, re-running requests one by one", "size", len(ev.reqs), "err", ev.err)
 		singles := make([][]request, len(ev.reqs))
 		for i := range ev.reqs {
 			singles[i] = ev.reqs[i : i+1]
@@ -565,18 +600,18 @@ func (p *primary) computeFailed(ctx context.Context, ev opDone) error {
 		msg = st.Message()
 	}
 	for _, r := range ev.reqs {
-		s.fail(r.j, code, msg)
+		ps.path.fail(r.j, code, msg)
 	}
 	return nil
 }
 
 // install issues the Update of a folded install on its own.
 func (p *primary) install(ctx context.Context, n uint64) {
-	s := p.s
+	ps := p.ps
 	p.installing = true
 	p.spawn(ctx, func() opDone {
 		start := time.Now()
-		err := s.retryBackend(ctx, "update", func() error { return s.host.sbe.Update(ctx, n) })
+		err := ps.bp.retry(ctx, "update", func() error { return ps.h.StateBackend().Update(ctx, n) })
 		return opDone{kind: evInstalled, batch: n, dur: time.Since(start), err: err}
 	})
 }
@@ -584,15 +619,13 @@ func (p *primary) install(ctx context.Context, n uint64) {
 // record assigns seqs and lineage to a computed batch (in batch order) and
 // prepares its output items and request records.
 func (p *primary) record(ev opDone) *computedBatch {
-	s := p.s
+	ps := p.ps
 	start := time.Now()
 	parts := make([][]*hamsv1.Item, len(ev.reqs))
 	for i, r := range ev.reqs {
 		parts[i] = r.j.Parts
 	}
-	seqs, lineages := s.lineage.RecordBatch(parts, ev.outs)
-	s.idx.executed(s.execRecs(parts, seqs, lineages))
-	s.logExecuted(parts, seqs)
+	seqs, lineages := ps.x.record(parts, ev.outs)
 	b := &computedBatch{id: ev.batch, outputs: ev.resp.GetOutputs(), rows: ev.resp.GetRows(),
 		items: make([]*hamsv1.Item, len(ev.reqs)), records: make([]*hamsv1.RequestRecord, len(ev.reqs)),
 		delta: ev.resp.GetStateDelta(), version: ev.resp.GetNextStateVersion(), tr: ev.tr}
@@ -610,8 +643,8 @@ func (p *primary) record(ev opDone) *computedBatch {
 			InputDigest: tensor.Digest(r.inputs...), OutputDigest: lin[len(lin)-1].GetOutputDigest(), Approximate: approx,
 		}
 	}
-	s.metrics.lineage.Observe(time.Since(start).Seconds())
-	s.metrics.requests.Add(float64(len(ev.reqs)))
+	ps.h.Metrics().lineage.Observe(time.Since(start).Seconds())
+	ps.h.Metrics().requests.Add(float64(len(ev.reqs)))
 	return b
 }
 
@@ -630,9 +663,9 @@ func (p *primary) do(ctx context.Context, acts []nspb.Action) {
 				// reads the installed state before (snapshots come from
 				// computes), and the pipeline may go on at once.
 				p.pendingInstall = a.Batch
-				s := p.s
+				ps := p.ps
 				if t, ok := p.computedAt[a.Batch]; ok {
-					s.metrics.updateWait.Observe(time.Since(t).Seconds())
+					ps.h.Metrics().updateWait.Observe(time.Since(t).Seconds())
 					delete(p.computedAt, a.Batch)
 				}
 				p.do(ctx, p.pipe.Updated(a.Batch))
@@ -654,33 +687,33 @@ func (p *primary) do(ctx context.Context, acts []nspb.Action) {
 func (p *primary) shipCaptured(n uint64) {
 	b := p.batches[n]
 	if b == nil {
-		p.s.log.Error("ship of an unknown batch", "batch", n)
+		p.ps.h.Logger().Error("ship of an unknown batch", "batch", n)
 		return
 	}
 	sn := p.snapshotOf(n, nil, b.version)
 	sn.delta = b.delta
 	sn.header.Delta, sn.header.DeltaBytes = true, rangeBytes(b.delta)
 	b.delta = nil
-	p.s.metrics.deltaBytes.Observe(float64(sn.header.DeltaBytes))
-	p.s.ship.enqueue(sn)
+	p.ps.h.Metrics().deltaBytes.Observe(float64(sn.header.DeltaBytes))
+	p.ps.ship.enqueue(sn)
 }
 
 func (p *primary) release(n uint64) {
-	s := p.s
+	ps := p.ps
 	b := p.batches[n]
 	if b == nil {
-		s.log.Error("release of an unknown batch", "batch", n)
+		ps.h.Logger().Error("release of an unknown batch", "batch", n)
 		return
 	}
 	for _, it := range b.items {
-		s.outlog.Add(it.ReqId, s.fanOutKeep(it))
+		ps.h.OutputLog().Add(it.ReqId, ps.path.fanOutKeep(it))
 	}
 	b.released = true
 	b.items = nil
 	b.tr.end(nil)
-	_, items, bytes := s.outlog.Stats()
-	s.metrics.outlogItems.Set(float64(items))
-	s.metrics.outlogBytes.Set(float64(bytes))
+	_, items, bytes := ps.h.OutputLog().Stats()
+	ps.h.Metrics().outlogItems.Set(float64(items))
+	ps.h.Metrics().outlogBytes.Set(float64(bytes))
 	p.forget(b)
 }
 
@@ -692,9 +725,9 @@ func (p *primary) forget(b *computedBatch) {
 }
 
 func (p *primary) update(ctx context.Context, n uint64, attempt int) {
-	s := p.s
+	ps := p.ps
 	if t, ok := p.computedAt[n]; ok {
-		s.metrics.updateWait.Observe(time.Since(t).Seconds())
+		ps.h.Metrics().updateWait.Observe(time.Since(t).Seconds())
 		delete(p.computedAt, n)
 	}
 	p.spawn(ctx, func() opDone {
@@ -702,19 +735,19 @@ func (p *primary) update(ctx context.Context, n uint64, attempt int) {
 			return opDone{kind: evUpdated, batch: n, attempt: attempt, err: ctx.Err()}
 		}
 		start := time.Now()
-		err := s.host.sbe.Update(ctx, n)
+		err := ps.h.StateBackend().Update(ctx, n)
 		return opDone{kind: evUpdated, batch: n, attempt: attempt, dur: time.Since(start), err: err}
 	})
 }
 
 func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
-	s := p.s
+	ps := p.ps
 	p.spawn(ctx, func() opDone {
 		if attempt > 0 && !run.Sleep(ctx, stateOpBackoff<<attempt) {
 			return opDone{kind: evCopied, batch: n, attempt: attempt, err: ctx.Err()}
 		}
 		start := time.Now()
-		if pr, ok := s.host.sbe.(PinnedStateReader); ok && p.pinEarly {
+		if pr, ok := ps.h.StateBackend().(PinnedStateReader); ok && p.pinEarly {
 			pinned := false
 			ts, v, _, err := pr.ReadStatePinned(ctx, func() {
 				pinned = true
@@ -725,7 +758,7 @@ func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 			})
 			return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, pinned: pinned, dur: time.Since(start), err: err}
 		}
-		ts, v, err := s.host.sbe.ReadState(ctx)
+		ts, v, err := ps.h.StateBackend().ReadState(ctx)
 		return opDone{kind: evCopied, batch: n, attempt: attempt, state: ts, version: v, dur: time.Since(start), err: err}
 	})
 }
@@ -733,43 +766,16 @@ func (p *primary) copyState(ctx context.Context, n uint64, attempt int) {
 // baseSnapshot is the snapshot of a state this primary starts from
 // (initial state, a promoted backup's last applied state, a rollback
 // target): batch baseBatch, covering reqs.
-func (s *Sidecar) baseSnapshot(state []*hamsv1.Tensor, version uint64, reqs []*hamsv1.RequestRecord) *snapshot {
+func (ps *primaryState) baseSnapshot(state []*hamsv1.Tensor, version uint64, reqs []*hamsv1.RequestRecord) *snapshot {
 	var bytes uint64
 	specs := specsOf(state)
 	for _, t := range state {
 		bytes += uint64(len(t.GetData()))
 	}
-	s.stateSpecs, s.stateBytes = specs, bytes
-	s.versionSeen.Store(version)
-	return &snapshot{batch: s.baseBatch, taken: true, last: s.baseBatch, seq: s.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
-		Model: s.cfg.Model, Epoch: s.host.Epoch(), BatchId: s.baseBatch, StateVersion: version,
+	ps.stateSpecs, ps.stateBytes = specs, bytes
+	ps.versionSeen.Store(version)
+	return &snapshot{batch: ps.baseBatch, taken: true, last: ps.baseBatch, seq: ps.baseSeq, state: state, copiedAt: time.Now(), header: &hamsv1.SnapshotHeader{
+		Model: ps.h.Model(), Epoch: ps.h.Epoch(), BatchId: ps.baseBatch, StateVersion: version,
 		Requests: reqs, StateTensors: specs, StateBytes: bytes,
 	}}
-}
-
-// execRecs describes executed requests for the lineage index.
-func (s *Sidecar) execRecs(parts [][]*hamsv1.Item, seqs []uint64, lineages [][]*hamsv1.LineageEntry) []execRec {
-	recs := make([]execRec, len(parts))
-	for i, ps := range parts {
-		r := execRec{seq: seqs[i], lin: lineages[i], keys: make([]fromKey, 0, len(ps))}
-		for _, p := range ps {
-			r.keys = append(r.keys, fromKey{p.GetFromModel(), edge.DedupKey(p.GetReqId(), p.GetLineage(), s.host.IsStateful)})
-		}
-		recs[i] = r
-	}
-	return recs
-}
-
-// completed garbage-collects the output log and the senders' retained
-// items on a completion notice.
-func (s *Sidecar) completed(n *hamsv1.CompletionNotice) {
-	for _, snd := range s.sendersNow() {
-		snd.Complete(n.GetReqIds()...)
-	}
-	if s.outlog == nil || s.outlog.Complete(n.GetReqIds()) == 0 {
-		return
-	}
-	_, items, bytes := s.outlog.Stats()
-	s.metrics.outlogItems.Set(float64(items))
-	s.metrics.outlogBytes.Set(float64(bytes))
 }

@@ -50,7 +50,7 @@ func TestStatelessSinkResendsToFrontend(t *testing.T) {
 	const n = 10
 	r.send(1, n)
 	waitFor(t, "all replies at the first frontend", func() bool { return r.sink.count() == n })
-	snd := c.sc.sendersNow()[0]
+	snd := c.sc.out.current()[0]
 	waitFor(t, "sink edge acknowledged", func() bool { return snd.Retained() == n })
 	// Requests 1..3 were answered and completed; the others are not.
 	c.sc.completed(&hamsv1.CompletionNotice{ReqIds: []uint64{1, 2, 3}})
@@ -188,7 +188,7 @@ func TestPromotionAnnouncesEpochFirst(t *testing.T) {
 			c := b2be.computes
 			b2be.mu.Unlock()
 			var rs uint64
-			for _, snd := range b2.sc.sendersNow() {
+			for _, snd := range b2.sc.out.current() {
 				rs += snd.Stats().Resends
 			}
 			at = append(at, seen{b2.sc.Role(), c, rs})
@@ -240,13 +240,13 @@ func TestPromotionAnnouncesEpochFirst(t *testing.T) {
 
 		// Rollback to the kept state at epoch 3 announces that state first.
 		b2.sc.roleMu.Lock()
-		kept := b2.sc.ship.Applied()
+		kept := b2.sc.prim.ship.Applied()
 		b2.sc.roleMu.Unlock()
 		if _, err := rb.Rollback(ctx, &hamsv1.RollbackRequest{Model: "b", Epoch: 3}); err != nil {
 			t.Fatalf("Rollback: %v", err)
 		}
 		b2.sc.roleMu.Lock()
-		wantSeq := b2.sc.baseSeq
+		wantSeq := b2.sc.prim.baseSeq
 		b2.sc.roleMu.Unlock()
 		if kept == nil || wantSeq < maxSeq {
 			t.Fatalf("rollback target seq %d (kept %v), below the promotion's %d", wantSeq, kept != nil, maxSeq)

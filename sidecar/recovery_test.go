@@ -412,7 +412,7 @@ func TestRollbackRestoresKeptState(t *testing.T) {
 		// The primary learns of the apply asynchronously (the ack's applied
 		// flag or the durability notice): its rollback target must be batch 2
 		// before the backup dies.
-		waitFor(t, "primary knows the first snapshot applied", func() bool { a := prim.sc.ship.Applied(); return a != nil && a.batch == limit })
+		waitFor(t, "primary knows the first snapshot applied", func() bool { a := prim.sc.prim.ship.Applied(); return a != nil && a.batch == limit })
 		keptSeq, _ := back.sc.bk.MaxSeq()
 		waitFor(t, "the backup's model server has what it applied", func() bool { return bbe.Digest() == bkStateDigest(back.sc) })
 		kept := bbe.Digest()
@@ -599,7 +599,7 @@ func TestStaleEpochTrafficRefused(t *testing.T) {
 	snd.Send(&hamsv1.Item{ReqId: 100, Tensors: []*hamsv1.Tensor{row(1, 2)}})
 	waitFor(t, "a1 executed the stale request", func() bool { return snd.Backlog() == 0 })
 	waitFor(t, "a1's batch to q refused", func() bool {
-		for _, s := range a1.sc.sendersNow() {
+		for _, s := range a1.sc.out.current() {
 			if s.Stats().Reconnects > 0 && s.Backlog() > 0 {
 				return true
 			}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/audit"
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/run"
 	"github.com/hams-go/hams/internal/tensor"
@@ -128,10 +129,17 @@ type ckptJob struct {
 	taken                      time.Time
 }
 
-// replayState is the replay-mode part of a sidecar (see the comment at the
-// top of this file).
+// replayState is the replay-mode role of a sidecar (see the comment at the
+// top of this file): its stage's executor, input logger and checkpointer,
+// and the recovery a promotion runs. It depends on the sidecar only
+// through Host, the shared executor (x: the bare request path, whose
+// batches it logs as x's batchLog) and the lineage index it checkpoints
+// and restores.
 type replayState struct {
-	s     *Sidecar
+	h     Host
+	x     *executor
+	bp    *backendPolicy
+	idx   *lineageIndex
 	store ReplayStore
 	sbe   StatefulBackend
 	every int
@@ -142,7 +150,6 @@ type replayState struct {
 	batch    uint64                 // last batch executed (logged or replayed)
 	since    int                    // batches since the last checkpoint job
 	lastExec time.Time              // when the last batch finished
-	pending  *hamsv1.BatchRequest   // the request of the batch being finished
 	records  []*hamsv1.ReplayRecord // requests executed since the last job
 	initial  bool                   // the initial checkpoint is still to take
 
@@ -159,9 +166,11 @@ type replayState struct {
 	closed   bool
 }
 
-func newReplayState(s *Sidecar, store ReplayStore, sbe StatefulBackend, fresh bool) *replayState {
-	rc := s.cfg.Deployment.Replay
-	return &replayState{s: s, store: store, sbe: sbe, every: rc.CheckpointEvery, idle: rc.CheckpointIdle.D(),
+// newReplayState builds the replay role of h's model; fresh: this
+// instance starts the model's history (the initial primary). x is set
+// once the executor is built (New).
+func newReplayState(h Host, bp *backendPolicy, idx *lineageIndex, rc config.Replay, store ReplayStore, sbe StatefulBackend, fresh bool) *replayState {
+	return &replayState{h: h, bp: bp, idx: idx, store: store, sbe: sbe, every: rc.CheckpointEvery, idle: rc.CheckpointIdle.D(),
 		fresh: fresh, reset: !fresh, initial: fresh, logWake: make(chan struct{}, 1), logSpace: make(chan struct{}),
 		acked: map[uint64]uint64{}, ckWake: make(chan struct{}, 1)}
 }
@@ -176,8 +185,7 @@ func wake(c chan struct{}) {
 // auditLog opens this instance's durable.jsonl on first use (nil without
 // Config.AuditDir).
 func (rp *replayState) auditLog() (*audit.Log, error) {
-	s := rp.s
-	if s.cfg.AuditDir == "" {
+	if rp.h.AuditDir() == "" {
 		return nil, nil
 	}
 	rp.mu.Lock()
@@ -186,7 +194,7 @@ func (rp *replayState) auditLog() (*audit.Log, error) {
 		return nil, errors.New("replay state closed")
 	}
 	if rp.alog == nil {
-		l, err := audit.Open(s.cfg.AuditDir, auditSubdir(s.cfg.Model, s.cfg.ID, "replay"), audit.DurableFile)
+		l, err := audit.Open(rp.h.AuditDir(), rp.h.AuditSubdir("replay"), audit.DurableFile)
 		if err != nil {
 			return nil, err
 		}
@@ -202,7 +210,7 @@ func (rp *replayState) writeRecords(recs []*hamsv1.ReplayRecord, stateDigest str
 		return err
 	}
 	for _, r := range recs {
-		if err := l.Write(audit.Durable{Model: rp.s.cfg.Model, Seq: r.GetSeq(), InputDigest: r.GetInputDigest(),
+		if err := l.Write(audit.Durable{Model: rp.h.Model(), Seq: r.GetSeq(), InputDigest: r.GetInputDigest(),
 			OutputDigest: r.GetOutputDigest(), StateDigest: stateDigest}); err != nil {
 			return err
 		}
@@ -220,7 +228,7 @@ func (rp *replayState) close() {
 	rp.closed = true
 	if rp.alog != nil {
 		if err := rp.alog.Close(); err != nil {
-			rp.s.log.Warn("close replay audit log", "err", err)
+			rp.h.Logger().Warn("close replay audit log", "err", err)
 		}
 		rp.alog = nil
 	}
@@ -228,18 +236,16 @@ func (rp *replayState) close() {
 
 // --- serving ---
 
-// executed is the executor's hook after a batch ran (executor.go finish):
-// the batch is queued for the input log and its requests wait for a
-// checkpoint. It blocks only while replayLogQueue batches are queued.
-func (rp *replayState) executed(ctx context.Context, reqs []request, seqs []uint64, lins [][]*hamsv1.LineageEntry) {
-	s := rp.s
-	req := rp.pending
-	rp.pending = nil
+// executed is the executor's batchLog (executor.go finish): the batch
+// (req, the request the backend got) is queued for the input log and its
+// requests wait for a checkpoint. It blocks only while replayLogQueue
+// batches are queued.
+func (rp *replayState) executed(ctx context.Context, req *hamsv1.BatchRequest, reqs []request, seqs []uint64, lins [][]*hamsv1.LineageEntry) {
 	if req == nil || len(reqs) == 0 {
 		return
 	}
 	rp.batch++
-	b := &hamsv1.ReplayBatch{Model: s.cfg.Model, Epoch: s.host.Epoch(), BatchId: rp.batch, FirstSeq: seqs[0], Request: req,
+	b := &hamsv1.ReplayBatch{Model: rp.h.Model(), Epoch: rp.h.Epoch(), BatchId: rp.batch, FirstSeq: seqs[0], Request: req,
 		Requests: make([]*hamsv1.ReplayRequest, len(reqs))}
 	for i, r := range reqs {
 		parts := make([]*hamsv1.Item, len(r.j.Parts))
@@ -280,8 +286,7 @@ func (rp *replayState) executed(ctx context.Context, reqs []request, seqs []uint
 // executor is the replay primary's executor: the bare executor plus the
 // checkpoint policy (every N batches, and after an idle period).
 func (rp *replayState) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
-	s := rp.s
-	if !s.describe(ctx) {
+	if !rp.x.describe(ctx) {
 		return nil
 	}
 	if rp.initial {
@@ -302,7 +307,7 @@ func (rp *replayState) executor(ctx context.Context, work <-chan []*Joined, idle
 		if err != nil || b == nil {
 			return err
 		}
-		if err := s.execute(ctx, b); err != nil {
+		if err := rp.x.execute(ctx, b); err != nil {
 			return err
 		}
 		if rp.since >= rp.every {
@@ -352,7 +357,6 @@ func (rp *replayState) next(ctx context.Context, work <-chan []*Joined) ([]*Join
 // job, unless one is still being stored. It fails only when the backend
 // is lost.
 func (rp *replayState) checkpoint(ctx context.Context) error {
-	s := rp.s
 	rp.mu.Lock()
 	busy := len(rp.jobs) > 0
 	rp.mu.Unlock()
@@ -361,7 +365,7 @@ func (rp *replayState) checkpoint(ctx context.Context) error {
 	}
 	var ts []*hamsv1.Tensor
 	var version uint64
-	err := s.retryBackend(ctx, "read state", func() (err error) {
+	err := rp.bp.retry(ctx, "read state", func() (err error) {
 		ts, version, err = rp.sbe.ReadState(ctx)
 		return err
 	})
@@ -370,7 +374,7 @@ func (rp *replayState) checkpoint(ctx context.Context) error {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Warn("replay: read state for a checkpoint failed; trying again later", "batch", rp.batch, "err", err)
+			rp.h.Logger().Warn("replay: read state for a checkpoint failed; trying again later", "batch", rp.batch, "err", err)
 		}
 		return nil
 	}
@@ -381,10 +385,9 @@ func (rp *replayState) checkpoint(ctx context.Context) error {
 // queueJob hands the state read after rp.batch to the checkpointer with
 // the records collected since the last job.
 func (rp *replayState) queueJob(ts []*hamsv1.Tensor, version uint64) {
-	s := rp.s
-	j := &ckptJob{epoch: s.host.Epoch(), batch: rp.batch, seq: s.lineage.Seq(), version: version, state: ts,
+	j := &ckptJob{epoch: rp.h.Epoch(), batch: rp.batch, seq: rp.x.seq(), version: version, state: ts,
 		records: rp.records, taken: time.Now()}
-	j.flow, j.flowMax, j.dedup = s.idx.replayExport(replayDedupKeys)
+	j.flow, j.flowMax, j.dedup = rp.idx.replayExport(replayDedupKeys)
 	rp.records, rp.since = nil, 0
 	rp.mu.Lock()
 	rp.jobs = append(rp.jobs, j)
@@ -451,7 +454,7 @@ func (rp *replayState) logSome(ctx context.Context) int {
 	rp.mu.Unlock()
 	if err != nil {
 		if ctx.Err() == nil {
-			rp.s.log.Warn("replay: input log append failed; retrying", "batches", n, "logged", done, "err", err)
+			rp.h.Logger().Warn("replay: input log append failed; retrying", "batches", n, "logged", done, "err", err)
 		}
 		return -1
 	}
@@ -469,14 +472,14 @@ func (rp *replayState) resetStore(ctx context.Context) error {
 	}
 	backoff := stateOpBackoff
 	for {
-		err := rp.store.Reset(ctx, rp.s.cfg.Model)
+		err := rp.store.Reset(ctx, rp.h.Model())
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		rp.s.log.Warn("replay: reset of the input log and checkpoints failed; retrying", "err", err)
+		rp.h.Logger().Warn("replay: reset of the input log and checkpoints failed; retrying", "err", err)
 		if !run.Sleep(ctx, backoff) {
 			return nil
 		}
@@ -512,7 +515,7 @@ func (rp *replayState) checkpointer(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				rp.s.log.Warn("replay: storing a checkpoint failed; retrying", "batch", j.batch, "err", err)
+				rp.h.Logger().Warn("replay: storing a checkpoint failed; retrying", "batch", j.batch, "err", err)
 				if !run.Sleep(ctx, backoff) {
 					return nil
 				}
@@ -530,8 +533,8 @@ func (rp *replayState) checkpointer(ctx context.Context) error {
 // store1 stores one checkpoint, writes the durable records of the
 // requests it newly covers, and trims the input log it makes unneeded.
 func (rp *replayState) store1(ctx context.Context, j *ckptJob) error {
-	s := rp.s
-	ck := &hamsv1.ReplayCheckpoint{Model: s.cfg.Model, Epoch: j.epoch, BatchId: j.batch, Seq: j.seq, StateVersion: j.version,
+	log := rp.h.Logger()
+	ck := &hamsv1.ReplayCheckpoint{Model: rp.h.Model(), Epoch: j.epoch, BatchId: j.batch, Seq: j.seq, StateVersion: j.version,
 		Records: j.records, Flow: j.flow, FlowMaxSeq: j.flowMax, Dedup: j.dedup, TakenUnixNano: j.taken.UnixNano()}
 	start := time.Now()
 	if err := rp.store.SaveCheckpoint(ctx, ck, j.state); err != nil {
@@ -540,9 +543,9 @@ func (rp *replayState) store1(ctx context.Context, j *ckptJob) error {
 	if err := rp.writeRecords(j.records, ck.GetStateDigest()); err != nil {
 		// The checkpoint is stored: its records are what a replacement
 		// writes again; the audit is this instance's own problem.
-		s.log.Error("replay: write durable records", "batch", j.batch, "err", err)
+		log.Error("replay: write durable records", "batch", j.batch, "err", err)
 	}
-	s.log.Debug("replay: checkpoint stored", "batch", j.batch, "seq", j.seq, "requests", len(j.records),
+	log.Debug("replay: checkpoint stored", "batch", j.batch, "seq", j.seq, "requests", len(j.records),
 		"state_bytes", ck.GetStateBytes(), "took", time.Since(start))
 	rp.mu.Lock()
 	var trim uint64
@@ -554,8 +557,8 @@ func (rp *replayState) store1(ctx context.Context, j *ckptJob) error {
 	}
 	rp.mu.Unlock()
 	if trim > 0 {
-		if err := rp.store.Trim(ctx, s.cfg.Model, trim); err != nil && ctx.Err() == nil {
-			s.log.Warn("replay: trim input log", "through", trim, "err", err)
+		if err := rp.store.Trim(ctx, rp.h.Model(), trim); err != nil && ctx.Err() == nil {
+			log.Warn("replay: trim input log", "through", trim, "err", err)
 		}
 	}
 	return nil
@@ -602,7 +605,7 @@ type replayStats struct {
 	load, reexec       time.Duration
 	// fromCheckpoint: the backend's state was written from a checkpoint
 	// (a recovery that failed can start again from it); notRepeated: a
-	// re-execution lost its answer and was not repeated (callOnce).
+	// re-execution lost its answer and was not repeated (backendPolicy.once).
 	fromCheckpoint, notRepeated bool
 }
 
@@ -615,25 +618,25 @@ const replayRestarts = 3
 // item per request, in seq order) and the request keys the state covers.
 // Caller: a transition (stage stopped).
 func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string][]uint64, replayStats, error) {
-	s := rp.s
+	log := rp.h.Logger()
 	var st replayStats
-	rp.records, rp.since, rp.pending = nil, 0, nil
+	rp.records, rp.since = nil, 0
 	start := time.Now()
-	ck, state, err := rp.store.LoadCheckpoint(ctx, s.cfg.Model)
+	ck, state, err := rp.store.LoadCheckpoint(ctx, rp.h.Model())
 	keys := map[string][]uint64{}
 	var ckEpoch uint64
 	switch {
 	case errors.Is(err, coord.ErrNoCheckpoint):
 		// The primary failed before its initial checkpoint: this spare's
 		// own state is the initial one.
-		s.idx.reset()
-		s.lineage = NewLineage(s.cfg.Model, 0, 0)
+		rp.idx.reset()
+		rp.x.renumber(0, 0)
 		rp.batch = 0
-		s.log.Warn("replay: no checkpoint; re-executing the whole log from this instance's state")
+		log.Warn("replay: no checkpoint; re-executing the whole log from this instance's state")
 	case err != nil:
 		return nil, nil, st, status.Errorf(codes.Unavailable, "load checkpoint: %v", err)
 	default:
-		err := s.retryBackend(ctx, "write state", func() error { return rp.sbe.WriteState(ctx, state, ck.GetStateVersion()) })
+		err := rp.bp.retry(ctx, "write state", func() error { return rp.sbe.WriteState(ctx, state, ck.GetStateVersion()) })
 		if err != nil {
 			return nil, nil, st, status.Errorf(codes.Unavailable, "write checkpoint state of batch %d: %v", ck.GetBatchId(), err)
 		}
@@ -641,35 +644,35 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 		for i, p := range ck.GetFlow() {
 			pairs[i] = lineage.PairState{From: p.GetFromModel(), To: p.GetToModel(), Contig: p.GetContig(), Above: p.GetAbove()}
 		}
-		s.idx.replayRestore(lineage.Import(pairs, ck.GetFlowMaxSeq()), ck.GetSeq())
+		rp.idx.replayRestore(lineage.Import(pairs, ck.GetFlowMaxSeq()), ck.GetSeq())
 		for _, d := range ck.GetDedup() {
 			keys[d.GetFromModel()] = append(keys[d.GetFromModel()], d.GetKeys()...)
 		}
-		s.lineage = NewLineage(s.cfg.Model, ck.GetSeq(), 0)
+		rp.x.renumber(ck.GetSeq(), 0)
 		rp.batch, ckEpoch = ck.GetBatchId(), ck.GetEpoch()
 		st.ckptBatch, st.ckptSeq = ck.GetBatchId(), ck.GetSeq()
 		st.fromCheckpoint = true
 		// Its records may not have been written (the primary failed
 		// between storing and writing): write them (again, identical).
 		if err := rp.writeRecords(ck.GetRecords(), ck.GetStateDigest()); err != nil {
-			s.log.Error("replay: write durable records of the loaded checkpoint", "err", err)
+			log.Error("replay: write durable records of the loaded checkpoint", "err", err)
 		}
 	}
-	recs, err := rp.store.Batches(ctx, s.cfg.Model, rp.batch)
+	recs, err := rp.store.Batches(ctx, rp.h.Model(), rp.batch)
 	if err != nil {
 		return nil, nil, st, status.Errorf(codes.Unavailable, "read input log: %v", err)
 	}
 	st.load = time.Since(start)
-	chain, why := replayChain(recs, ckEpoch, rp.batch, s.lineage.Seq())
+	chain, why := replayChain(recs, ckEpoch, rp.batch, rp.x.seq())
 	st.stop = why
 	start = time.Now()
 	var items []*hamsv1.Item
 	for _, b := range chain {
 		var resp *hamsv1.BatchResponse
-		// Not repeated on a lost answer (callOnce): the recovery starts
+		// Not repeated on a lost answer (backendPolicy.once): the recovery starts
 		// again from the checkpoint (Promote).
-		s.noteReplayed(b)
-		err := s.backendCall()(ctx, "re-execute", func() (err error) {
+		rp.x.noteReplayed(b)
+		err := rp.bp.call()(ctx, "re-execute", func() (err error) {
 			resp, err = rp.sbe.Infer(ctx, b.GetRequest())
 			return err
 		})
@@ -685,8 +688,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 		for i, r := range b.GetRequests() {
 			parts[i] = r.GetParts()
 		}
-		seqs, lins := s.lineage.RecordBatch(parts, outs)
-		s.idx.executed(s.execRecs(parts, seqs, lins))
+		seqs, lins := rp.x.number(parts, outs)
 		for i, r := range b.GetRequests() {
 			out := lins[i][len(lins[i])-1].GetOutputDigest()
 			if out != r.GetOutputDigest() {
@@ -704,7 +706,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 	st.reexec = time.Since(start)
 	// Received = covered now; the keys of the re-executed requests join
 	// the checkpoint's.
-	for from, ks := range s.idx.cut(s.lineage.Seq()) {
+	for from, ks := range rp.idx.cut(rp.x.seq()) {
 		keys[from] = append(keys[from], ks...)
 	}
 	// The recovery checkpoint: the re-executed requests become durable
@@ -712,7 +714,7 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 	rp.since = len(chain)
 	var version uint64
 	var ts []*hamsv1.Tensor
-	err = s.retryBackend(ctx, "read state", func() (err error) {
+	err = rp.bp.retry(ctx, "read state", func() (err error) {
 		ts, version, err = rp.sbe.ReadState(ctx)
 		return err
 	})
@@ -723,112 +725,29 @@ func (rp *replayState) recover(ctx context.Context) ([]*hamsv1.Item, map[string]
 	return items, keys, st, nil
 }
 
-// promote makes the spare the primary at epoch: recover, then send each
-// successor the re-executed outputs it has not received (after[succ]).
-func (rp *replayState) promote(epoch uint64, after map[string]uint64) (uint64, error) {
-	s := rp.s
-	var maxSeq uint64
-	err := s.transition("Promote", func() error {
-		if s.Role() == RolePrimary && s.epochV.Load() == epoch {
-			maxSeq = s.lineage.Seq()
-			return nil // repeated order
-		}
-		if s.receiver == nil {
-			return status.Errorf(codes.FailedPrecondition, "Promote: spare of %q has no resolver: it cannot serve", s.cfg.Model)
-		}
-		if s.Role() == RolePrimary {
-			// A deposed primary that was never demoted (falsely
-			// suspected, then rewired as a spare while it ran on): its
-			// own state and history are superseded by the checkpoint and
-			// the log, as a spare's are.
-			s.log.Warn("replay: promoting a deposed primary of an older epoch: its state is replaced by the newest checkpoint",
-				"epoch", s.epochV.Load(), "new_epoch", epoch)
-		}
-		// Whatever an earlier role left queued belongs to an older
-		// history; this instance never starts the model's history afresh.
-		rp.mu.Lock()
-		rp.logq, rp.jobs, rp.fresh, rp.reset = nil, nil, false, true
-		clear(rp.acked)
-		rp.mu.Unlock()
-		rp.initial = false
-		ctx, cancel := context.WithTimeout(s.host.runCtx, replayRecoverTimeout)
-		defer cancel()
-		s.epochV.Store(epoch)
-		// A re-execution that lost its backend's answer may have applied
-		// the batch: start again from the checkpoint's state, up to
-		// replayRestarts times (a backend that is down fails the restart's
-		// own WriteState after BackendLostAfter, which ends the loop).
-		items, keys, st, err := rp.recover(ctx)
-		for restarts := 0; err != nil && st.notRepeated && st.fromCheckpoint && restarts < replayRestarts; restarts++ {
-			s.log.Warn("replay: re-execution lost the backend; starting again from the checkpoint", "err", err)
-			t := time.NewTimer(backendRetry)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return fmt.Errorf("Promote (replay): %w", err)
-			case <-t.C:
-			}
-			items, keys, st, err = rp.recover(ctx)
-		}
-		if err != nil {
-			return fmt.Errorf("Promote (replay): %w", err)
-		}
-		s.recoveredEpoch.Store(epoch)
-		s.receiver.SeedDedup(keys)
-		s.resetRequestPath()
-		if err := s.newSenders(); err != nil {
-			return status.Errorf(codes.Internal, "Promote: %v", err)
-		}
-		sent := 0
-		for i, snd := range s.sendersNow() {
-			lim, named := after[s.succs[i]]
-			for _, it := range items {
-				if named && s.position(it) <= lim {
-					continue
-				}
-				snd.Send(&hamsv1.Item{ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
-					Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Approximate: it.Approximate})
-				sent++
-			}
-		}
-		s.setRole(RolePrimary)
-		maxSeq = s.lineage.Seq()
-		s.log.Info("promoted: spare replayed the input log and becomes the primary", "epoch", epoch,
-			"checkpoint_batch", st.ckptBatch, "checkpoint_seq", st.ckptSeq, "replayed_batches", st.batches,
-			"replayed_requests", st.requests, "diverged_outputs", st.diverged, "max_seq", maxSeq, "stop", st.stop,
-			"load", st.load, "reexecute", st.reexec, "forwarded", sent, "after", after)
-		return nil
-	})
-	return maxSeq, err
+// takeOver readies a spare (or a deposed primary) to be promoted: whatever
+// an earlier role left queued belongs to an older history, and this
+// instance never starts the model's history afresh. Caller: a transition
+// (stage stopped).
+func (rp *replayState) takeOver() {
+	rp.mu.Lock()
+	rp.logq, rp.jobs, rp.fresh, rp.reset = nil, nil, false, true
+	clear(rp.acked)
+	rp.mu.Unlock()
+	rp.initial = false
 }
 
-// demote makes a replay primary a spare (or records the epoch of a spare
-// asked to sync: it has nothing to sync, it reads the checkpoint when
-// promoted).
-func (rp *replayState) demote(epoch uint64) error {
-	s := rp.s
-	if err := s.checkEpoch("Demote", epoch); err != nil {
-		return err
-	}
-	if s.Role() == RoleBackup {
-		s.epochV.Store(epoch)
-		return nil
-	}
-	return s.transition("Demote", func() error {
-		s.epochV.Store(epoch)
-		s.resetRequestPath()
-		s.idx.reset()
-		rp.mu.Lock()
-		dropped := len(rp.logq) + len(rp.jobs)
-		rp.logq, rp.jobs = nil, nil
-		clear(rp.acked)
-		rp.mu.Unlock()
-		rp.records, rp.since, rp.pending = nil, 0, nil
-		s.setRole(RoleBackup)
-		s.log.Info("demoted: replay primary becomes a spare (it loads the newest checkpoint when promoted)", "epoch", epoch,
-			"dropped_log_and_checkpoint_items", dropped)
-		return nil
-	})
+// drop forgets what a demoted primary had queued for the log and the
+// checkpointer (the new primary's history supersedes it) and returns how
+// many items that was. Caller: a transition (stage stopped).
+func (rp *replayState) drop() int {
+	rp.mu.Lock()
+	dropped := len(rp.logq) + len(rp.jobs)
+	rp.logq, rp.jobs = nil, nil
+	clear(rp.acked)
+	rp.mu.Unlock()
+	rp.records, rp.since = nil, 0
+	return dropped
 }
 
 // replayAfter parses ReplayAfterMetadata.
@@ -896,24 +815,24 @@ func (x *lineageIndex) replayRestore(f *lineage.Flow, lastSeq uint64) {
 	x.lastSeq = lastSeq
 }
 
-// replaySetup checks what replay mode needs of s's config and builds its
-// state (nil when the model does not run in replay mode). Called by New.
-func (s *Sidecar) replaySetup(role string) (*replayState, error) {
-	if !replayEnabled(s.cfg) {
+// replaySetup checks what replay mode needs of cfg and builds its state
+// (nil when the model does not run in replay mode). Called by New.
+func replaySetup(cfg Config, h Host, bp *backendPolicy, idx *lineageIndex, role string) (*replayState, error) {
+	if !replayEnabled(cfg) {
 		return nil, nil
 	}
 	var errs []error
-	sbe, ok := s.cfg.Backend.(StatefulBackend)
+	sbe, ok := cfg.Backend.(StatefulBackend)
 	if !ok {
-		errs = append(errs, fmt.Errorf("%w: model %q runs in replay mode but its backend %T has no ReadState/WriteState", ErrConfig, s.cfg.Model, s.cfg.Backend))
+		errs = append(errs, fmt.Errorf("%w: model %q runs in replay mode but its backend %T has no ReadState/WriteState", ErrConfig, cfg.Model, cfg.Backend))
 	}
-	if s.cfg.Replay == nil {
-		errs = append(errs, fmt.Errorf("%w: model %q runs in replay mode and needs a ReplayStore", ErrConfig, s.cfg.Model))
+	if cfg.Replay == nil {
+		errs = append(errs, fmt.Errorf("%w: model %q runs in replay mode and needs a ReplayStore", ErrConfig, cfg.Model))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	// The initial primary starts the model's history afresh; a spare
 	// takes over an existing one.
-	return newReplayState(s, s.cfg.Replay, sbe, role == RolePrimary), nil
+	return newReplayState(h, bp, idx, cfg.Deployment.Replay, cfg.Replay, sbe, role == RolePrimary), nil
 }

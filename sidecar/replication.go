@@ -103,7 +103,7 @@ func (r *replicationServer) Promote(ctx context.Context, req *hamsv1.PromoteRequ
 		if err := r.s.checkEpoch("Promote", req.GetEpoch()); err != nil {
 			return nil, err
 		}
-		seq, err := r.s.rp.promote(req.GetEpoch(), after)
+		seq, err := r.s.promoteReplay(req.GetEpoch(), after)
 		if err != nil {
 			return nil, err
 		}
@@ -216,11 +216,11 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 				return status.Errorf(codes.FailedPrecondition, "Promote: stateless sidecar of %q is a %s", s.cfg.Model, s.Role())
 			}
 			if s.epochV.Load() == epoch && epoch != 0 {
-				maxSeq = s.lineage.Seq()
+				maxSeq = s.exec.seq()
 				return nil // repeated order
 			}
-			from := max(startSeq, s.lineage.Seq())
-			s.lineage = NewLineage(s.cfg.Model, from, 0)
+			from := max(startSeq, s.exec.seq())
+			s.exec.renumber(from, 0)
 			s.epochV.Store(epoch)
 			// New sender incarnations, as a stateful promotion makes: a
 			// receiver follows the newest incarnation of a model's
@@ -241,7 +241,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		}
 		if s.Role() == RolePrimary {
 			if s.epochV.Load() == epoch {
-				maxSeq = s.lineage.Seq()
+				maxSeq = s.exec.seq()
 				return nil // repeated order
 			}
 			return status.Errorf(codes.FailedPrecondition, "Promote: sidecar of %q is already the primary (epoch %d)", s.cfg.Model, s.epochV.Load())
@@ -268,10 +268,10 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		if err := s.announceEpoch("Promote", epoch, seq, batch); err != nil {
 			return err
 		}
-		s.baseBatch, s.baseSeq = batch, seq
-		s.lineage = NewLineage(s.cfg.Model, seq, s.stampEpoch(epoch))
+		s.prim.baseBatch, s.prim.baseSeq = batch, seq
+		s.exec.renumber(seq, s.stampEpoch(epoch))
 		s.epochV.Store(epoch)
-		s.recoveredEpoch.Store(epoch)
+		s.prim.recoveredEpoch.Store(epoch)
 		s.receiver.SeedDedup(s.idx.cut(seq))
 		s.resetRequestPath()
 		if err := s.newSenders(); err != nil {
@@ -284,11 +284,11 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			if err != nil {
 				return status.Errorf(codes.Internal, "Promote: applied state: %v", err)
 			}
-			base = s.baseSnapshot(state, last.header.GetStateVersion(), last.header.GetRequests())
+			base = s.prim.baseSnapshot(state, last.header.GetStateVersion(), last.header.GetRequests())
 			base.batch, base.header.BatchId = batch, batch
 			base.header.Sha256Marks = ho.marks
 		}
-		s.ship.reset(base, base != nil)
+		s.prim.ship.reset(base, base != nil)
 		s.setRole(RolePrimary)
 		// The outputs this backup applied with its state may never have
 		// left the lost primary (remus releases them only after this
@@ -311,7 +311,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 // receives.
 func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 	if s.rp != nil {
-		return s.rp.demote(epoch)
+		return s.demoteReplay(epoch)
 	}
 	if !s.replicated {
 		return status.Errorf(codes.FailedPrecondition, "Demote: model %q is not replicated", s.cfg.Model)
@@ -341,7 +341,7 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 			// promoted again, each edge starts where its sender stands.
 			s.receiver.Forget()
 		}
-		s.ship.reset(nil, false)
+		s.prim.ship.reset(nil, false)
 		s.outlog.Reset()
 		s.idx.reset()
 		bk := newBackupState(s.host, s.epochV.Load())
@@ -379,7 +379,7 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 		if s.Role() != RolePrimary {
 			return status.Errorf(codes.FailedPrecondition, "Rollback: sidecar of %q is a %s", s.cfg.Model, s.Role())
 		}
-		target := s.ship.Applied()
+		target := s.prim.ship.Applied()
 		if target == nil {
 			return status.Errorf(codes.FailedPrecondition, "Rollback: primary of %q keeps no applied state yet", s.cfg.Model)
 		}
@@ -396,16 +396,16 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 		if err := s.host.sbe.WriteState(ctx, target.state, target.header.GetStateVersion()); err != nil {
 			return status.Errorf(codes.Unavailable, "Rollback: write kept state of batch %d: %v", target.batch, err)
 		}
-		s.baseBatch, s.baseSeq = target.batch, target.seq
-		s.lineage = NewLineage(s.cfg.Model, target.seq, s.stampEpoch(epoch))
+		s.prim.baseBatch, s.prim.baseSeq = target.batch, target.seq
+		s.exec.renumber(target.seq, s.stampEpoch(epoch))
 		s.epochV.Store(epoch)
-		s.recoveredEpoch.Store(epoch)
+		s.prim.recoveredEpoch.Store(epoch)
 		s.outlog.DropAfter(s.cfg.Model, target.seq)
 		s.receiver.SeedDedup(s.idx.cut(target.seq))
 		s.resetRequestPath()
-		base := s.baseSnapshot(target.state, target.header.GetStateVersion(), target.header.GetRequests())
+		base := s.prim.baseSnapshot(target.state, target.header.GetStateVersion(), target.header.GetRequests())
 		base.digest = target.digest
-		s.ship.reset(base, true)
+		s.prim.ship.reset(base, true)
 		version = target.header.GetStateVersion()
 		s.log.Info("rolled back to the state the backup last applied", "epoch", epoch, "batch", target.batch,
 			"seq", target.seq, "state_version", version)
@@ -480,7 +480,7 @@ func (s *Sidecar) announceEpoch(rpc string, epoch, seq, batch uint64) error {
 // current senders, each edge its own items, and returns how many. The
 // caller holds the role transition (no traffic runs yet).
 func (s *Sidecar) resendOutputLog() int {
-	senders := s.sendersNow()
+	senders := s.out.current()
 	n := 0
 	for i, snd := range senders {
 		items := s.outlog.ForEdge(s.cfg.Model, i, len(senders))
@@ -502,7 +502,7 @@ func (s *Sidecar) resend(req *hamsv1.ResendRequest) (int, error) {
 	if s.receiver == nil || ((s.replicated || s.rp != nil) && s.Role() != RolePrimary) {
 		return 0, status.Errorf(codes.FailedPrecondition, "Resend: sidecar of %q is a %s", s.cfg.Model, s.Role())
 	}
-	senders := s.sendersNow()
+	senders := s.out.current()
 	for i, to := range s.succs {
 		if to != req.GetToModel() {
 			continue

@@ -230,7 +230,7 @@ func TestHeldShipperCatchesUp(t *testing.T) {
 		t.Fatalf("backup durable to %d while shipping was held", seq)
 	}
 	pa := h.sidecars["a"]
-	waitFor(t, "copies waiting behind the held shipment", func() bool { return pa.ship.Waiting() > 0 })
+	waitFor(t, "copies waiting behind the held shipment", func() bool { return pa.prim.ship.Waiting() > 0 })
 	once.Do(func() { close(release) })
 	waitFor(t, "backup durable to n", func() bool { return maxSeqOf(h.backups["a"]) == n })
 	waitFor(t, "durability notice of n", func() bool { return h.durable.get("a") == n })

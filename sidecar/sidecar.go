@@ -154,39 +154,18 @@ type Sidecar struct {
 	authz *authz.Authorizer
 
 	receiver *edge.Receiver
-	senders  []*edge.Sender // one per successor, in Graph.Succ order
+	// out is the sending end of the request path (outedges.go): the
+	// out-edges, failing a request, fan-out.
+	out *outEdges
 
 	// Owned by the loop goroutine.
 	joiner  *Joiner
 	batcher *Batcher[*Joined]
 
-	// Owned by the executor goroutine.
-	lineage *Lineage
-	desc    *hamsv1.ModelDescription
-	// stateSpecs, stateBytes: the layout of the model state, from the
-	// last full state seen (headers of delta snapshots carry it).
-	stateSpecs []*hamsv1.TensorSpec
-	stateBytes uint64
-	// versionSeen is the highest state version the primary's model
-	// server holds to this sidecar's knowledge: the version of the last
-	// base state (baseSnapshot) or of a computed batch. Versions only grow
-	// between bases, so a computed batch at or below it means the server
-	// lost its state (restarted under this sidecar). 0: unknown.
-	versionSeen atomic.Uint64
-	// describeMu: the first executor describes the backend, the others
-	// wait for it (a concurrent backend runs several executors).
-	describeMu sync.Mutex
-	// nextBatchID numbers the batch requests built.
-	nextBatchID atomic.Uint64
-	// concurrent: the backend takes several batches at once
-	// (ConcurrentBackend: a replica pool) and that many executors run;
-	// finishMu then serialises finishing (seqs, lineage, sends).
-	concurrent bool
-	executors  int
-	finishMu   sync.Mutex
-	// callID is the identity of the last batch request built (callid.go):
-	// the backend call running it carries it in metadata.
-	callID atomic.Pointer[batchIdentity]
+	// exec runs the serving stages' batches on the backend (executor.go);
+	// backend is how they meet an unreachable one (backendloss.go).
+	exec    *executor
+	backend *backendPolicy
 
 	inbox chan *hamsv1.Item
 	done  chan struct{} // closed when Run's context ends
@@ -198,23 +177,16 @@ type Sidecar struct {
 
 	graph *config.Graph
 	idx   *lineageIndex
-	// epochV is the epoch recovery assigned to this instance;
-	// recoveredEpoch the one of its last promotion or rollback (batch ids
-	// and seqs were renumbered then).
-	epochV, recoveredEpoch atomic.Uint64
-	// baseBatch and baseSeq: where a primary's pipeline and numbering
-	// start (after the state it took over or rolled back to).
-	baseBatch, baseSeq uint64
+	// epochV is the epoch recovery assigned to this instance.
+	epochV atomic.Uint64
 
-	// roleMu serialises role transitions; mu guards role, senders, and
-	// the Run context fields.
+	// roleMu serialises role transitions; mu guards role and the Run
+	// context fields.
 	roleMu  sync.Mutex
 	mu      sync.Mutex
 	stage   Stage
 	stopped bool
 	fatal   func(error)
-	// backendLostAfter: Config.BackendLostAfter or its default.
-	backendLostAfter time.Duration
 	// healthInterval: Config.HealthInterval or its default (<0: off).
 	healthInterval time.Duration
 	// health is the grpc.health.v1 server of the sidecar's port (health.go).
@@ -223,9 +195,9 @@ type Sidecar struct {
 	// State manager (replicated stateful models only).
 	role       string // guarded by mu once Run started
 	mode       nspb.Mode
-	replicated bool       // stateful, ha stateful, mode not bare
-	outlog     *OutputLog // primary: released outputs; backup: applied outputs
-	ship       *shipper   // primary
+	replicated bool          // stateful, ha stateful, mode not bare
+	outlog     *OutputLog    // primary: released outputs; backup: applied outputs
+	prim       *primaryState // a replicated primary's role (primary.go)
 	bk         *backupState
 	rp         *replayState // mode replay (stateful, ha stateful)
 }
@@ -296,17 +268,17 @@ func New(cfg Config) (*Sidecar, error) {
 		inbox:   make(chan *hamsv1.Item, inboxSize),
 		done:    make(chan struct{}), collecting: make(chan struct{}),
 		role: role, mode: mode, replicated: replicated,
-		backendLostAfter: cfg.BackendLostAfter,
-		healthInterval:   cfg.HealthInterval,
+		healthInterval: cfg.HealthInterval,
 	}
 	s.host = &sidecarHost{cfg: &s.cfg, log: log, metrics: s.metrics, maxMsg: s.maxMsg, epochV: &s.epochV, sbe: sbe}
-	if s.backendLostAfter == 0 {
-		s.backendLostAfter = DefaultBackendLostAfter
+	s.out = &outEdges{model: cfg.Model, log: log, metrics: s.metrics, clock: cfg.Now}
+	s.backend = &backendPolicy{h: s.host, protected: mode != nspb.Bare || cfg.Deployment.RunMode().Replays(), lostAfter: cfg.BackendLostAfter}
+	if s.backend.lostAfter == 0 {
+		s.backend.lostAfter = DefaultBackendLostAfter
 	}
-	s.executors = 1
+	executors := 1
 	if cb, ok := cfg.Backend.(ConcurrentBackend); ok && !m.Stateful {
-		s.executors = max(cb.Concurrency(), 1)
-		s.concurrent = s.executors > 1
+		executors = max(cb.Concurrency(), 1)
 	}
 	if s.healthInterval == 0 {
 		s.healthInterval = DefaultHealthInterval
@@ -347,17 +319,21 @@ func New(cfg Config) (*Sidecar, error) {
 	s.idx = newLineageIndex()
 	s.host.idx = s.idx
 	s.epochV.Store(cfg.Epoch)
-	if rp, err := s.replaySetup(role); err != nil {
+	if rp, err := replaySetup(cfg, s.host, s.backend, s.idx, role); err != nil {
 		return nil, err
 	} else {
 		s.rp = rp
 	}
-	s.lineage = NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch))
+	s.exec = newExecutor(s.host, s.out, s.backend, m.Backend.Model, executors, NewLineage(cfg.Model, 0, s.stampEpoch(cfg.Epoch)))
+	if s.rp != nil {
+		s.exec.log = s.rp
+		s.rp.x = s.exec
+	}
 	if role == RoleBackup && s.rp == nil {
 		s.bk = newBackupState(s.host, s.epochV.Load())
 	}
 	if replicated {
-		s.ship = newShipper(s.host)
+		s.prim = newPrimaryState(s.host, s.exec, s.out, s.backend, mode)
 	}
 	s.metrics.watch(reg, s) // role, output log bound, durability lag (metrics.go)
 	if cfg.Resolver == nil {
@@ -372,7 +348,7 @@ func New(cfg Config) (*Sidecar, error) {
 		// arrives after an upstream stateful failover (Joiner.RememberJoined).
 		s.joiner.RememberJoined(maxWaitingJoin)
 	}
-	opts := []edge.ReceiverOption{edge.WithDedup(0, s.host.IsStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.now)}
+	opts := []edge.ReceiverOption{edge.WithDedup(0, s.host.IsStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.out.now)}
 	if !m.Stateful {
 		// A resend through this model toward a replacement further down
 		// must run here again.
@@ -391,45 +367,15 @@ func (s *Sidecar) newSenders() error {
 	for _, to := range s.succs {
 		snd, err := edge.NewSender(edge.SenderConfig{
 			From: s.cfg.Model, To: to, Resolver: s.cfg.Resolver, MaxMessageBytes: s.maxMsg, Logger: s.log,
-			Epoch: s.host.Epoch, Position: s.position, DialOptions: s.host.dialOpts, Now: s.now,
+			Epoch: s.host.Epoch, Position: s.out.position, DialOptions: s.host.dialOpts, Now: s.out.now,
 		})
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 		out = append(out, snd)
 	}
-	s.mu.Lock()
-	s.senders = out
-	s.mu.Unlock()
+	s.out.set(out)
 	return nil
-}
-
-// sendersNow returns the current out-edges (for goroutines outside the
-// role stage).
-func (s *Sidecar) sendersNow() []*edge.Sender {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.senders
-}
-
-// position is an output item's position on an out-edge: this model's seq
-// of the request (error items, which carry none, are always resent).
-func (s *Sidecar) position(it *hamsv1.Item) uint64 {
-	lin := it.GetLineage()
-	for i := len(lin) - 1; i >= 0; i-- {
-		if lin[i].GetModel() == s.cfg.Model {
-			return lin[i].GetSeq()
-		}
-	}
-	return ^uint64(0)
-}
-
-// now is the clock request deadlines are on (Config.Now).
-func (s *Sidecar) now() time.Time {
-	if s.cfg.Now != nil {
-		return s.cfg.Now()
-	}
-	return time.Now()
 }
 
 // senderEpoch is the epoch the topology knows for a sending model; the
@@ -480,7 +426,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	}
 	// Backend calls made under this context carry the identity of the
 	// batch they run (hamsmd.UnaryClientInterceptor asks s).
-	ctx = hamsmd.WithSource(ctx, s)
+	ctx = hamsmd.WithSource(ctx, s.exec)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv := grpc.NewServer(s.serverOpts...)
@@ -593,22 +539,15 @@ func (s *Sidecar) startStage() {
 	case role == RoleBackup:
 		st = newBackupStage(s.bk)
 	default:
-		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.sendersNow(), loop: s.loop, executors: 1}
+		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.out.current(), loop: s.loop, executors: 1}
 		switch {
 		case s.replicated:
-			sv.workers = append(sv.workers, namedRun{"shipper", s.ship.run})
-			if watch := s.ship.backupWatch(); watch != nil {
-				sv.workers = append(sv.workers, namedRun{"backup watch", watch}) // backupwatch.go
-			}
-			sv.workers = append(sv.workers, namedRun{"own durability watch", func(ctx context.Context) error {
-				return s.ship.watchOwnDurable(ctx, s.recoveredEpoch.Load)
-			}})
-			sv.executor = s.primaryExecutor
+			sv.workers, sv.executor = s.prim.workers(), s.prim.executor
 		case s.rp != nil:
 			sv.workers = []namedRun{{"replay logger", s.rp.logger}, {"replay checkpointer", s.rp.checkpointer}}
 			sv.executor = s.rp.executor
 		default:
-			sv.executor, sv.executors = s.executor, s.executors
+			sv.executor, sv.executors = s.exec.serve, s.exec.n
 		}
 		st = sv
 	}
@@ -642,13 +581,13 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		now := s.now()
+		now := s.out.now()
 		for _, j := range s.joiner.Expire(now) {
-			s.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
+			s.out.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
 		}
 		blocked := false
 		if idleN > 0 && s.batcher.Len() > 0 {
-			if blocked = s.sendersFull(); !blocked {
+			if blocked = s.out.full(); !blocked {
 				if b := s.batcher.Ready(now); b != nil {
 					select {
 					case work <- b:
@@ -682,7 +621,7 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 			for n := 0; n < 256; n++ {
 				select {
 				case it := <-s.inbox:
-					s.accept(it, s.now())
+					s.accept(it, s.out.now())
 					continue
 				default:
 				}
@@ -697,21 +636,12 @@ func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan s
 	}
 }
 
-func (s *Sidecar) sendersFull() bool {
-	for _, snd := range s.sendersNow() {
-		if snd.Full() {
-			return true
-		}
-	}
-	return false
-}
-
 // accept runs one inbound item through the Joiner.
 func (s *Sidecar) accept(it *hamsv1.Item, now time.Time) {
 	s.metrics.itemsIn.Inc()
 	j, evicted, err := s.joiner.Add(it)
 	for _, e := range evicted {
-		s.fail(e, codes.ResourceExhausted, "too many incomplete joins")
+		s.out.fail(e, codes.ResourceExhausted, "too many incomplete joins")
 	}
 	if err != nil {
 		reason := "unknown_pred"
@@ -729,11 +659,11 @@ func (s *Sidecar) accept(it *hamsv1.Item, now time.Time) {
 		return
 	}
 	if hasError(j) {
-		s.passError(j)
+		s.out.passError(j)
 		return
 	}
 	if j.Deadline != 0 && now.UnixNano() >= j.Deadline {
-		s.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
+		s.out.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
 		return
 	}
 	s.batcher.Add(j, now)
@@ -748,75 +678,16 @@ func hasError(j *Joined) bool {
 	return false
 }
 
-// passError forwards the first upstream error of j unchanged.
-func (s *Sidecar) passError(j *Joined) {
-	for _, p := range j.Parts {
-		if p != nil && (p.GetError() != "" || p.GetErrorCode() != 0) {
-			code := codes.Code(p.GetErrorCode())
-			if code == codes.OK {
-				code = codes.Unknown
-			}
-			s.sendError(j, code, p.GetError())
-			return
-		}
+// completed garbage-collects the output log and the senders' retained
+// items on a completion notice.
+func (s *Sidecar) completed(n *hamsv1.CompletionNotice) {
+	for _, snd := range s.out.current() {
+		snd.Complete(n.GetReqIds()...)
 	}
-}
-
-// fail turns request j into an error item from this model.
-func (s *Sidecar) fail(j *Joined, code codes.Code, msg string) {
-	if hasError(j) {
-		s.passError(j)
+	if s.outlog == nil || s.outlog.Complete(n.GetReqIds()) == 0 {
 		return
 	}
-	s.metrics.errors.WithLabelValues(code.String()).Inc()
-	s.log.Debug("request failed", "req_id", j.ReqID, "code", code, "err", msg)
-	s.sendError(j, code, fmt.Sprintf("model %s: %s", s.cfg.Model, msg))
-}
-
-func (s *Sidecar) sendError(j *Joined, code codes.Code, msg string) {
-	var parts []*hamsv1.Item
-	for _, p := range j.Parts {
-		if p != nil {
-			parts = append(parts, p)
-		}
-	}
-	it := &hamsv1.Item{
-		ReqId: j.ReqID, Lineage: MergeLineage(nil, parts), DeadlineUnixNano: j.Deadline,
-		Error: msg, ErrorCode: int32(code),
-	}
-	if len(parts) > 0 {
-		it.Service, it.StreamId = parts[0].GetService(), parts[0].GetStreamId()
-	}
-	s.fanOut(it)
-}
-
-// fanOut sends it to every successor (one copy per out-edge, sharing
-// tensors and lineage: Send stamps edge_seq on its own copy).
-func (s *Sidecar) fanOut(it *hamsv1.Item) { s.fanOutTo(it, nil) }
-
-// fanOutKeep is fanOut returning the items sent, in successor order.
-func (s *Sidecar) fanOutKeep(it *hamsv1.Item) []*hamsv1.Item {
-	sent := make([]*hamsv1.Item, len(s.sendersNow()))
-	s.fanOutTo(it, sent)
-	return sent
-}
-
-// fanOutTo records the item sent on out-edge i in sent[i] when sent is not
-// nil.
-func (s *Sidecar) fanOutTo(it *hamsv1.Item, sent []*hamsv1.Item) {
-	senders := s.sendersNow()
-	for i, snd := range senders {
-		c := it
-		if i < len(senders)-1 {
-			c = &hamsv1.Item{
-				ReqId: it.ReqId, Service: it.Service, StreamId: it.StreamId, Tensors: it.Tensors,
-				Lineage: it.Lineage, DeadlineUnixNano: it.DeadlineUnixNano, Error: it.Error, ErrorCode: it.ErrorCode,
-				Approximate: it.Approximate, TraceContext: it.TraceContext,
-			}
-		}
-		if sent != nil {
-			sent[i] = c
-		}
-		snd.Send(c)
-	}
+	_, items, bytes := s.outlog.Stats()
+	s.metrics.outlogItems.Set(float64(items))
+	s.metrics.outlogBytes.Set(float64(bytes))
 }

@@ -15,9 +15,12 @@ import (
 // Cancel and Wait may be called any number of times, and before Start
 // (they then do nothing): shutdown is idempotent.
 //
-// The backup's stage depends on the sidecar only through Host
-// (backup.go); the serving stages (primary, replay, stateless) are built
-// by the sidecar from its data path (startStage).
+// The roles depend on the sidecar only through Host: the backup
+// (backup.go), the replicated primary (primaryState, primary.go) and
+// replay mode (replayState, replay.go); the serving roles also use the
+// shared executor (executor.go) and, through requestPath, the request
+// path's fan-out. The sidecar builds the serving stage from its loop and
+// the role's executor and workers (startStage).
 type Stage interface {
 	// Start starts the stage's goroutines under a child of ctx; an error
 	// one of them returns while the stage runs goes to fatal (which stops

@@ -572,7 +572,7 @@ func TestSnapshotsNeverHalfUpdated(t *testing.T) {
 				return
 			}
 			s.cfg.ShipHook = func(_ context.Context, batch uint64) {
-				sh := s.ship.head()
+				sh := s.prim.ship.head()
 				mu.Lock()
 				shipped = append(shipped, tensor.Digest(sh.state...))
 				mu.Unlock()

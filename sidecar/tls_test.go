@@ -92,7 +92,7 @@ func TestTLSBulkAndShipments(t *testing.T) {
 			}
 			// Over TLS the bulk stream's data carries no digest of its
 			// own once the backup offered it (wiredigest.go).
-			if kept, _ := h.sidecars["a"].ship.Kept(); bulk && counterValue(h.sidecars["a"].metrics.shipBulk) > 1 && kept.digest != aeadDigest {
+			if kept, _ := h.sidecars["a"].prim.ship.Kept(); bulk && counterValue(h.sidecars["a"].metrics.shipBulk) > 1 && kept.digest != aeadDigest {
 				t.Fatalf("last bulk shipment's digest %q, want %q", kept.digest, aeadDigest)
 			}
 		})

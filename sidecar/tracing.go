@@ -34,8 +34,9 @@ type batchTrace struct {
 }
 
 // traceBatch starts the sidecar.batch spans of reqs' traced requests
-// (nil: tracing is off or none of them is traced). batchID 0 is left out.
-func (s *Sidecar) traceBatch(reqs []request, batchID uint64) *batchTrace {
+// (nil: tracing is off or none of them is traced), on h's model and
+// instance. batchID 0 is left out.
+func traceBatch(h Host, reqs []request, batchID uint64) *batchTrace {
 	if !tracing.Enabled() {
 		return nil
 	}
@@ -55,7 +56,7 @@ func (s *Sidecar) traceBatch(reqs []request, batchID uint64) *batchTrace {
 			}
 		}
 		attrs := []attribute.KeyValue{
-			tracing.AttrModel.String(s.cfg.Model), tracing.AttrInstance.String(s.cfg.ID),
+			tracing.AttrModel.String(h.Model()), tracing.AttrInstance.String(h.ID()),
 			tracing.AttrReqID.Int64(int64(r.j.ReqID)), tracing.AttrBatchSize.Int(len(reqs)),
 		}
 		if batchID != 0 {
