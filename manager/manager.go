@@ -499,8 +499,29 @@ func (m *Manager) setActive(active bool) {
 		// standby can lag or have stalled (a NATS restart), and a
 		// takeover from a stale topology brings back components the
 		// previous active manager had failed over.
-		m.refreshTopology(context.Background())
+		//
+		// A takeover from what the watch last delivered writes back the
+		// roles and liveness it shows: a backup that recovery had
+		// replaced (and retired) alive again, its replacement a standby
+		// again (a 30-minute soak, 2026-11-27: a primary killed 1.5 s
+		// after a takeover was failed over to the retired backup). A
+		// failed read is retried for up to half a lease ttl.
+		deadline := time.Now().Add(m.cfg.LeaseTTL / 2)
+		for {
+			_, err := m.readTopology(context.Background())
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t, _ := m.hub.get()
+				m.log.Warn("taking over from the deployment state the watch last delivered: the newest could not be read",
+					"revision", t.GetRevision(), "err", err)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		t, _ := m.hub.get()
+		m.log.Info("taking over the deployment state", "revision", t.GetRevision())
 		now := time.Now()
 		m.mu.Lock()
 		for _, p := range t.GetPlacements() {
@@ -843,21 +864,28 @@ const refreshInterval = time.Second
 // reports whether that was newer than what the hub held (the watch
 // missed it).
 func (m *Manager) refreshTopology(ctx context.Context) bool {
+	newer, _ := m.readTopology(ctx)
+	return newer
+}
+
+// readTopology reads the persisted topology into the hub: newer reports
+// whether it was newer than the hub's, err a failed read.
+func (m *Manager) readTopology(ctx context.Context) (newer bool, err error) {
 	if m.st == nil {
-		return false
+		return false, errors.New("manager: no deployment state store")
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	e, err := m.st.kv.Get(ctx, TopologyKey)
 	if err != nil {
-		return false
+		return false, fmt.Errorf("read the deployment state: %w", err)
 	}
 	t, err := DecodeTopology(e)
 	if err != nil {
-		return false
+		return false, err
 	}
 	m.st.remember(t)
-	return m.hub.offer(t)
+	return m.hub.offer(t), nil
 }
 
 func (m *Manager) followWatcher(ctx context.Context, w jetstream.KeyWatcher) {
