@@ -1089,9 +1089,27 @@ func (m *Machine) useSpare(model string, spare, prim *hamsv1.Placement, epoch ui
 			}
 			return nil
 		}
+		if m.spareLeft(model) {
+			// Another live spare (an instance that returned and was
+			// admitted fresh, say) takes the used one's place: starting
+			// one more each time piled up spare processes (seven of one
+			// model after a 30-minute soak).
+			return []Action{s}
+		}
 		return []Action{s, m.doneIgnored(Action{Kind: StartInstance, Model: model, Role: hamsv1.Role_ROLE_STANDBY})}
 	}
 	return []Action{a}
+}
+
+// spareLeft reports whether model has a live spare (STANDBY) this round
+// has not used.
+func (m *Machine) spareLeft(model string) bool {
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_STANDBY && m.live(p) && !m.r.sparesUsed[p.GetComponentId()] {
+			return true
+		}
+	}
+	return false
 }
 
 // startNewBackup asks for a new backup instance and syncs it once it shows
