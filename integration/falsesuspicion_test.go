@@ -35,7 +35,7 @@ func TestFalseSuspicion(t *testing.T) {
 			dir := t.TempDir()
 			out := filepath.Join(dir, "out.json")
 			runDir := filepath.Join(dir, "run")
-			r := runHams(t, 150*time.Second, "demo", "--service", "ap", "--duration", "14s",
+			r := runHams(t, 150*time.Second, "demo", "--service", "ap", "--duration", "10s",
 				"--kill", "freeze:"+c.kill+"@4s+3s", "--json", out, "--run-dir", runDir)
 			var rep struct {
 				Requests, Replies, Errors, Incorrect int
