@@ -14,7 +14,7 @@ import (
 // requests on the other frontend gives the same reply, and the
 // consistency checker passes.
 func TestChaosFrontendKills(t *testing.T) {
-	c := runChaos(t, "ap", "frontend", "8s", "3", 2)
+	c := runChaos(t, "ap", "frontend", "10s", "3", 2)
 	leading := 0
 	for _, k := range c.Kills {
 		if k.Kind != "frontend" {

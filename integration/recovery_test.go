@@ -116,5 +116,5 @@ func TestChaosStatelessAndStatefulSP(t *testing.T) {
 
 // Stateless kills under chaos, with the accepted-request list checked.
 func TestChaosStatelessKills(t *testing.T) {
-	runChaos(t, "ap", "stateless", "6s", "4", 1)
+	runChaos(t, "ap", "stateless", "8s", "4", 1)
 }
