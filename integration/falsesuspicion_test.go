@@ -12,7 +12,7 @@ import (
 // False suspicion (issue 18 item 1, docs/recovery.md "False suspicion"):
 // under load, one process is stopped (SIGSTOP) for 3 s, three times the
 // demo's default 1 s suspicion timeout, then resumed (SIGCONT): `hams demo
-// --kill freeze:ROLE[:MODEL]@4s+3s`. Each case ends with replies flowing
+// --kill freeze:ROLE[:MODEL]@2s+3s`. Each case ends with replies flowing
 // after the freeze, redundancy restored (the demo's restored_ms: every
 // model has a live serving instance and backup or standby again, the
 // frozen model instance is not alive in the topology, the control plane is
@@ -35,8 +35,8 @@ func TestFalseSuspicion(t *testing.T) {
 			dir := t.TempDir()
 			out := filepath.Join(dir, "out.json")
 			runDir := filepath.Join(dir, "run")
-			r := runHams(t, 150*time.Second, "demo", "--service", "ap", "--duration", "14s",
-				"--kill", "freeze:"+c.kill+"@4s+3s", "--json", out, "--run-dir", runDir)
+			r := runHams(t, 150*time.Second, "demo", "--service", "ap", "--duration", "8s",
+				"--kill", "freeze:"+c.kill+"@2s+3s", "--json", out, "--run-dir", runDir)
 			var rep struct {
 				Requests, Replies, Errors, Incorrect int
 				Kills                                []struct {
@@ -80,7 +80,7 @@ func TestFalseSuspicion(t *testing.T) {
 					t.Fatalf("no manager log retired the frozen %s (logs %v)", c.kill, logs)
 				}
 			}
-			t.Logf("freeze %s (%s%s) 3s at 4s: %d requests, %d replies, %d errors; first reply after %.0f ms, redundancy restored after %.0f ms",
+			t.Logf("freeze %s (%s%s) 3s at 2s: %d requests, %d replies, %d errors; first reply after %.0f ms, redundancy restored after %.0f ms",
 				k.Target, k.Kind, map[bool]string{true: ", " + k.Note}[k.Note != ""], rep.Requests, rep.Replies, rep.Errors, k.RecoveryMs, k.RestoredMs)
 		})
 	}

@@ -79,7 +79,10 @@ type proc struct {
 	cmd    *exec.Cmd
 	ready  map[string]any
 	stderr *bytes.Buffer
+	// done receives the exit once (a test that reads it takes it); exited
+	// is closed after it was sent, for any number of waiters.
 	done   chan error
+	exited chan struct{}
 }
 
 // startHams starts the binary and waits for its JSON ready line.
@@ -94,7 +97,7 @@ func startHams(t *testing.T, timeout time.Duration, args ...string) *proc {
 func startProc(t *testing.T, timeout time.Duration, cmd *exec.Cmd, args []string) *proc {
 	t.Helper()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p := &proc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	p := &proc{cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan error, 1), exited: make(chan struct{})}
 	cmd.Stderr = &lockedWriter{b: p.stderr}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -105,9 +108,12 @@ func startProc(t *testing.T, timeout time.Duration, cmd *exec.Cmd, args []string
 	}
 	t.Cleanup(func() {
 		// Whatever happened, nothing of the process group survives the test.
+		// Waits on exited, not done: after stop (or a test's own receive
+		// from done) done stays empty, and waiting on it took the whole
+		// 10 s of every such test.
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		select {
-		case <-p.done:
+		case <-p.exited:
 		case <-time.After(10 * time.Second):
 		}
 	})
@@ -126,7 +132,7 @@ func startProc(t *testing.T, timeout time.Duration, cmd *exec.Cmd, args []string
 			close(lines)
 		}
 	}()
-	go func() { p.done <- cmd.Wait() }()
+	go func() { p.done <- cmd.Wait(); close(p.exited) }()
 	select {
 	case l, ok := <-lines:
 		if !ok {
