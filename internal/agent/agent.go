@@ -25,6 +25,7 @@ import (
 
 	"github.com/hams-go/hams/internal/authz"
 	"github.com/hams-go/hams/internal/pki"
+	"github.com/hams-go/hams/internal/run"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -85,8 +86,29 @@ func NewClient(raw string, src *pki.Source) (*Client, error) {
 	return &Client{url: raw, hc: hc}, nil
 }
 
-// StartInstance asks the agent for a new instance of model in role.
+// ErrBusy: the agent runs MaxConcurrentStarts starts already (429).
+var ErrBusy = errors.New("agent: instance agent busy")
+
+// StartInstance asks the agent for a new instance of model in role. An
+// agent busy with other starts (429: after a partition healed, the manager
+// asks for many at once) is asked again, backing off up to a second, until
+// ctx ends: a start given up on leaves its model short of a backup or
+// standby for good (a 30-minute soak, 2026-11-27).
 func (c *Client) StartInstance(ctx context.Context, model string, role hamsv1.Role) error {
+	backoff := 50 * time.Millisecond
+	for {
+		err := c.startOnce(ctx, model, role)
+		if !errors.Is(err, ErrBusy) {
+			return err
+		}
+		if !run.Sleep(ctx, backoff) {
+			return err
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (c *Client) startOnce(ctx context.Context, model string, role hamsv1.Role) error {
 	body, _ := json.Marshal(Request{Model: model, Role: roleName(role)})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {
@@ -99,10 +121,13 @@ func (c *Client) StartInstance(ctx context.Context, model string, role hamsv1.Ro
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("start instance of %s (%s) at %s: %s: %s", model, roleName(role), c.url, resp.Status, bytes.TrimSpace(b))
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return nil
+	case http.StatusTooManyRequests:
+		return fmt.Errorf("start instance of %s (%s) at %s: %w: %s", model, roleName(role), c.url, ErrBusy, bytes.TrimSpace(b))
 	}
-	return nil
+	return fmt.Errorf("start instance of %s (%s) at %s: %s: %s", model, roleName(role), c.url, resp.Status, bytes.TrimSpace(b))
 }
 
 // ServerConfig of a Server.
