@@ -56,3 +56,54 @@ func TestIsolatedManagerDeclaresNobodyDead(t *testing.T) {
 		return !alive(ids[1]) && !alive(ids[2]) && !alive(ids[3])
 	})
 }
+
+// When the manager's own partition heals, the first component heard
+// again ends the hold; the others, heard a moment later, must not be
+// declared dead in between (they were, in the same tick: a soak's 1 s
+// partition of the active manager cost ap-motion its primary and backup).
+func TestIsolationEndGivesEveryoneATimeout(t *testing.T) {
+	const ttl = 3 * time.Second
+	r := startManager(t, func(c *manager.Config) { c.LeaseTTL = ttl }, nil)
+	ctx := waitCtx(t)
+	var regs []*hamsv1.RegisterRequest
+	var clients []*runningClient
+	for i := range 3 {
+		reg := sidecarReg(fmt.Sprintf("sidecar/a/standby/%d", i), "a", fmt.Sprintf("127.0.0.1:%d", 7200+i))
+		reg.Role = hamsv1.Role_ROLE_STANDBY
+		c := startClient(t, r.addr, reg)
+		if err := c.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return placement(tp, reg.Id).GetAlive() }); err != nil {
+			t.Fatal(err)
+		}
+		regs, clients = append(regs, reg), append(clients, c)
+	}
+	alive := func(id string) bool { return placement(r.m.Topology(), id).GetAlive() }
+	for _, c := range clients {
+		c.stop()
+	}
+	// Isolated (every one silent at once) for longer than a suspicion
+	// timeout (500 ms here).
+	waitFor(t, "the isolation hold", 3*time.Second, func() bool { return metricValue(t, r.reg, "hams_manager_isolated_ticks_total") > 0 })
+	time.Sleep(700 * time.Millisecond) // the partition lasts past a suspicion timeout
+	// The first one is heard again; the others 300 ms later.
+	first := startClient(t, r.addr, regs[0])
+	if err := first.c.WaitReady(ctx, func(tp *hamsv1.Topology) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		for _, reg := range regs[1:] {
+			if !alive(reg.Id) {
+				t.Fatalf("%s declared dead within 300 ms of the first component heard again (its heartbeats had no time to arrive after the partition healed)", reg.Id)
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // polling the topology over the window
+	}
+	for _, reg := range regs[1:] {
+		startClient(t, r.addr, reg)
+	}
+	for _, reg := range regs {
+		if !alive(reg.Id) {
+			t.Fatalf("%s dead after every component was heard again", reg.Id)
+		}
+	}
+}

@@ -405,6 +405,12 @@ func (m *Manager) holdIfIsolatedLocked(now time.Time, period time.Duration) {
 	due := m.members.Silent(now, m.cfg.SuspicionTimeout)
 	if alive < 2 || due == 0 || m.members.Silent(now, m.cfg.SuspicionTimeout/2) < alive {
 		if !m.isolatedSince.IsZero() {
+			// The first heard again ends the hold; the others' heartbeats
+			// follow over reconnecting connections. Without a fresh
+			// timeout they were declared dead in this very tick (a
+			// 30-minute soak, 2026-11-27: a manager partitioned for 1 s
+			// declared the primary and backup of ap-motion dead at once).
+			m.members.HeardAt(now)
 			m.log.Info("components heard again; failure suspicion resumes", "isolated_for", now.Sub(m.isolatedSince))
 		}
 		m.isolatedSince = time.Time{}

@@ -125,6 +125,18 @@ func (ms *Membership) Pause(d time.Duration) {
 	}
 }
 
+// HeardAt treats every alive member as heard at now at the latest: each
+// gets one suspicion timeout from now (a manager's own partition healed:
+// their heartbeats are on their way over reconnecting connections, and
+// silence from before now proves nothing). A dead member stays dead.
+func (ms *Membership) HeardAt(now time.Time) {
+	for _, m := range ms.members {
+		if m.alive && m.lastSeen.Before(now) {
+			m.lastSeen = now
+		}
+	}
+}
+
 // Remove forgets a member (replaced by another registration).
 func (ms *Membership) Remove(id string) { delete(ms.members, id) }
 
