@@ -63,8 +63,8 @@ type killReport struct {
 	// Unrestored: what the last check before the report still lacked
 	// (a missing instance, an unsynced backup).
 	Unrestored []string `json:"unrestored,omitempty"`
-	Recovered  bool    `json:"recovered"`
-	Error      string  `json:"error,omitempty"`
+	Recovered  bool     `json:"recovered"`
+	Error      string   `json:"error,omitempty"`
 	// Note says what a manager or frontend was doing when it was killed:
 	// active or standby (manager), leading or follower (frontend).
 	Note string `json:"note,omitempty"`
