@@ -430,21 +430,41 @@ func (s *Sidecar) coversDurable(seq uint64) error {
 	if !ok {
 		return nil
 	}
+	var n *hamsv1.DurabilityNotice
+	err := s.retryStateOp(func(ctx context.Context) error {
+		var err error
+		n, err = dr.LastDurable(ctx, s.cfg.Model)
+		return err
+	}, nil)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "Promote: read how far %q is durable: %v", s.cfg.Model, err)
+	}
+	if n.GetDurableSeq() > seq {
+		return status.Errorf(codes.FailedPrecondition,
+			"Promote: backup of %q applied state up to request seq %d, but the model is durable up to seq %d (epoch %d): it has not taken a base from the primary, and promoting it would lose state behind released replies",
+			s.cfg.Model, seq, n.GetDurableSeq(), n.GetEpoch())
+	}
+	return nil
+}
+
+// retryStateOp runs op (a coordination read or write of a role
+// transition) until it succeeds, for at most stateOpAttempts attempts
+// within stateWriteTimeout, backing off between them; failed is told of
+// each failure that is retried. It returns op's last error.
+func (s *Sidecar) retryStateOp(op func(ctx context.Context) error, failed func(attempt int, err error)) error {
 	ctx, cancel := context.WithTimeout(s.host.runCtx, stateWriteTimeout)
 	defer cancel()
 	backoff := stateOpBackoff
 	for attempt := 1; ; attempt++ {
-		n, err := dr.LastDurable(ctx, s.cfg.Model)
+		err := op(ctx)
 		if err == nil {
-			if n.GetDurableSeq() > seq {
-				return status.Errorf(codes.FailedPrecondition,
-					"Promote: backup of %q applied state up to request seq %d, but the model is durable up to seq %d (epoch %d): it has not taken a base from the primary, and promoting it would lose state behind released replies",
-					s.cfg.Model, seq, n.GetDurableSeq(), n.GetEpoch())
-			}
 			return nil
 		}
 		if attempt >= stateOpAttempts || !run.Sleep(ctx, backoff) {
-			return status.Errorf(codes.Unavailable, "Promote: read how far %q is durable: %v", s.cfg.Model, err)
+			return err
+		}
+		if failed != nil {
+			failed(attempt, err)
 		}
 		backoff = min(2*backoff, time.Second)
 	}
@@ -459,21 +479,14 @@ func (s *Sidecar) coversDurable(seq uint64) error {
 // epoch could cover them.
 func (s *Sidecar) announceEpoch(rpc string, epoch, seq, batch uint64) error {
 	n := &hamsv1.DurabilityNotice{Model: s.cfg.Model, Epoch: epoch, DurableSeq: seq, BatchId: batch}
-	ctx, cancel := context.WithTimeout(s.host.runCtx, stateWriteTimeout)
-	defer cancel()
-	backoff := stateOpBackoff
-	for attempt := 1; ; attempt++ {
-		err := s.cfg.Coord.Announce(ctx, n)
-		if err == nil {
-			s.log.Info("new epoch announced", "rpc", rpc, "epoch", epoch, "durable_seq", seq, "batch", batch)
-			return nil
-		}
-		if attempt >= stateOpAttempts || !run.Sleep(ctx, backoff) {
-			return status.Errorf(codes.Unavailable, "%s: announce durability of %q to %d at epoch %d: %v", rpc, s.cfg.Model, seq, epoch, err)
-		}
+	err := s.retryStateOp(func(ctx context.Context) error { return s.cfg.Coord.Announce(ctx, n) }, func(attempt int, err error) {
 		s.log.Warn("new-epoch announcement failed, retrying", "rpc", rpc, "epoch", epoch, "attempt", attempt, "err", err)
-		backoff = min(2*backoff, time.Second)
+	})
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "%s: announce durability of %q to %d at epoch %d: %v", rpc, s.cfg.Model, seq, epoch, err)
 	}
+	s.log.Info("new epoch announced", "rpc", rpc, "epoch", epoch, "durable_seq", seq, "batch", batch)
+	return nil
 }
 
 // resendOutputLog queues every output kept in the output log on the

@@ -354,14 +354,15 @@ func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *k
 					restarted = ok && r.Generation > before.Generation
 				}
 				t, err := d.Topology(ctx)
+				var lacking []string
 				if err == nil {
-					// What is still missing, for a run that gives up.
-					lacking := append(d.Missing(t), d.UnsyncedBackups(ctx, t)...)
+					// Also kept for a run that gives up: what was missing.
+					lacking = append(d.Missing(t), d.UnsyncedBackups(ctx, t)...)
 					kt.mu.Lock()
 					kr.Unrestored = lacking
 					kt.mu.Unlock()
 				}
-				if err == nil && restarted && len(d.Missing(t)) == 0 && controlRestored(ctx, d, t, rt.Kind) && len(d.UnsyncedBackups(ctx, t)) == 0 {
+				if err == nil && restarted && len(lacking) == 0 && controlRestored(ctx, d, t, rt.Kind) {
 					if fault != faultKill || rt.Inst == nil || !cluster.AliveID(t, rt.Inst.ID) || !d.Protected() {
 						now := time.Now()
 						newActive := ""

@@ -1184,7 +1184,6 @@ func (m *Machine) placement(id string) *hamsv1.Placement {
 	return nil
 }
 
-// live: alive in the topology and not deemed dead in this round.
 // listedAlive reports whether the topology lists p's component alive
 // (whatever the current round decided about it).
 func (m *Machine) listedAlive(p *hamsv1.Placement) bool {
@@ -1192,15 +1191,19 @@ func (m *Machine) listedAlive(p *hamsv1.Placement) bool {
 	return cur != nil && cur.GetAlive() && cur.GetSidecarAddress() != ""
 }
 
+// retireReplaced retires id, listed as model's backup (role BACKUP at
+// epoch), which a new backup replaces. Its exit (the retirement's effect)
+// is not a new failure: the new backup is already asked for.
+func (m *Machine) retireReplaced(id, model string, epoch uint64, reason string) Action {
+	m.handled[id] = true
+	return Action{Kind: Retire, Component: id, Model: model, Role: hamsv1.Role_ROLE_BACKUP, Epoch: epoch, Reason: reason}
+}
+
 // retireDeposed retires old, model's primary before a failover to epoch
 // that could not be demoted: the rewire listed it as the backup, and a new
 // backup replaces it.
 func (m *Machine) retireDeposed(model string, old *hamsv1.Placement, epoch uint64, why string) Action {
-	// Its exit (the retirement's effect) is not a new failure: the new
-	// backup is already asked for.
-	m.handled[old.GetComponentId()] = true
-	return Action{Kind: Retire, Component: old.GetComponentId(), Model: model, Role: hamsv1.Role_ROLE_BACKUP, Epoch: epoch,
-		Reason: "deposed primary of " + model + " not demoted (" + why + "): a new backup replaces it"}
+	return m.retireReplaced(old.GetComponentId(), model, epoch, "deposed primary of "+model+" not demoted ("+why+"): a new backup replaces it")
 }
 
 // retireUnreachableBackups retires, at the end of a round, every instance
@@ -1241,13 +1244,12 @@ func (m *Machine) retireUnreachableBackups(recovered []string) []Action {
 		if p.GetRole() != hamsv1.Role_ROLE_BACKUP {
 			continue
 		}
-		m.handled[id] = true
-		out = append(out, Action{Kind: Retire, Component: id, Model: p.GetModel(), Role: p.GetRole(), Epoch: p.GetEpoch(),
-			Reason: "backup of " + p.GetModel() + " unreachable during a recovery: a new backup replaces it"})
+		out = append(out, m.retireReplaced(id, p.GetModel(), p.GetEpoch(), "backup of "+p.GetModel()+" unreachable during a recovery: a new backup replaces it"))
 	}
 	return out
 }
 
+// live: alive in the topology and not deemed dead in this round.
 func (m *Machine) live(p *hamsv1.Placement) bool {
 	if p == nil || !p.GetAlive() || p.GetSidecarAddress() == "" {
 		return false
