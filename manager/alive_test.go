@@ -24,9 +24,20 @@ type frozen struct {
 	id     string
 	paused atomic.Bool
 	errs   chan error
+	// beats counts heartbeats answered without an error.
+	beats atomic.Int64
 }
 
 func freezable(t *testing.T, addr string, reg *hamsv1.RegisterRequest) *frozen {
+	t.Helper()
+	return heartbeating(t, addr, reg, true)
+}
+
+// heartbeating is freezable that registers first only when register is
+// set (else it heartbeats a manager that knows reg's id from the
+// persisted placements alone, as one that took over does). Heartbeats
+// name reg's incarnation, as manager/client's do.
+func heartbeating(t *testing.T, addr string, reg *hamsv1.RegisterRequest, register bool) *frozen {
 	t.Helper()
 	cc, err := grpcx.Dial(addr, 0)
 	if err != nil {
@@ -35,8 +46,11 @@ func freezable(t *testing.T, addr string, reg *hamsv1.RegisterRequest) *frozen {
 	t.Cleanup(func() { cc.Close() })
 	f := &frozen{api: hamsv1.NewManagerClient(cc), id: reg.GetId(), errs: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
-	if _, err := f.api.Register(ctx, reg); err != nil {
-		t.Fatal(err)
+	if register {
+		if _, err := f.api.Register(ctx, reg); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
 	}
 	done := make(chan struct{})
 	go func() {
@@ -53,8 +67,11 @@ func freezable(t *testing.T, addr string, reg *hamsv1.RegisterRequest) *frozen {
 				continue
 			}
 			hctx, hcancel := context.WithTimeout(ctx, time.Second)
-			_, err := f.api.Heartbeat(hctx, &hamsv1.HeartbeatRequest{Id: f.id})
+			_, err := f.api.Heartbeat(hctx, &hamsv1.HeartbeatRequest{Id: f.id, Incarnation: reg.GetIncarnation()})
 			hcancel()
+			if err == nil {
+				f.beats.Add(1)
+			}
 			if err != nil && ctx.Err() == nil {
 				select {
 				case f.errs <- err:

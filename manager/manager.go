@@ -397,13 +397,20 @@ func (m *Manager) Run(ctx context.Context) error {
 // that still leads reaches the deployment state and the silence is real
 // (every instance lost at once). Exits the supervisor reports are
 // declared at once regardless (service.go). Caller holds mu.
-func (m *Manager) holdIfIsolatedLocked(now time.Time, period time.Duration) {
+func (m *Manager) holdIfIsolatedLocked(now time.Time, since time.Duration) {
 	// Silent for half a timeout: members heartbeat several times per
 	// timeout at different phases, so when the manager is cut off they
 	// cross the timeout one by one; by then none was heard for half.
+	//
+	// The hold ends only when a member is heard again (or fewer than two
+	// are left), not when nobody is due any more: the hold's own Pause
+	// keeps everyone just short of the timeout, and taking that for a
+	// return ended the hold a tick after it began and declared everyone
+	// dead one timeout later, while the manager was still cut off.
 	_, alive := m.members.Counts()
-	due := m.members.Silent(now, m.cfg.SuspicionTimeout)
-	if alive < 2 || due == 0 || m.members.Silent(now, m.cfg.SuspicionTimeout/2) < alive {
+	heard := m.members.Silent(now, m.cfg.SuspicionTimeout/2) < alive
+	starts := m.isolatedSince.IsZero() && m.members.Silent(now, m.cfg.SuspicionTimeout) > 0
+	if alive < 2 || heard || (m.isolatedSince.IsZero() && !starts) {
 		if !m.isolatedSince.IsZero() {
 			// The first heard again ends the hold; the others' heartbeats
 			// follow over reconnecting connections. Without a fresh
@@ -423,7 +430,7 @@ func (m *Manager) holdIfIsolatedLocked(now time.Time, period time.Duration) {
 	if now.Sub(m.isolatedSince) >= m.cfg.LeaseTTL {
 		return
 	}
-	m.members.Pause(period)
+	m.members.Pause(since)
 	m.metrics.isolated.Inc()
 }
 
@@ -530,6 +537,7 @@ func (m *Manager) setActive(active bool) {
 		m.log.Info("taking over the deployment state", "revision", t.GetRevision())
 		now := time.Now()
 		m.mu.Lock()
+		persisted := map[string]assignment{}
 		for _, p := range t.GetPlacements() {
 			if _, ok := m.regs[p.GetComponentId()]; !ok {
 				m.seedPlacementLocked(p, now)
@@ -541,12 +549,20 @@ func (m *Manager) setActive(active bool) {
 			// made backup that re-registered as a standby left its
 			// model without a backup, and its primary's replies were
 			// never durable again.
+			//
+			// They also replace what this manager decided itself in an
+			// earlier term as the active one: another manager was active
+			// since, and what it wrote is newer, even at the same epoch
+			// (a backup it retired and admitted again as a standby).
+			// Before, an own BACKUP decision of the earlier term won over
+			// the persisted STANDBY, the model had two live backups, and
+			// the next failover promoted the stale one (a 30-minute soak,
+			// 2026-11-27).
 			if p.GetRole() != hamsv1.Role_ROLE_UNSPECIFIED {
-				if a, ok := m.assigned[p.GetComponentId()]; !ok || a.epoch < p.GetEpoch() {
-					m.assigned[p.GetComponentId()] = assignment{role: p.GetRole(), epoch: p.GetEpoch()}
-				}
+				persisted[p.GetComponentId()] = assignment{role: p.GetRole(), epoch: p.GetEpoch()}
 			}
 		}
+		m.assigned = persisted
 		// Frontends are listed by address only: adopt those no frontend
 		// registration here names, under the placeholder id their
 		// re-registration replaces, so a frontend that died while no
@@ -794,12 +810,19 @@ func (m *Manager) membershipLoop(ctx context.Context) error {
 				continue
 			}
 			m.mu.Lock()
+			// since is the time this tick covers that no stall pause
+			// forgave: an isolation hold forgives all of it (a tick is
+			// often a little later than the period; forgiving only the
+			// period let members cross the timeout one by one during
+			// the hold).
+			since := stall + period
 			if stall > m.cfg.SuspicionTimeout/4 {
 				m.members.Pause(stall)
 				m.metrics.stalls.Inc()
 				m.log.Info("manager stalled; silence forgiven", "stall", stall)
+				since = period
 			}
-			m.holdIfIsolatedLocked(now, period)
+			m.holdIfIsolatedLocked(now, since)
 			acts := m.members.Tick(now)
 			dirty := m.dirty
 			type dead struct {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/hams-go/hams/manager/client"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -226,6 +227,17 @@ func (s *service) Heartbeat(ctx context.Context, req *hamsv1.HeartbeatRequest) (
 		// which is refused for good (a superseded process exits).
 		return nil, status.Errorf(codes.NotFound, "id %q: incarnation %s was superseded by %s (a new process registered under this id)",
 			req.GetId(), req.GetIncarnation(), reg.GetIncarnation())
+	}
+	if reg := m.regs[req.GetId()]; reg != nil && reg.GetIncarnation() == "" && req.GetIncarnation() != "" {
+		// A registration seeded from the persisted placements at a
+		// takeover names no incarnation: the first one heard for it is
+		// the process this manager knows under the id. Without it, a
+		// retire recorded no incarnation, and the retired process's own
+		// registration passed for a new process's and was admitted as
+		// a fresh standby (a 30-minute soak, 2026-11-27).
+		c := proto.CloneOf(reg)
+		c.Incarnation = req.GetIncarnation()
+		m.regs[req.GetId()] = c
 	}
 	held, first := m.heldReturnLocked(req.GetId())
 	var (
