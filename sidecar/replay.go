@@ -817,7 +817,7 @@ func (x *lineageIndex) replayRestore(f *lineage.Flow, lastSeq uint64) {
 
 // replaySetup checks what replay mode needs of cfg and builds its state
 // (nil when the model does not run in replay mode). Called by New.
-func replaySetup(cfg Config, h Host, bp *backendPolicy, idx *lineageIndex, role string) (*replayState, error) {
+func replaySetup(cfg Config, h Host, bp *backendPolicy, idx *lineageIndex, role config.Role) (*replayState, error) {
 	if !replayEnabled(cfg) {
 		return nil, nil
 	}
@@ -834,5 +834,5 @@ func replaySetup(cfg Config, h Host, bp *backendPolicy, idx *lineageIndex, role 
 	}
 	// The initial primary starts the model's history afresh; a spare
 	// takes over an existing one.
-	return newReplayState(h, bp, idx, cfg.Deployment.Replay, cfg.Replay, sbe, role == RolePrimary), nil
+	return newReplayState(h, bp, idx, cfg.Deployment.Replay, cfg.Replay, sbe, role == config.RolePrimary), nil
 }

@@ -67,10 +67,11 @@ type Config struct {
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
 
-	// Role is RolePrimary (default) or RoleBackup. A backup sidecar sits
-	// next to its own model server instance, serves only Replication
-	// (snapshots from the primary) and applies them (Algorithm 2).
-	Role string
+	// Role is config.RolePrimary (default) or config.RoleBackup. A
+	// backup sidecar sits next to its own model server instance, serves
+	// only Replication (snapshots from the primary) and applies them
+	// (Algorithm 2).
+	Role config.Role
 	// Coord carries durability and completion notices; required for a
 	// replicated stateful model (stateful, ha stateful, mode not bare).
 	Coord Coord
@@ -193,7 +194,7 @@ type Sidecar struct {
 	health *health.Server
 
 	// State manager (replicated stateful models only).
-	role       string // guarded by mu once Run started
+	role       config.Role // guarded by mu once Run started
 	mode       nspb.Mode
 	replicated bool          // stateful, ha stateful, mode not bare
 	outlog     *OutputLog    // primary: released outputs; backup: applied outputs
@@ -214,12 +215,12 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	role := cfg.Role
 	if role == "" {
-		role = RolePrimary
+		role = config.RolePrimary
 	}
-	if role != RolePrimary && role != RoleBackup {
-		bad("role %q is not %s or %s", cfg.Role, RolePrimary, RoleBackup)
+	if role != config.RolePrimary && role != config.RoleBackup {
+		bad("role %q is neither %s nor %s", cfg.Role, config.RolePrimary, config.RoleBackup)
 	}
-	if cfg.Resolver == nil && role == RolePrimary {
+	if cfg.Resolver == nil && role == config.RolePrimary {
 		bad("no resolver")
 	}
 	if cfg.OutputLogBytes < 0 {
@@ -329,7 +330,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.exec.log = s.rp
 		s.rp.x = s.exec
 	}
-	if role == RoleBackup && s.rp == nil {
+	if role == config.RoleBackup && s.rp == nil {
 		s.bk = newBackupState(s.host, s.epochV.Load())
 	}
 	if replicated {
@@ -390,14 +391,14 @@ func (s *Sidecar) senderEpoch(from string) (uint64, bool) {
 
 // admit refuses inbound traffic unless this sidecar serves the model.
 func (s *Sidecar) admit(string) error {
-	if r := s.Role(); r != RolePrimary {
+	if r := s.Role(); r != config.RolePrimary {
 		return status.Errorf(codes.FailedPrecondition, "sidecar of %q is a %s, it takes no traffic", s.cfg.Model, r)
 	}
 	return nil
 }
 
 // Role is the sidecar's current role.
-func (s *Sidecar) Role() string {
+func (s *Sidecar) Role() config.Role {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.role
@@ -502,7 +503,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		// After the first stage: a transition must find it started.
 		goRun("deposed watch", s.watchDeposed)
 	}
-	if s.Role() == RoleBackup {
+	if s.Role() == config.RoleBackup {
 		s.log.Info("backup sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "mode", s.mode,
 			"pfm", s.host.pfm, "nfm", s.host.nfm, "epoch", s.cfg.Epoch)
 	} else {
@@ -532,11 +533,11 @@ func (s *Sidecar) Run(ctx context.Context) error {
 func (s *Sidecar) startStage() {
 	var st Stage
 	switch role := s.Role(); {
-	case role == RoleDeposed, role == RoleBackup && s.rp != nil:
+	case role == RoleDeposed, role == config.RoleBackup && s.rp != nil:
 		// Fenced: nothing runs until a Demote (deposed.go); or a replay
 		// spare, idle until promoted.
 		st = &idleStage{}
-	case role == RoleBackup:
+	case role == config.RoleBackup:
 		st = newBackupStage(s.bk)
 	default:
 		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.out.current(), loop: s.loop, executors: 1}
