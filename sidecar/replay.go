@@ -21,6 +21,7 @@ import (
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/lineage"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // Replay mode (deployment mode "replay", the Lineage-Stash-style baseline
@@ -285,7 +286,7 @@ func (rp *replayState) executed(ctx context.Context, req *hamsv1.BatchRequest, r
 
 // executor is the replay primary's executor: the bare executor plus the
 // checkpoint policy (every N batches, and after an idle period).
-func (rp *replayState) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
+func (rp *replayState) executor(ctx context.Context, work <-chan []*datapath.Joined, idle chan<- struct{}) error {
 	if !rp.x.describe(ctx) {
 		return nil
 	}
@@ -321,7 +322,7 @@ func (rp *replayState) executor(ctx context.Context, work <-chan []*Joined, idle
 // next waits for the next batch; while it waits with batches not covered
 // by a checkpoint, it checkpoints them once they have been idle rp.idle.
 // It returns nil when ctx ends.
-func (rp *replayState) next(ctx context.Context, work <-chan []*Joined) ([]*Joined, error) {
+func (rp *replayState) next(ctx context.Context, work <-chan []*datapath.Joined) ([]*datapath.Joined, error) {
 	for {
 		var t *time.Timer
 		var tc <-chan time.Time

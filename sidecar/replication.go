@@ -184,22 +184,8 @@ func (s *Sidecar) checkEpoch(rpc string, epoch uint64) error {
 // resetRequestPath forgets requests not yet executed: they come again by
 // resends (caller stopped the stage).
 func (s *Sidecar) resetRequestPath() {
-	if s.joiner == nil {
-		return
-	}
-	g := s.graph
-	s.joiner, _ = NewJoiner(g.Pred(s.cfg.Model), s.model.FanIn, maxWaitingJoin)
-	if !s.model.Stateful {
-		s.joiner.RememberJoined(maxWaitingJoin)
-	}
-	s.batcher = NewBatcher[*Joined](s.model.Batch.Size, s.model.Batch.MaxWait.D())
-	for {
-		select {
-		case <-s.inbox:
-			continue
-		default:
-		}
-		return
+	if s.intake != nil {
+		s.intake.reset()
 	}
 }
 
