@@ -344,7 +344,7 @@ func New(cfg Config) (*Frontend, error) {
 		f.watchModels = append(f.watchModels, m)
 	}
 	sort.Strings(f.watchModels)
-	if gatingModes[d.Mode] && len(f.watchModels) > 0 {
+	if gatingModes[d.RunMode()] && len(f.watchModels) > 0 {
 		if cfg.Coord == nil {
 			return nil, fmt.Errorf("%w: mode %q releases replies only once the states they depend on are durable, which needs a Coord (stateful models %v)",
 				ErrConfig, d.Mode, f.watchModels)

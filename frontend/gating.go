@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -19,7 +20,7 @@ import (
 // the states they depend on are durable (protocol step 5). In remus and
 // nspb-s1 the primaries hold outputs themselves; bare and replay promise no
 // such consistency.
-var gatingModes = map[string]bool{"nspb": true, "nspb-s2": true}
+var gatingModes = map[config.Mode]bool{config.ModeNSPB: true, config.ModeNSPBS2: true}
 
 // replyDeps are the dependencies of a reply: for every lineage entry of a
 // replicated stateful model (in stateful), the highest seq the lineage

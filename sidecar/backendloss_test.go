@@ -264,9 +264,9 @@ func (h *heldRangeWriter) WriteStateRanges(ctx context.Context, specs []*hamsv1.
 func TestBackupWritesBehindAndPromotionFlushes(t *testing.T) {
 	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
 	hw := &heldRangeWriter{counterBackend: newDeltaCounter(8), release: make(chan struct{}), entered: make(chan struct{}, 1)}
-	back := r.start("a", hw, RoleBackup, 1, false, nil)
+	back := r.start("a", hw, config.RoleBackup, 1, false, nil)
 	pbe := newDeltaCounter(8)
-	prim := r.start("a", pbe, RolePrimary, 1, true, nil)
+	prim := r.start("a", pbe, config.RolePrimary, 1, true, nil)
 	r.send(1, 12)
 	waitFor(t, "12 replies", func() bool { return r.sink.count() == 12 })
 	waitFor(t, "the backup applied every request", func() bool { return maxSeqOf(back.sc) == 12 })
@@ -387,9 +387,9 @@ func (h *gatedDeltaWriter) enter(t *testing.T) {
 // the state the backup applied.
 func oneStatefulPair(t *testing.T, w *gatedDeltaWriter) (r *rig, prim, back *inst, pbe *counterBackend) {
 	r = newRig(t, fmt.Sprintf(oneStateful, "nspb"))
-	back = r.start("a", w, RoleBackup, 1, false, nil)
+	back = r.start("a", w, config.RoleBackup, 1, false, nil)
 	pbe = newDeltaCounter(8)
-	prim = r.start("a", pbe, RolePrimary, 1, true, nil)
+	prim = r.start("a", pbe, config.RolePrimary, 1, true, nil)
 	// A delta that arrives while the base is pending joins the base's
 	// whole write, so requests go in small groups until a range write
 	// reaches the model server.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/hams-go/hams/internal/config"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -19,16 +20,16 @@ import (
 func TestBackupChosenAgainInItsEpochTakesANewBase(t *testing.T) {
 	bothStateKinds(t, func(t *testing.T, delta bool) {
 		r := newRig(t, failoverChain)
-		r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-		first := r.start("b", newCounter(4), RoleBackup, 1, false, nil)
-		primary := r.start("b", newCounter(4), RolePrimary, 1, true, nil)
+		r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+		first := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
+		primary := r.start("b", newCounter(4), config.RolePrimary, 1, true, nil)
 		applied := func(in *inst) uint64 { seq, _ := in.sc.bk.MaxSeq(); return seq }
 		r.send(1, 10)
 		waitFor(t, "the first backup applied the first wave", func() bool { return applied(first) == 10 })
 
 		// The first backup is replaced (it stays alive, a backup of
 		// epoch 1 at seq 10).
-		spare := r.start("b", newCounter(4), RoleBackup, 1, false, nil)
+		spare := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
 		r.setBackup("b", spare.addr)
 		r.send(11, 30)
 		waitFor(t, "the spare applied the second wave", func() bool { return applied(spare) == 30 })

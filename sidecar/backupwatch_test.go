@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hams-go/hams/internal/config"
 )
 
 func TestShipWatchDecision(t *testing.T) {
@@ -149,7 +151,7 @@ func TestPrimaryReportsUnreachableBackup(t *testing.T) {
 	var firstShip atomic.Int64 // unix nanos of the primary's first shipment attempt
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": newCounter(4)}, map[string]Backend{"a": newCounter(4)}, replOpts{
 		tweak: func(name string, s *Sidecar) {
-			if s.role != RolePrimary {
+			if s.role != config.RolePrimary {
 				return
 			}
 			rb.replace, _, _ = s.cfg.BackupResolver.ResolveBackup(name) // the reachable backup
@@ -193,7 +195,7 @@ func TestReachableBackupNotReported(t *testing.T) {
 	rb := &reportingBackups{suspicion: 10 * time.Millisecond}
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": newCounter(4)}, map[string]Backend{"a": newCounter(4)}, replOpts{
 		tweak: func(name string, s *Sidecar) {
-			if s.role != RolePrimary {
+			if s.role != config.RolePrimary {
 				return
 			}
 			rb.addr, _, _ = s.cfg.BackupResolver.ResolveBackup(name)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/config"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -91,7 +92,7 @@ func TestBulkStreamFaultsAreResent(t *testing.T) {
 				dial, dials := faultyDial(2, hurt)
 				h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": back},
 					replOpts{tweak: func(_ string, s *Sidecar) {
-						if s.prim != nil && s.Role() == RolePrimary {
+						if s.prim != nil && s.Role() == config.RolePrimary {
 							s.prim.ship.bulkDial = dial
 						}
 					}})

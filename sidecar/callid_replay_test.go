@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // A batch that replay re-executes is named on its backend call by its own
@@ -11,7 +12,7 @@ import (
 // batch the sidecar built.
 func TestReplayedBatchNamesItsRequests(t *testing.T) {
 	s := &executor{h: &sidecarHost{cfg: &Config{Model: "b"}}}
-	s.noteBatch([]request{{j: &Joined{ReqID: 99, Parts: []*hamsv1.Item{{ReqId: 99, Service: "live"}}}}})
+	s.noteBatch([]request{{j: &datapath.Joined{ReqID: 99, Parts: []*hamsv1.Item{{ReqId: 99, Service: "live"}}}}})
 	s.noteReplayed(&hamsv1.ReplayBatch{Model: "b", BatchId: 4, Requests: []*hamsv1.ReplayRequest{
 		{ReqId: 7, Parts: []*hamsv1.Item{{ReqId: 7, FromModel: "a", Service: "svc", StreamId: "s1",
 			Lineage: []*hamsv1.LineageEntry{{Model: "a", Seq: 3}}}}},

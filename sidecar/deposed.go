@@ -3,6 +3,8 @@ package sidecar
 import (
 	"context"
 
+	"github.com/hams-go/hams/internal/config"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -19,7 +21,9 @@ import (
 // backup (its state is overwritten by the new primary's); the manager
 // retires it instead when it already restored redundancy with another
 // instance (docs/recovery.md, "False suspicion"), and the process exits.
-const RoleDeposed = "deposed"
+// It is a sidecar's role only, not one of config.Roles: the manager
+// never records it.
+const RoleDeposed config.Role = "deposed"
 
 // watchDeposed checks, at every topology change, whether this replicated
 // primary was deposed (runs for the sidecar's life).
@@ -50,7 +54,7 @@ func (s *Sidecar) deposedBy() (addr string, epoch uint64, deposed bool) {
 // and demotes a deposed primary the topology lists as its model's backup.
 func (s *Sidecar) checkDeposed() {
 	defer s.demoteIfListedBackup()
-	if s.Role() != RolePrimary {
+	if s.Role() != config.RolePrimary {
 		return
 	}
 	if _, _, deposed := s.deposedBy(); !deposed {
@@ -58,7 +62,7 @@ func (s *Sidecar) checkDeposed() {
 	}
 	err := s.transition("Deposed", func() error {
 		addr, epoch, deposed := s.deposedBy()
-		if s.Role() != RolePrimary || !deposed {
+		if s.Role() != config.RolePrimary || !deposed {
 			return nil // promoted or demoted meanwhile
 		}
 		s.setRole(RoleDeposed)

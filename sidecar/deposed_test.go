@@ -24,10 +24,10 @@ import (
 func TestDeposedPrimaryStopsActingAsPrimary(t *testing.T) {
 	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
 	be1, be2 := newCounter(8), newCounter(8)
-	b2 := r.start("a", be2, RoleBackup, 1, false, nil)
+	b2 := r.start("a", be2, config.RoleBackup, 1, false, nil)
 	var shipsAfter atomic.Int64
 	var deposed atomic.Bool
-	b1 := r.start("a", be1, RolePrimary, 1, true, func(s *Sidecar) {
+	b1 := r.start("a", be1, config.RolePrimary, 1, true, func(s *Sidecar) {
 		s.cfg.ShipHook = func(context.Context, uint64) {
 			if deposed.Load() {
 				shipsAfter.Add(1)
@@ -82,7 +82,7 @@ func TestDeposedPrimaryStopsActingAsPrimary(t *testing.T) {
 	if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
 		t.Fatalf("Demote of a deposed primary: %v", err)
 	}
-	if b1.sc.Role() != RoleBackup {
+	if b1.sc.Role() != config.RoleBackup {
 		t.Fatalf("demoted deposed primary is a %s", b1.sc.Role())
 	}
 	r.send(31, 40)
@@ -101,8 +101,8 @@ func TestDeposedPrimaryStopsActingAsPrimary(t *testing.T) {
 func TestDeposedPrimaryListedAsBackupDemotesItself(t *testing.T) {
 	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
 	be1, be2 := newCounter(8), newCounter(8)
-	b2 := r.start("a", be2, RoleBackup, 1, false, nil)
-	b1 := r.start("a", be1, RolePrimary, 1, true, nil)
+	b2 := r.start("a", be2, config.RoleBackup, 1, false, nil)
+	b1 := r.start("a", be1, config.RolePrimary, 1, true, nil)
 	r.send(1, 20)
 	waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
 	waitFor(t, "backup durable", func() bool { s, _ := b2.sc.bk.MaxSeq(); return s == 20 })
@@ -113,7 +113,7 @@ func TestDeposedPrimaryListedAsBackupDemotesItself(t *testing.T) {
 	// The rewire: b2 serves a at epoch 2, b1 is its backup.
 	r.setBackup("a", b1.addr)
 	r.res.Set("a", b2.addr, 2)
-	waitFor(t, "the old primary a backup without a Demote", func() bool { return b1.sc.Role() == RoleBackup })
+	waitFor(t, "the old primary a backup without a Demote", func() bool { return b1.sc.Role() == config.RoleBackup })
 	r.send(21, 40)
 	waitFor(t, "replies to all 40 requests", func() bool { return r.sink.distinct() == 40 })
 	waitFor(t, "the self-demoted primary in sync", func() bool {
@@ -123,7 +123,7 @@ func TestDeposedPrimaryListedAsBackupDemotesItself(t *testing.T) {
 	if _, err := r.client(b1.addr).Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 2, PrimaryAddress: b2.addr}); err != nil {
 		t.Fatalf("a late Demote: %v", err)
 	}
-	if b1.sc.Role() != RoleBackup {
+	if b1.sc.Role() != config.RoleBackup {
 		t.Fatalf("after a late Demote: %s", b1.sc.Role())
 	}
 }

@@ -5,18 +5,18 @@
 // Request path (bare mode):
 //
 //	edge.Receiver (one Reorder per inbound edge: order, dedup, ack)
-//	  -> inbox -> loop: Joiner (fan-in) -> Batcher (size, max wait)
+//	  -> inbox -> intake loop: Joiner (fan-in) -> Batcher (size, max wait)
 //	  -> executor: select declared inputs, Backend.Infer (one batch in
 //	     flight), split outputs per request, Lineage (Algorithm 1)
 //	  -> one edge.Sender per out-edge (fan-out; the sink edge goes to the
 //	     frontend).
 //
-// The loop goroutine owns the Joiner and Batcher and never blocks on the
-// backend, so items keep being accepted and batched while a batch computes.
-// The executor goroutine owns the Lineage and the backend description; it
-// runs one batch at a time and tells the loop when it is idle. Joiner,
-// Batcher and Lineage are pure state machines (time passed in) tested on
-// their own.
+// The intake's loop goroutine (intake.go) owns the Joiner and Batcher and
+// never blocks on the backend, so items keep being accepted and batched
+// while a batch computes. The executor goroutine owns the Lineage and the
+// backend description; it runs one batch at a time and tells the loop when
+// it is idle. Joiner and Batcher (package sidecar/datapath) and Lineage
+// are pure state machines (time passed in) tested on their own.
 //
 // Request identity (callid.go): batchRequest notes the requests of the
 // batch it builds and the executor is the hamsmd.Source on Run's context, so

@@ -46,7 +46,7 @@ func TestFigure6DownstreamWaitsForUpstreamDurability(t *testing.T) {
 			map[string]Backend{"a": newCounter(4), "p": &fakeBackend{}, "b": newCounter(4)},
 			map[string]Backend{"a": newCounter(4), "b": newCounter(4)},
 			replOpts{tweak: func(name string, s *Sidecar) {
-				if name == "a" && s.role == RolePrimary {
+				if name == "a" && s.role == config.RolePrimary {
 					s.cfg.ShipHook = func(ctx context.Context, batch uint64) {
 						select {
 						case <-release:
@@ -105,7 +105,7 @@ func TestReleaseOnAckVersusEarlyRelease(t *testing.T) {
 				var violations atomic.Int64
 				h := startRepl(t, fmt.Sprintf(oneStateful, mode), map[string]Backend{"a": newCounter(8)}, map[string]Backend{"a": newCounter(8)},
 					replOpts{tweak: func(name string, s *Sidecar) {
-						if s.role == RoleBackup {
+						if s.role == config.RoleBackup {
 							bk.Store(s.bk)
 						}
 					}})
@@ -130,7 +130,7 @@ func TestReleaseOnAckVersusEarlyRelease(t *testing.T) {
 			release := make(chan struct{})
 			h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": newCounter(8)}, map[string]Backend{"a": newCounter(8)},
 				replOpts{tweak: func(name string, s *Sidecar) {
-					if s.role == RolePrimary {
+					if s.role == config.RolePrimary {
 						s.cfg.ShipHook = func(ctx context.Context, _ uint64) {
 							select {
 							case <-release:
@@ -179,7 +179,7 @@ func TestOutputLogGCAndBackpressure(t *testing.T) {
 		// One request's output is 2 FP32 = 8 bytes; room for 3 requests.
 		h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": newCounter(4)},
 			replOpts{outputLog: 24, tweak: func(name string, s *Sidecar) {
-				if s.role == RolePrimary {
+				if s.role == config.RolePrimary {
 					sc.Store(s)
 				}
 			}})
@@ -232,7 +232,7 @@ func TestBrokenShipStreamResentWithoutDuplicates(t *testing.T) {
 		prim, back := newCounter(8), newCounter(8)
 		h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": back},
 			replOpts{tweak: func(name string, s *Sidecar) {
-				if s.role == RolePrimary {
+				if s.role == config.RolePrimary {
 					s.prim.ship.dialOptions = []grpc.DialOption{grpc.WithStreamInterceptor(cut.intercept)}
 				}
 			}})
@@ -452,7 +452,7 @@ func TestNewRejectsBadReplicationConfig(t *testing.T) {
 		t.Fatalf("good config: %v (replicated %v)", err, s != nil && s.replicated)
 	}
 	goodBackup := good
-	goodBackup.Role, goodBackup.Resolver, goodBackup.BackupResolver = RoleBackup, nil, nil
+	goodBackup.Role, goodBackup.Resolver, goodBackup.BackupResolver = config.RoleBackup, nil, nil
 	if _, err := New(goodBackup); err != nil {
 		t.Fatalf("good backup config: %v", err)
 	}
@@ -474,9 +474,9 @@ func TestNewRejectsBadReplicationConfig(t *testing.T) {
 		"stateless backend":  func(c *Config) { c.Backend = &fakeBackend{} },
 		"no coord":           func(c *Config) { c.Coord = nil },
 		"no backup resolver": func(c *Config) { c.BackupResolver = nil },
-		"backup in bare":     func(c *Config) { c.Role, c.Deployment = RoleBackup, bareDep },
+		"backup in bare":     func(c *Config) { c.Role, c.Deployment = config.RoleBackup, bareDep },
 		"backup of stateless": func(c *Config) {
-			c.Role, c.Deployment = RoleBackup, parse(chainGraph)
+			c.Role, c.Deployment = config.RoleBackup, parse(chainGraph)
 		},
 		"unknown mode": func(c *Config) { d := *nspbDep; d.Mode = "nope"; c.Deployment = &d },
 	}

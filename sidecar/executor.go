@@ -15,6 +15,7 @@ import (
 	"github.com/hams-go/hams/internal/hamsmd"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // requestPath is what an executor needs of the sidecar's request path
@@ -23,7 +24,7 @@ import (
 // sidecar implements it; an executor never sees the rest of the sidecar.
 type requestPath interface {
 	now() time.Time
-	fail(j *Joined, code codes.Code, msg string)
+	fail(j *datapath.Joined, code codes.Code, msg string)
 	// fanOut sends an output item to every successor; fanOutKeep also
 	// returns the copies sent, in successor order (the output log keeps
 	// them for resends).
@@ -101,7 +102,7 @@ func (x *executor) description() *hamsv1.ModelDescription { return x.desc }
 // that is not replicated; several for a concurrent backend). It first
 // learns the backend's inputs (Describe, retried until it answers), then
 // reports idle after every batch.
-func (x *executor) serve(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
+func (x *executor) serve(ctx context.Context, work <-chan []*datapath.Joined, idle chan<- struct{}) error {
 	if !x.describe(ctx) {
 		return nil
 	}
@@ -163,7 +164,7 @@ func inputNames(d *hamsv1.ModelDescription) []string {
 
 // request is a joined request prepared for the backend.
 type request struct {
-	j      *Joined
+	j      *datapath.Joined
 	inputs []*hamsv1.Tensor
 	rows   uint32
 	// approximate: the backend answered with a reconstruction (ParM).
@@ -175,12 +176,12 @@ type request struct {
 // selectInputs picks the tensors the backend declares (all of them for
 // AnyInput), from the parts in predecessor order, and validates them: the
 // one rule of tensor.SelectInputs.
-func (x *executor) selectInputs(j *Joined) ([]*hamsv1.Tensor, uint32, error) {
+func (x *executor) selectInputs(j *datapath.Joined) ([]*hamsv1.Tensor, uint32, error) {
 	return tensor.SelectInputs(x.desc.GetInputs(), j.Parts)
 }
 
 // prepare checks deadlines and inputs per request (failing the bad ones).
-func (x *executor) prepare(batch []*Joined) []request {
+func (x *executor) prepare(batch []*datapath.Joined) []request {
 	now := x.path.now().UnixNano()
 	reqs := make([]request, 0, len(batch))
 	for _, j := range batch {
@@ -201,7 +202,7 @@ func (x *executor) prepare(batch []*Joined) []request {
 // execute runs one batch: deadline and input checks per request, then the
 // backend on the valid ones. It fails only when the backend is lost
 // (errBackendLost): the sidecar then stops.
-func (x *executor) execute(ctx context.Context, batch []*Joined) error {
+func (x *executor) execute(ctx context.Context, batch []*datapath.Joined) error {
 	if reqs := x.prepare(batch); len(reqs) > 0 {
 		return x.run(ctx, reqs)
 	}

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hams-go/hams/internal/config"
 )
 
 // metrics of one sidecar (const label model).
@@ -165,18 +167,16 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 // replicated stateful model), a standby (a stateless model's hot standby
 // before its promotion) or deposed (a primary another instance replaced;
 // it serves nothing until demoted or retired).
-const roleStandby = "standby"
-
-var metricRoles = []string{RolePrimary, RoleBackup, roleStandby, RoleDeposed}
+var metricRoles = []config.Role{config.RolePrimary, config.RoleBackup, config.RoleStandby, RoleDeposed}
 
 // metricRole is the sidecar's role as hams_sidecar_role names it.
-func (s *Sidecar) metricRole() string {
+func (s *Sidecar) metricRole() config.Role {
 	r := s.Role()
-	if r == RolePrimary && s.cfg.Standby {
+	if r == config.RolePrimary && s.cfg.Standby {
 		select {
 		case <-s.collecting:
 		default:
-			return roleStandby
+			return config.RoleStandby
 		}
 	}
 	return r
@@ -199,10 +199,10 @@ func (m *metrics) watch(reg prometheus.Registerer, s *Sidecar) {
 
 // watched builds watch's collectors: role reports the current role;
 // outlog and ship may be nil (a model that is not replicated).
-func (m *metrics) watched(role func() string, outlog *OutputLog, ship *shipper) []prometheus.Collector {
+func (m *metrics) watched(role func() config.Role, outlog *OutputLog, ship *shipper) []prometheus.Collector {
 	var cs []prometheus.Collector
 	for _, r := range metricRoles {
-		l := prometheus.Labels{"role": r}
+		l := prometheus.Labels{"role": r.String()}
 		for k, v := range m.labels {
 			l[k] = v
 		}
@@ -266,7 +266,7 @@ func MetricCollectors() []prometheus.Collector {
 	var rec recorder
 	m := newMetrics(&rec, "model")
 	sh := newShipper(nil)
-	return append(rec, m.watched(func() string { return RolePrimary }, NewOutputLog(1), sh)...)
+	return append(rec, m.watched(func() config.Role { return config.RolePrimary }, NewOutputLog(1), sh)...)
 }
 
 // recorder is a prometheus.Registerer that keeps what is registered.

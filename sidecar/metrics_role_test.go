@@ -11,13 +11,13 @@ import (
 )
 
 // roleSeries is hams_sidecar_role of reg: role -> value.
-func roleSeries(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+func roleSeries(t *testing.T, reg *prometheus.Registry) map[config.Role]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]float64{}
+	out := map[config.Role]float64{}
 	for _, mf := range mfs {
 		if mf.GetName() != "hams_sidecar_role" {
 			continue
@@ -35,7 +35,7 @@ func roleSeries(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 			if model != "a" {
 				t.Fatalf("hams_sidecar_role series of model %q", model)
 			}
-			out[role] = m.GetGauge().GetValue()
+			out[config.Role(role)] = m.GetGauge().GetValue()
 		}
 	}
 	return out
@@ -54,7 +54,7 @@ func TestRoleMetricFollowsPromotion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := func(cur string) {
+	want := func(cur config.Role) {
 		t.Helper()
 		got := roleSeries(t, reg)
 		if len(got) != len(metricRoles) {
@@ -66,13 +66,13 @@ func TestRoleMetricFollowsPromotion(t *testing.T) {
 			}
 		}
 	}
-	want(roleStandby)
+	want(config.RoleStandby)
 	sc.startCollecting() // what Promote does for a stateless standby
-	want(RolePrimary)
+	want(config.RolePrimary)
 	sc.mu.Lock()
-	sc.role = RoleBackup
+	sc.role = config.RoleBackup
 	sc.mu.Unlock()
-	want(RoleBackup)
+	want(config.RoleBackup)
 }
 
 // The output log's bound and the durability lag of a replicated primary:
@@ -81,7 +81,7 @@ func TestDurabilityLagMetrics(t *testing.T) {
 	m := newMetrics(nil, "a")
 	sh := newShipper(nil)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(m.watched(func() string { return RolePrimary }, NewOutputLog(1<<20), sh)...)
+	reg.MustRegister(m.watched(func() config.Role { return config.RolePrimary }, NewOutputLog(1<<20), sh)...)
 	if v := gatheredGauge(t, reg, "hams_sidecar_output_log_limit_bytes"); v != 1<<20 {
 		t.Fatalf("output log limit %v, want %d", v, 1<<20)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hams-go/hams/internal/edge"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // outEdges is the sending end of a sidecar's request path: one
@@ -78,7 +79,7 @@ func (o *outEdges) position(it *hamsv1.Item) uint64 {
 }
 
 // passError forwards the first upstream error of j unchanged.
-func (o *outEdges) passError(j *Joined) {
+func (o *outEdges) passError(j *datapath.Joined) {
 	for _, p := range j.Parts {
 		if p != nil && (p.GetError() != "" || p.GetErrorCode() != 0) {
 			code := codes.Code(p.GetErrorCode())
@@ -92,7 +93,7 @@ func (o *outEdges) passError(j *Joined) {
 }
 
 // fail turns request j into an error item from this model.
-func (o *outEdges) fail(j *Joined, code codes.Code, msg string) {
+func (o *outEdges) fail(j *datapath.Joined, code codes.Code, msg string) {
 	if hasError(j) {
 		o.passError(j)
 		return
@@ -102,7 +103,7 @@ func (o *outEdges) fail(j *Joined, code codes.Code, msg string) {
 	o.sendError(j, code, fmt.Sprintf("model %s: %s", o.model, msg))
 }
 
-func (o *outEdges) sendError(j *Joined, code codes.Code, msg string) {
+func (o *outEdges) sendError(j *datapath.Joined, code codes.Code, msg string) {
 	var parts []*hamsv1.Item
 	for _, p := range j.Parts {
 		if p != nil {

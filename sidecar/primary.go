@@ -17,6 +17,7 @@ import (
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // Retries of a failed Update or ReadState before the primary gives up (the
@@ -214,7 +215,7 @@ type primary struct {
 
 // executor is the primary stage's executor goroutine: it drives batches
 // through a new pipeline starting at baseBatch until ctx ends.
-func (ps *primaryState) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
+func (ps *primaryState) executor(ctx context.Context, work <-chan []*datapath.Joined, idle chan<- struct{}) error {
 	if !ps.x.describe(ctx) {
 		return nil
 	}

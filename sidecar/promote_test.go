@@ -15,8 +15,8 @@ import (
 // would refuse the standby as stale for good (blocker 4).
 func TestStatelessPromotionStartsNewSenderIncarnations(t *testing.T) {
 	r := newRig(t, statelessSink)
-	c1 := r.start("c", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	c2 := r.start("c", &fakeBackend{bias: 1}, RolePrimary, 1, false, nil) // hot standby, made first
+	c1 := r.start("c", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+	c2 := r.start("c", &fakeBackend{bias: 1}, config.RolePrimary, 1, false, nil) // hot standby, made first
 	// Requests that reached the sink (a resend may deliver one twice).
 	distinct := func() int {
 		r.sink.mu.Lock()

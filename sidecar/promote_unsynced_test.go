@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/config"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -20,9 +21,9 @@ import (
 // refuse, naming how far the model is durable, and stay a backup.
 func TestBackupWithoutBaseRefusesPromotion(t *testing.T) {
 	r := newRig(t, failoverChain)
-	r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	first := r.start("b", newCounter(4), RoleBackup, 1, false, nil)
-	primary := r.start("b", newCounter(4), RolePrimary, 1, true, nil)
+	r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+	first := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
+	primary := r.start("b", newCounter(4), config.RolePrimary, 1, true, nil)
 	applied := func(in *inst) uint64 { seq, _ := in.sc.backupNow().MaxSeq(); return seq }
 	synced := func(in *inst) float64 {
 		var m dto.Metric
@@ -36,7 +37,7 @@ func TestBackupWithoutBaseRefusesPromotion(t *testing.T) {
 
 	// The new backup is known to nobody that ships: the primary goes on
 	// shipping to the first one.
-	fresh := r.start("b", newCounter(4), RoleBackup, 1, false, nil)
+	fresh := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
 	r.setBackup("b", first.addr)
 	if got := synced(fresh); got != 0 {
 		t.Fatalf("a backup that took no base reports synced %v", got)
@@ -48,7 +49,7 @@ func TestBackupWithoutBaseRefusesPromotion(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "durable up to seq 10") {
 		t.Fatalf("Promote of a backup without a base = %v; want FailedPrecondition naming durable seq 10", err)
 	}
-	if role := fresh.sc.Role(); role != RoleBackup {
+	if role := fresh.sc.Role(); role != config.RoleBackup {
 		t.Fatalf("after the refused promotion the sidecar is a %s", role)
 	}
 }
@@ -57,9 +58,9 @@ func TestBackupWithoutBaseRefusesPromotion(t *testing.T) {
 // primary started from: nothing is durable yet, and it is promoted.
 func TestFirstBackupPromotedBeforeAnySnapshot(t *testing.T) {
 	r := newRig(t, failoverChain)
-	r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	backup := r.start("b", newCounter(4), RoleBackup, 1, false, nil)
-	primary := r.start("b", newCounter(4), RolePrimary, 1, true, nil)
+	r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+	backup := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
+	primary := r.start("b", newCounter(4), config.RolePrimary, 1, true, nil)
 	primary.kill()
 	resp, err := r.client(backup.addr).Promote(context.Background(), &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
 	if err != nil {

@@ -46,7 +46,7 @@ func serveCollector(t *testing.T) (*collector, string) {
 // completed) items to the new frontend's address at the given epoch.
 func TestStatelessSinkResendsToFrontend(t *testing.T) {
 	r := newRig(t, statelessSink)
-	c := r.start("c", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+	c := r.start("c", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
 	const n = 10
 	r.send(1, n)
 	waitFor(t, "all replies at the first frontend", func() bool { return r.sink.count() == n })
@@ -138,11 +138,11 @@ func TestPromotionAnnouncesEpochFirst(t *testing.T) {
 		// initial state).
 		first := firstSnapshot(delta)
 		limit := first
-		a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+		a := r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
 		b2be := newCounter(4)
 		oc := &orderCoord{}
-		b2 := r.start("b", b2be, RoleBackup, 1, false, func(s *Sidecar) { oc.Coord = s.cfg.Coord; s.cfg.Coord = oc })
-		b1 := r.start("b", newCounter(4), RolePrimary, 1, true, holdShipping(&limit, &mu))
+		b2 := r.start("b", b2be, config.RoleBackup, 1, false, func(s *Sidecar) { oc.Coord = s.cfg.Coord; s.cfg.Coord = oc })
+		b1 := r.start("b", newCounter(4), config.RolePrimary, 1, true, holdShipping(&limit, &mu))
 		const n = 30
 		r.send(1, 4)
 		waitFor(t, "b's backup applied the first snapshot", func() bool { _, batch := b2.sc.bk.MaxSeq(); return batch == first })
@@ -165,7 +165,7 @@ func TestPromotionAnnouncesEpochFirst(t *testing.T) {
 		if _, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2}); status.Code(err) != codes.Unavailable {
 			t.Fatalf("Promote with Coord down: %v, want Unavailable", err)
 		}
-		if b2.sc.Role() != RoleBackup {
+		if b2.sc.Role() != config.RoleBackup {
 			t.Fatal("a promotion whose announcement failed changed the role")
 		}
 		if ms, err := rb.GetMaxSeq(ctx, &hamsv1.GetMaxSeqRequest{Model: "b"}); err != nil || ms.MaxSeq != maxSeq {
@@ -173,7 +173,7 @@ func TestPromotionAnnouncesEpochFirst(t *testing.T) {
 		}
 
 		type seen struct {
-			role     string
+			role     config.Role
 			computes int
 			resends  uint64
 		}
@@ -201,7 +201,7 @@ func TestPromotionAnnouncesEpochFirst(t *testing.T) {
 		oc.mu.Lock()
 		got := at
 		oc.mu.Unlock()
-		if len(got) != 1 || got[0].role != RoleBackup || got[0].computes != 0 || got[0].resends != 0 {
+		if len(got) != 1 || got[0].role != config.RoleBackup || got[0].computes != 0 || got[0].resends != 0 {
 			t.Fatalf("state when the epoch-2 notice was published: %+v (want backup, nothing computed or resent)", got)
 		}
 		// The promoted primary resends its kept outputs and executes new
@@ -295,9 +295,9 @@ func TestPromotedBackupSendsTheOutputsTheLostPrimaryHeld(t *testing.T) {
 	for _, mode := range []string{"nspb", "remus"} {
 		t.Run(mode, func(t *testing.T) {
 			r := newRig(t, strings.Replace(failoverChain, "mode: nspb", "mode: "+mode, 1))
-			r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-			b2 := r.start("b", newCounter(4), RoleBackup, 1, false, nil)
-			b1 := r.start("b", newCounter(4), RolePrimary, 1, true, cutFrontendEdge(t))
+			r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+			b2 := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
+			b1 := r.start("b", newCounter(4), config.RolePrimary, 1, true, cutFrontendEdge(t))
 			const n = 20
 			r.send(1, n)
 			waitFor(t, "b's backup applied every request", func() bool { seq, _ := b2.sc.bk.MaxSeq(); return seq == n })

@@ -90,14 +90,14 @@ func (r *rig) close() {
 
 // start runs a sidecar of model in role at epoch. A primary (or stateless
 // active) is made the resolver's target when serve is set.
-func (r *rig) start(model string, be Backend, role string, epoch uint64, serve bool, tweak func(*Sidecar)) *inst {
+func (r *rig) start(model string, be Backend, role config.Role, epoch uint64, serve bool, tweak func(*Sidecar)) *inst {
 	r.t.Helper()
 	lis := listen(r.t)
 	in := &inst{be: be, addr: lis.Addr().String(), audit: r.t.TempDir(), done: make(chan struct{})}
 	cfg := Config{Deployment: r.dep, Model: model, Backend: be, Resolver: r.res, GRPCListener: lis, Role: role,
 		Epoch: epoch, AuditDir: in.audit}
 	if os.Getenv("HAMS_TEST_LOG") != "" { // debug logs of every rig sidecar, to stderr
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("inst", role+"@"+in.addr)
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("inst", role.String()+"@"+in.addr)
 	}
 	if m := r.dep.Model(model); m.Stateful {
 		cfg.Coord, cfg.BackupResolver = r.co, r.bres
@@ -113,7 +113,7 @@ func (r *rig) start(model string, be Backend, role string, epoch uint64, serve b
 	if serve {
 		r.res.Set(model, in.addr, epoch)
 	}
-	if role == RoleBackup {
+	if role == config.RoleBackup {
 		r.bres.mu.Lock()
 		r.bres.m[model] = in.addr
 		r.bres.mu.Unlock()
@@ -210,10 +210,10 @@ func TestStatefulFailover(t *testing.T) {
 		// first update); later ones coalesce whatever is computed meanwhile.
 		first := firstSnapshot(delta)
 		limit := first
-		a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+		a := r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
 		b2be := newCounter(4)
-		b2 := r.start("b", b2be, RoleBackup, 1, false, nil)
-		b1 := r.start("b", newCounter(4), RolePrimary, 1, true, holdShipping(&limit, &mu))
+		b2 := r.start("b", b2be, config.RoleBackup, 1, false, nil)
+		b1 := r.start("b", newCounter(4), config.RolePrimary, 1, true, holdShipping(&limit, &mu))
 		_ = a
 		const n = 60
 		// A first wave the first snapshot covers, then one the backup
@@ -237,7 +237,7 @@ func TestStatefulFailover(t *testing.T) {
 		// the promotion writes it first).
 		stateAtPromotion := bkStateDigest(b2.sc)
 		// A fresh backup for the new primary, then the promotion.
-		b3 := r.start("b", newCounter(4), RoleBackup, 2, false, nil)
+		b3 := r.start("b", newCounter(4), config.RoleBackup, 2, false, nil)
 		pr, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2})
 		if err != nil || pr.MaxSeq != ms.MaxSeq {
 			t.Fatalf("Promote: %v %v", pr, err)
@@ -346,10 +346,10 @@ services:
 // reaches the sink exactly once, and the standby's seqs follow start_seq.
 func TestStatelessFailover(t *testing.T) {
 	r := newRig(t, statelessChain)
-	a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	q1 := r.start("q", &stallAfter{Backend: &fakeBackend{bias: 10}, calls: 3}, RolePrimary, 1, true, nil)
-	q2 := r.start("q", &fakeBackend{bias: 10}, RolePrimary, 1, false, nil) // hot standby
-	c := r.start("c", &fakeBackend{bias: 100}, RolePrimary, 1, true, nil)
+	a := r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+	q1 := r.start("q", &stallAfter{Backend: &fakeBackend{bias: 10}, calls: 3}, config.RolePrimary, 1, true, nil)
+	q2 := r.start("q", &fakeBackend{bias: 10}, config.RolePrimary, 1, false, nil) // hot standby
+	c := r.start("c", &fakeBackend{bias: 100}, config.RolePrimary, 1, true, nil)
 	r.send(1, 40)
 	waitFor(t, "some replies", func() bool { return r.sink.count() >= 1 })
 	q1.kill()
@@ -401,8 +401,8 @@ func TestRollbackRestoresKeptState(t *testing.T) {
 		var mu sync.Mutex
 		limit := firstSnapshot(delta)
 		pbe, bbe := newCounter(8), newCounter(8)
-		back := r.start("a", bbe, RoleBackup, 1, false, nil)
-		prim := r.start("a", pbe, RolePrimary, 1, true, holdShipping(&limit, &mu))
+		back := r.start("a", bbe, config.RoleBackup, 1, false, nil)
+		prim := r.start("a", pbe, config.RolePrimary, 1, true, holdShipping(&limit, &mu))
 		// A first wave the first snapshot covers, then one the backup
 		// never gets.
 		r.send(1, 4)
@@ -467,8 +467,8 @@ func TestDemotedPrimarySyncsFromNewPrimary(t *testing.T) {
 	bothStateKinds(t, func(t *testing.T, delta bool) {
 		r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
 		be1, be2 := newCounter(8), newCounter(8)
-		b2 := r.start("a", be2, RoleBackup, 1, false, nil)
-		b1 := r.start("a", be1, RolePrimary, 1, true, nil)
+		b2 := r.start("a", be2, config.RoleBackup, 1, false, nil)
+		b1 := r.start("a", be1, config.RolePrimary, 1, true, nil)
 		r.send(1, 20)
 		waitFor(t, "20 replies", func() bool { return r.sink.count() == 20 })
 		waitFor(t, "backup durable", func() bool { s, _ := b2.sc.bk.MaxSeq(); return s == 20 })
@@ -488,7 +488,7 @@ func TestDemotedPrimarySyncsFromNewPrimary(t *testing.T) {
 		if _, err := rc1.Demote(ctx, &hamsv1.DemoteRequest{Model: "a", Epoch: 1}); status.Code(err) != codes.FailedPrecondition {
 			t.Fatalf("Demote at an older epoch: %v", err)
 		}
-		if b1.sc.Role() != RoleBackup {
+		if b1.sc.Role() != config.RoleBackup {
 			t.Fatalf("old primary is a %s", b1.sc.Role())
 		}
 		r.send(21, 40)
@@ -542,8 +542,8 @@ func TestDemotedPrimarySyncsFromNewPrimary(t *testing.T) {
 func TestPromotedBackupWaitsForRewireInsteadOfShippingToItself(t *testing.T) {
 	r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
 	be1, be2 := newCounter(8), newCounter(8)
-	b2 := r.start("a", be2, RoleBackup, 1, false, nil)
-	b1 := r.start("a", be1, RolePrimary, 1, true, nil)
+	b2 := r.start("a", be2, config.RoleBackup, 1, false, nil)
+	b1 := r.start("a", be1, config.RolePrimary, 1, true, nil)
 	r.send(1, 20)
 	waitFor(t, "backup durable", func() bool { s, _ := b2.sc.bk.MaxSeq(); return s == 20 })
 	ctx := context.Background()
@@ -574,10 +574,10 @@ func TestPromotedBackupWaitsForRewireInsteadOfShippingToItself(t *testing.T) {
 // the new epoch) pass.
 func TestStaleEpochTrafficRefused(t *testing.T) {
 	r := newRig(t, statelessChain)
-	a1 := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	a2 := r.start("a", &fakeBackend{bias: 2}, RolePrimary, 1, false, nil)
-	r.start("q", &fakeBackend{}, RolePrimary, 1, true, nil)
-	r.start("c", &fakeBackend{}, RolePrimary, 1, true, nil)
+	a1 := r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+	a2 := r.start("a", &fakeBackend{bias: 2}, config.RolePrimary, 1, false, nil)
+	r.start("q", &fakeBackend{}, config.RolePrimary, 1, true, nil)
+	r.start("c", &fakeBackend{}, config.RolePrimary, 1, true, nil)
 	r.send(1, 5)
 	waitFor(t, "replies via a1", func() bool { return r.sink.count() == 5 })
 	if _, err := r.client(a2.addr).Promote(context.Background(), &hamsv1.PromoteRequest{Model: "a", Epoch: 2, StartSeq: 5}); err != nil {
@@ -718,12 +718,12 @@ func TestResendThroughStatelessFirstHop(t *testing.T) {
 	r := newRig(t, twoStateful)
 	var mu sync.Mutex
 	limit := uint64(2)
-	r.start("a", newCounter(4), RoleBackup, 1, false, nil)
-	a := r.start("a", newCounter(4), RolePrimary, 1, true, nil)
-	p := r.start("p", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+	r.start("a", newCounter(4), config.RoleBackup, 1, false, nil)
+	a := r.start("a", newCounter(4), config.RolePrimary, 1, true, nil)
+	p := r.start("p", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
 	b2be := newCounter(4)
-	b2 := r.start("b", b2be, RoleBackup, 1, false, nil)
-	b1 := r.start("b", newCounter(4), RolePrimary, 1, true, holdShipping(&limit, &mu))
+	b2 := r.start("b", b2be, config.RoleBackup, 1, false, nil)
+	b1 := r.start("b", newCounter(4), config.RolePrimary, 1, true, holdShipping(&limit, &mu))
 	const n = 8
 	r.send(1, n)
 	waitFor(t, "all replies", func() bool { return r.sink.count() == n })
@@ -735,7 +735,7 @@ func TestResendThroughStatelessFirstHop(t *testing.T) {
 	if err != nil || pos.MaxInByPred["a"] == 0 || pos.MaxInByPred["p"] == 0 {
 		t.Fatalf("backup's positions: %v %v", pos, err)
 	}
-	b3 := r.start("b", newCounter(4), RoleBackup, 2, false, nil)
+	b3 := r.start("b", newCounter(4), config.RoleBackup, 2, false, nil)
 	if _, err := rb.Promote(ctx, &hamsv1.PromoteRequest{Model: "b", Epoch: 2}); err != nil {
 		t.Fatal(err)
 	}

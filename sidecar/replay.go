@@ -21,6 +21,7 @@ import (
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/lineage"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // Replay mode (deployment mode "replay", the Lineage-Stash-style baseline
@@ -285,7 +286,7 @@ func (rp *replayState) executed(ctx context.Context, req *hamsv1.BatchRequest, r
 
 // executor is the replay primary's executor: the bare executor plus the
 // checkpoint policy (every N batches, and after an idle period).
-func (rp *replayState) executor(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error {
+func (rp *replayState) executor(ctx context.Context, work <-chan []*datapath.Joined, idle chan<- struct{}) error {
 	if !rp.x.describe(ctx) {
 		return nil
 	}
@@ -321,7 +322,7 @@ func (rp *replayState) executor(ctx context.Context, work <-chan []*Joined, idle
 // next waits for the next batch; while it waits with batches not covered
 // by a checkpoint, it checkpoints them once they have been idle rp.idle.
 // It returns nil when ctx ends.
-func (rp *replayState) next(ctx context.Context, work <-chan []*Joined) ([]*Joined, error) {
+func (rp *replayState) next(ctx context.Context, work <-chan []*datapath.Joined) ([]*datapath.Joined, error) {
 	for {
 		var t *time.Timer
 		var tc <-chan time.Time
@@ -817,7 +818,7 @@ func (x *lineageIndex) replayRestore(f *lineage.Flow, lastSeq uint64) {
 
 // replaySetup checks what replay mode needs of cfg and builds its state
 // (nil when the model does not run in replay mode). Called by New.
-func replaySetup(cfg Config, h Host, bp *backendPolicy, idx *lineageIndex, role string) (*replayState, error) {
+func replaySetup(cfg Config, h Host, bp *backendPolicy, idx *lineageIndex, role config.Role) (*replayState, error) {
 	if !replayEnabled(cfg) {
 		return nil, nil
 	}
@@ -834,5 +835,5 @@ func replaySetup(cfg Config, h Host, bp *backendPolicy, idx *lineageIndex, role 
 	}
 	// The initial primary starts the model's history afresh; a spare
 	// takes over an existing one.
-	return newReplayState(h, bp, idx, cfg.Deployment.Replay, cfg.Replay, sbe, role == RolePrimary), nil
+	return newReplayState(h, bp, idx, cfg.Deployment.Replay, cfg.Replay, sbe, role == config.RolePrimary), nil
 }

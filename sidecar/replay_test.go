@@ -88,12 +88,12 @@ func replayRig(t *testing.T, every int, idle string) (*rig, *coord.Replay) {
 }
 
 // startReplay is rig.start with the replay store configured.
-func (r *rig) startReplay(store ReplayStore, model string, be Backend, role string, epoch uint64, serve bool) *inst {
+func (r *rig) startReplay(store ReplayStore, model string, be Backend, role config.Role, epoch uint64, serve bool) *inst {
 	r.t.Helper()
 	lis := listen(r.t)
 	in := &inst{be: be, addr: lis.Addr().String(), audit: r.t.TempDir(), done: make(chan struct{})}
 	sc, err := New(Config{Deployment: r.dep, Model: model, Backend: be, Resolver: r.res, GRPCListener: lis, Role: role,
-		Epoch: epoch, AuditDir: in.audit, Coord: r.co, Replay: store, ID: model + "/" + role})
+		Epoch: epoch, AuditDir: in.audit, Coord: r.co, Replay: store, ID: model + "/" + role.String()})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -132,10 +132,10 @@ func durableBySeq(t *testing.T, in *inst) map[uint64]audit.Durable {
 // what no checkpoint covers; the newest checkpoint holds the model's state.
 func TestReplayPrimaryLogsAndCheckpoints(t *testing.T) {
 	r, store := replayRig(t, 3, "20ms")
-	r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+	r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
 	be := newCounter(4)
-	b := r.startReplay(store, "b", be, RolePrimary, 1, true)
-	spare := r.startReplay(store, "b", newCounter(4), RoleBackup, 1, false)
+	b := r.startReplay(store, "b", be, config.RolePrimary, 1, true)
+	spare := r.startReplay(store, "b", newCounter(4), config.RoleBackup, 1, false)
 	const n = 40
 	r.send(1, n)
 	waitFor(t, "all replies", func() bool { return r.sink.count() >= n })
@@ -246,7 +246,7 @@ func TestReplayFailover(t *testing.T) {
 		noisy := mode == "nondeterministic"
 		t.Run(mode, func(t *testing.T) {
 			r, store := replayRig(t, 1000, "1h") // only the initial checkpoint
-			a := r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+			a := r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
 			mk := func() (Backend, *counterBackend) {
 				c := newCounter(4)
 				if noisy {
@@ -261,8 +261,8 @@ func TestReplayFailover(t *testing.T) {
 				lossy = &lossyCounter{counterBackend: c2}
 				be2 = lossy
 			}
-			b1 := r.startReplay(store, "b", be1, RolePrimary, 1, true)
-			b2 := r.startReplay(store, "b", be2, RoleBackup, 1, false)
+			b1 := r.startReplay(store, "b", be1, config.RolePrimary, 1, true)
+			b2 := r.startReplay(store, "b", be2, config.RoleBackup, 1, false)
 			const n = 30
 			r.send(1, n)
 			waitFor(t, "30 replies", func() bool { return r.sink.count() >= n })
@@ -363,16 +363,16 @@ func copyDurable(src, dst string) error {
 // takes the epoch. New refuses replay mode without a store.
 func TestReplayDemoteAndConfig(t *testing.T) {
 	r, store := replayRig(t, 3, "20ms")
-	r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
-	b := r.startReplay(store, "b", newCounter(4), RolePrimary, 1, true)
-	sp := r.startReplay(store, "b", newCounter(4), RoleBackup, 1, false)
+	r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+	b := r.startReplay(store, "b", newCounter(4), config.RolePrimary, 1, true)
+	sp := r.startReplay(store, "b", newCounter(4), config.RoleBackup, 1, false)
 	r.send(1, 8)
 	waitFor(t, "replies", func() bool { return r.sink.count() >= 8 })
 	ctx := context.Background()
 	if _, err := r.client(b.addr).Demote(ctx, &hamsv1.DemoteRequest{Model: "b", Epoch: 2, PrimaryAddress: sp.addr}); err != nil {
 		t.Fatal(err)
 	}
-	if b.sc.Role() != RoleBackup {
+	if b.sc.Role() != config.RoleBackup {
 		t.Fatalf("demoted primary is %s", b.sc.Role())
 	}
 	if _, err := r.client(sp.addr).Demote(ctx, &hamsv1.DemoteRequest{Model: "b", Epoch: 2, PrimaryAddress: b.addr}); err != nil || sp.sc.epochV.Load() != 2 {
@@ -415,9 +415,9 @@ func (noReplayStore) LoadCheckpoint(context.Context, string) (*hamsv1.ReplayChec
 // after it, like a spare.
 func TestReplayDeposedPrimaryPromoted(t *testing.T) {
 	r, store := replayRig(t, 1000, "1h")
-	r.start("a", &fakeBackend{bias: 1}, RolePrimary, 1, true, nil)
+	r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
 	be := newCounter(4)
-	b := r.startReplay(store, "b", be, RolePrimary, 1, true)
+	b := r.startReplay(store, "b", be, config.RolePrimary, 1, true)
 	r.send(1, 12)
 	waitFor(t, "replies", func() bool { return r.sink.count() >= 12 })
 	ctx := context.Background()
@@ -438,7 +438,7 @@ func TestReplayDeposedPrimaryPromoted(t *testing.T) {
 	if err != nil || pr.MaxSeq != 12 {
 		t.Fatalf("Promote of the deposed primary: %v %v", pr, err)
 	}
-	if b.sc.Role() != RolePrimary || b.sc.epochV.Load() != 2 || be.Digest() != before || be.writes == 0 {
+	if b.sc.Role() != config.RolePrimary || b.sc.epochV.Load() != 2 || be.Digest() != before || be.writes == 0 {
 		t.Fatalf("role %s epoch %d, state replayed to the same (deterministic) state %v, state writes %d", b.sc.Role(), b.sc.epochV.Load(), be.Digest() == before, be.writes)
 	}
 	r.res.Set("b", b.addr, 2)

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/config"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -22,14 +23,14 @@ func (s *Sidecar) promoteReplay(epoch uint64, after map[string]uint64) (uint64, 
 	rp := s.rp
 	var maxSeq uint64
 	err := s.transition("Promote", func() error {
-		if s.Role() == RolePrimary && s.epochV.Load() == epoch {
+		if s.Role() == config.RolePrimary && s.epochV.Load() == epoch {
 			maxSeq = s.exec.seq()
 			return nil // repeated order
 		}
 		if s.receiver == nil {
 			return status.Errorf(codes.FailedPrecondition, "Promote: spare of %q has no resolver: it cannot serve", s.cfg.Model)
 		}
-		if s.Role() == RolePrimary {
+		if s.Role() == config.RolePrimary {
 			// A deposed primary that was never demoted (falsely
 			// suspected, then rewired as a spare while it ran on): its
 			// own state and history are superseded by the checkpoint and
@@ -77,7 +78,7 @@ func (s *Sidecar) promoteReplay(epoch uint64, after map[string]uint64) (uint64, 
 				sent++
 			}
 		}
-		s.setRole(RolePrimary)
+		s.setRole(config.RolePrimary)
 		maxSeq = s.exec.seq()
 		s.log.Info("promoted: spare replayed the input log and becomes the primary", "epoch", epoch,
 			"checkpoint_batch", st.ckptBatch, "checkpoint_seq", st.ckptSeq, "replayed_batches", st.batches,
@@ -95,7 +96,7 @@ func (s *Sidecar) demoteReplay(epoch uint64) error {
 	if err := s.checkEpoch("Demote", epoch); err != nil {
 		return err
 	}
-	if s.Role() == RoleBackup {
+	if s.Role() == config.RoleBackup {
 		s.epochV.Store(epoch)
 		return nil
 	}
@@ -104,7 +105,7 @@ func (s *Sidecar) demoteReplay(epoch uint64) error {
 		s.resetRequestPath()
 		s.idx.reset()
 		dropped := s.rp.drop()
-		s.setRole(RoleBackup)
+		s.setRole(config.RoleBackup)
 		s.log.Info("demoted: replay primary becomes a spare (it loads the newest checkpoint when promoted)", "epoch", epoch,
 			"dropped_log_and_checkpoint_items", dropped)
 		return nil

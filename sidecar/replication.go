@@ -42,7 +42,7 @@ func (r *replicationServer) backup() *backupState {
 	s := r.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.role != RoleBackup {
+	if s.role != config.RoleBackup {
 		return nil
 	}
 	return s.bk
@@ -80,7 +80,7 @@ func (r *replicationServer) GetLineageSummary(_ context.Context, req *hamsv1.Lin
 	if f := req.GetFailedModel(); f != "" && f != config.Frontend && !slices.Contains(s.graph.Models(), f) {
 		return nil, status.Errorf(codes.NotFound, "GetLineageSummary: model %q is not in service %q", f, s.service)
 	}
-	return s.idx.summary(s.graph, s.cfg.Model, req.GetFailedModel(), req.GetFailedMaxSeq(), s.Role() == RoleBackup), nil
+	return s.idx.summary(s.graph, s.cfg.Model, req.GetFailedModel(), req.GetFailedMaxSeq(), s.Role() == config.RoleBackup), nil
 }
 
 func (r *replicationServer) Resend(_ context.Context, req *hamsv1.ResendRequest) (*hamsv1.ResendResponse, error) {
@@ -167,7 +167,7 @@ func (s *Sidecar) transition(rpc string, f func() error) error {
 	return err
 }
 
-func (s *Sidecar) setRole(role string) {
+func (s *Sidecar) setRole(role config.Role) {
 	s.mu.Lock()
 	s.role = role
 	s.mu.Unlock()
@@ -184,22 +184,8 @@ func (s *Sidecar) checkEpoch(rpc string, epoch uint64) error {
 // resetRequestPath forgets requests not yet executed: they come again by
 // resends (caller stopped the stage).
 func (s *Sidecar) resetRequestPath() {
-	if s.joiner == nil {
-		return
-	}
-	g := s.graph
-	s.joiner, _ = NewJoiner(g.Pred(s.cfg.Model), s.model.FanIn, maxWaitingJoin)
-	if !s.model.Stateful {
-		s.joiner.RememberJoined(maxWaitingJoin)
-	}
-	s.batcher = NewBatcher[*Joined](s.model.Batch.Size, s.model.Batch.MaxWait.D())
-	for {
-		select {
-		case <-s.inbox:
-			continue
-		default:
-		}
-		return
+	if s.intake != nil {
+		s.intake.reset()
 	}
 }
 
@@ -212,7 +198,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 	var maxSeq uint64
 	err := s.transition("Promote", func() error {
 		if !s.replicated {
-			if s.Role() != RolePrimary {
+			if s.Role() != config.RolePrimary {
 				return status.Errorf(codes.FailedPrecondition, "Promote: stateless sidecar of %q is a %s", s.cfg.Model, s.Role())
 			}
 			if s.epochV.Load() == epoch && epoch != 0 {
@@ -239,7 +225,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 		if s.Role() == RoleDeposed {
 			return status.Errorf(codes.FailedPrecondition, "Promote: sidecar of %q is a deposed primary of epoch %d: it must be demoted (and synced) first", s.cfg.Model, s.epochV.Load())
 		}
-		if s.Role() == RolePrimary {
+		if s.Role() == config.RolePrimary {
 			if s.epochV.Load() == epoch {
 				maxSeq = s.exec.seq()
 				return nil // repeated order
@@ -289,7 +275,7 @@ func (s *Sidecar) promote(epoch, startSeq uint64) (uint64, error) {
 			base.header.Sha256Marks = ho.marks
 		}
 		s.prim.ship.reset(base, base != nil)
-		s.setRole(RolePrimary)
+		s.setRole(config.RolePrimary)
 		// The outputs this backup applied with its state may never have
 		// left the lost primary (remus releases them only after this
 		// backup had them; any mode can die with them queued on an
@@ -319,7 +305,7 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 	if err := s.checkEpoch("Demote", epoch); err != nil {
 		return err
 	}
-	if s.Role() == RoleBackup {
+	if s.Role() == config.RoleBackup {
 		// Already a backup (SyncBackup of a new one): take the next
 		// full snapshot of this epoch as the base, whatever this backup
 		// applied before. In the same epoch too: a backup that was
@@ -347,7 +333,7 @@ func (s *Sidecar) demote(epoch uint64, primaryAddr string) error {
 		bk := newBackupState(s.host, s.epochV.Load())
 		s.mu.Lock()
 		s.bk = bk
-		s.role = RoleBackup
+		s.role = config.RoleBackup
 		s.mu.Unlock()
 		s.log.Info("demoted: primary becomes a backup; state will be overwritten by the primary's", "epoch", epoch, "primary", primaryAddr)
 		return nil
@@ -376,7 +362,7 @@ func (s *Sidecar) rollback(epoch, toBatch uint64) (uint64, error) {
 	}
 	var version uint64
 	err := s.transition("Rollback", func() error {
-		if s.Role() != RolePrimary {
+		if s.Role() != config.RolePrimary {
 			return status.Errorf(codes.FailedPrecondition, "Rollback: sidecar of %q is a %s", s.cfg.Model, s.Role())
 		}
 		target := s.prim.ship.Applied()
@@ -512,7 +498,7 @@ func (s *Sidecar) resend(req *hamsv1.ResendRequest) (int, error) {
 	defer s.roleMu.Unlock()
 	// A stateless (or unreplicated) sidecar serves whenever it runs: a
 	// sink's retained items go to a new leader frontend from any of them.
-	if s.receiver == nil || ((s.replicated || s.rp != nil) && s.Role() != RolePrimary) {
+	if s.receiver == nil || ((s.replicated || s.rp != nil) && s.Role() != config.RolePrimary) {
 		return 0, status.Errorf(codes.FailedPrecondition, "Resend: sidecar of %q is a %s", s.cfg.Model, s.Role())
 	}
 	senders := s.out.current()

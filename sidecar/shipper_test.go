@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hams-go/hams/internal/audit"
+	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -204,7 +205,7 @@ func TestHeldShipperCatchesUp(t *testing.T) {
 	var held int
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": back}, replOpts{
 		tweak: func(_ string, s *Sidecar) {
-			if s.role == RoleBackup {
+			if s.role == config.RoleBackup {
 				s.cfg.ID = "sidecar/a/backup#1"
 				return
 			}

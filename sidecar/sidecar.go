@@ -67,10 +67,11 @@ type Config struct {
 	Logger       *slog.Logger
 	Registry     *prometheus.Registry
 
-	// Role is RolePrimary (default) or RoleBackup. A backup sidecar sits
-	// next to its own model server instance, serves only Replication
-	// (snapshots from the primary) and applies them (Algorithm 2).
-	Role string
+	// Role is config.RolePrimary (default) or config.RoleBackup. A
+	// backup sidecar sits next to its own model server instance, serves
+	// only Replication (snapshots from the primary) and applies them
+	// (Algorithm 2).
+	Role config.Role
 	// Coord carries durability and completion notices; required for a
 	// replicated stateful model (stateful, ha stateful, mode not bare).
 	Coord Coord
@@ -158,17 +159,16 @@ type Sidecar struct {
 	// out-edges, failing a request, fan-out.
 	out *outEdges
 
-	// Owned by the loop goroutine.
-	joiner  *Joiner
-	batcher *Batcher[*Joined]
+	// intake is the inbox and the loop that joins and batches what
+	// arrives (intake.go); nil without a Resolver (no data path).
+	intake *intake
 
 	// exec runs the serving stages' batches on the backend (executor.go);
 	// backend is how they meet an unreachable one (backendloss.go).
 	exec    *executor
 	backend *backendPolicy
 
-	inbox chan *hamsv1.Item
-	done  chan struct{} // closed when Run's context ends
+	done chan struct{} // closed when Run's context ends
 	// collecting is closed once this instance may hold items for resends
 	// (at once, or at a standby's promotion): the completion watch starts.
 	collecting chan struct{}
@@ -193,7 +193,7 @@ type Sidecar struct {
 	health *health.Server
 
 	// State manager (replicated stateful models only).
-	role       string // guarded by mu once Run started
+	role       config.Role // guarded by mu once Run started
 	mode       nspb.Mode
 	replicated bool          // stateful, ha stateful, mode not bare
 	outlog     *OutputLog    // primary: released outputs; backup: applied outputs
@@ -214,12 +214,12 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	role := cfg.Role
 	if role == "" {
-		role = RolePrimary
+		role = config.RolePrimary
 	}
-	if role != RolePrimary && role != RoleBackup {
-		bad("role %q is not %s or %s", cfg.Role, RolePrimary, RoleBackup)
+	if role != config.RolePrimary && role != config.RoleBackup {
+		bad("role %q is neither %s nor %s", cfg.Role, config.RolePrimary, config.RoleBackup)
 	}
-	if cfg.Resolver == nil && role == RolePrimary {
+	if cfg.Resolver == nil && role == config.RolePrimary {
 		bad("no resolver")
 	}
 	if cfg.OutputLogBytes < 0 {
@@ -264,8 +264,6 @@ func New(cfg Config) (*Sidecar, error) {
 		cfg: cfg, log: log, model: m, service: svc.Name, succs: g.Succ(cfg.Model),
 		maxMsg:  cfg.Deployment.Limits.MaxMessageBytes,
 		metrics: newMetrics(reg, cfg.Model),
-		batcher: NewBatcher[*Joined](m.Batch.Size, m.Batch.MaxWait.D()),
-		inbox:   make(chan *hamsv1.Item, inboxSize),
 		done:    make(chan struct{}), collecting: make(chan struct{}),
 		role: role, mode: mode, replicated: replicated,
 		healthInterval: cfg.HealthInterval,
@@ -329,7 +327,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.exec.log = s.rp
 		s.rp.x = s.exec
 	}
-	if role == RoleBackup && s.rp == nil {
+	if role == config.RoleBackup && s.rp == nil {
 		s.bk = newBackupState(s.host, s.epochV.Load())
 	}
 	if replicated {
@@ -340,13 +338,8 @@ func New(cfg Config) (*Sidecar, error) {
 		// A backup without a Resolver cannot be promoted (no data path).
 		return s, nil
 	}
-	if s.joiner, err = NewJoiner(g.Pred(cfg.Model), m.FanIn, maxWaitingJoin); err != nil {
+	if s.intake, err = newIntake(m, g.Pred(cfg.Model), s.out, s.metrics, log); err != nil {
 		return nil, fmt.Errorf("%w: model %q: %v", ErrConfig, cfg.Model, err)
-	}
-	if !m.Stateful {
-		// A stateless join re-forms a request when a superseding part
-		// arrives after an upstream stateful failover (Joiner.RememberJoined).
-		s.joiner.RememberJoined(maxWaitingJoin)
 	}
 	opts := []edge.ReceiverOption{edge.WithDedup(0, s.host.IsStateful), edge.WithEpochs(s.senderEpoch), edge.WithAdmit(s.admit), edge.WithClock(s.out.now)}
 	if !m.Stateful {
@@ -390,14 +383,14 @@ func (s *Sidecar) senderEpoch(from string) (uint64, bool) {
 
 // admit refuses inbound traffic unless this sidecar serves the model.
 func (s *Sidecar) admit(string) error {
-	if r := s.Role(); r != RolePrimary {
+	if r := s.Role(); r != config.RolePrimary {
 		return status.Errorf(codes.FailedPrecondition, "sidecar of %q is a %s, it takes no traffic", s.cfg.Model, r)
 	}
 	return nil
 }
 
 // Role is the sidecar's current role.
-func (s *Sidecar) Role() string {
+func (s *Sidecar) Role() config.Role {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.role
@@ -412,7 +405,7 @@ func (s *Sidecar) deliver(_ string, items []*hamsv1.Item) {
 	s.idx.received(items)
 	for _, it := range items {
 		select {
-		case s.inbox <- it:
+		case s.intake.inbox <- it:
 		case <-s.done:
 			return
 		}
@@ -502,7 +495,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		// After the first stage: a transition must find it started.
 		goRun("deposed watch", s.watchDeposed)
 	}
-	if s.Role() == RoleBackup {
+	if s.Role() == config.RoleBackup {
 		s.log.Info("backup sidecar serving", "addr", s.cfg.GRPCListener.Addr().String(), "mode", s.mode,
 			"pfm", s.host.pfm, "nfm", s.host.nfm, "epoch", s.cfg.Epoch)
 	} else {
@@ -532,14 +525,14 @@ func (s *Sidecar) Run(ctx context.Context) error {
 func (s *Sidecar) startStage() {
 	var st Stage
 	switch role := s.Role(); {
-	case role == RoleDeposed, role == RoleBackup && s.rp != nil:
+	case role == RoleDeposed, role == config.RoleBackup && s.rp != nil:
 		// Fenced: nothing runs until a Demote (deposed.go); or a replay
 		// spare, idle until promoted.
 		st = &idleStage{}
-	case role == RoleBackup:
+	case role == config.RoleBackup:
 		st = newBackupStage(s.bk)
 	default:
-		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.out.current(), loop: s.loop, executors: 1}
+		sv := &servingStage{namedGroup: namedGroup{model: s.cfg.Model}, senders: s.out.current(), loop: s.intake.loop, executors: 1}
 		switch {
 		case s.replicated:
 			sv.workers, sv.executor = s.prim.workers(), s.prim.executor
@@ -572,111 +565,6 @@ func (s *Sidecar) stopStage() {
 // testHookStageCanceled, set by tests only, is called when a role's stage
 // is canceled, before its goroutines are waited for.
 var testHookStageCanceled atomic.Pointer[func(*Sidecar)]
-
-// loop owns the Joiner and Batcher: it accepts items, forms requests, and
-// hands a batch to an executor whenever one is idle and no out-edge is
-// over its backlog bound.
-func (s *Sidecar) loop(ctx context.Context, work chan<- []*Joined, idle <-chan struct{}) {
-	idleN := 0 // executors waiting for work (none until the backend is described)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		now := s.out.now()
-		for _, j := range s.joiner.Expire(now) {
-			s.out.fail(j, codes.DeadlineExceeded, "deadline exceeded waiting for all branches")
-		}
-		blocked := false
-		if idleN > 0 && s.batcher.Len() > 0 {
-			if blocked = s.out.full(); !blocked {
-				if b := s.batcher.Ready(now); b != nil {
-					select {
-					case work <- b:
-						idleN--
-					case <-ctx.Done():
-						return
-					}
-				}
-			}
-		}
-		s.metrics.queue.Set(float64(s.batcher.Len() + s.joiner.Waiting()))
-		var wake time.Time
-		if idleN > 0 && !blocked {
-			wake = s.batcher.NextDeadline()
-		}
-		if blocked {
-			wake = now.Add(time.Millisecond)
-		}
-		if d := s.joiner.NextDeadline(); !d.IsZero() && (wake.IsZero() || d.Before(wake)) {
-			wake = d
-		}
-		if !wake.IsZero() {
-			timer.Reset(max(wake.Sub(now), 0))
-		} else {
-			timer.Stop()
-		}
-		select {
-		case it := <-s.inbox:
-			s.accept(it, now)
-			// Take what else is queued before batching (amortizes wakeups).
-			for n := 0; n < 256; n++ {
-				select {
-				case it := <-s.inbox:
-					s.accept(it, s.out.now())
-					continue
-				default:
-				}
-				break
-			}
-		case <-idle:
-			idleN++
-		case <-timer.C:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// accept runs one inbound item through the Joiner.
-func (s *Sidecar) accept(it *hamsv1.Item, now time.Time) {
-	s.metrics.itemsIn.Inc()
-	j, evicted, err := s.joiner.Add(it)
-	for _, e := range evicted {
-		s.out.fail(e, codes.ResourceExhausted, "too many incomplete joins")
-	}
-	if err != nil {
-		reason := "unknown_pred"
-		switch {
-		case errors.Is(err, ErrLatePart):
-			reason = "late_part"
-		case errors.Is(err, ErrDupPart):
-			reason = "dup_part"
-		}
-		s.metrics.dropped.WithLabelValues(reason).Inc()
-		s.log.Warn("dropping inbound item", "req_id", it.GetReqId(), "from", it.GetFromModel(), "err", err)
-		return
-	}
-	if j == nil {
-		return
-	}
-	if hasError(j) {
-		s.out.passError(j)
-		return
-	}
-	if j.Deadline != 0 && now.UnixNano() >= j.Deadline {
-		s.out.fail(j, codes.DeadlineExceeded, "deadline exceeded before execution")
-		return
-	}
-	s.batcher.Add(j, now)
-}
-
-func hasError(j *Joined) bool {
-	for _, p := range j.Parts {
-		if p != nil && (p.GetError() != "" || p.GetErrorCode() != 0) {
-			return true
-		}
-	}
-	return false
-}
 
 // completed garbage-collects the output log and the senders' retained
 // items on a completion notice.

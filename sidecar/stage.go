@@ -6,6 +6,7 @@ import (
 
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/run"
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // Stage is the set of goroutines of one role: the sidecar starts the
@@ -94,7 +95,7 @@ type namedRun struct {
 
 // executorFunc runs batches handed out by the loop: it reports on idle
 // when it can take one and receives it on work.
-type executorFunc func(ctx context.Context, work <-chan []*Joined, idle chan<- struct{}) error
+type executorFunc func(ctx context.Context, work <-chan []*datapath.Joined, idle chan<- struct{}) error
 
 // servingStage runs a role that takes traffic (a primary, replicated or
 // not, or a model in replay mode): the out-edges' senders, the role's own
@@ -106,7 +107,7 @@ type servingStage struct {
 	workers   []namedRun
 	executor  executorFunc
 	executors int
-	loop      func(ctx context.Context, work chan<- []*Joined, idle <-chan struct{})
+	loop      func(ctx context.Context, work chan<- []*datapath.Joined, idle <-chan struct{})
 }
 
 func (st *servingStage) Start(ctx context.Context, fatal func(error)) {
@@ -114,7 +115,7 @@ func (st *servingStage) Start(ctx context.Context, fatal func(error)) {
 	for _, snd := range st.senders {
 		st.goRun("sender", snd.Run)
 	}
-	work := make(chan []*Joined)
+	work := make(chan []*datapath.Joined)
 	idle := make(chan struct{})
 	for _, w := range st.workers {
 		st.goRun(w.name, w.run)

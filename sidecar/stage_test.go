@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hams-go/hams/sidecar/datapath"
 )
 
 // A stage owns its goroutines: Wait returns only once every one returned,
@@ -37,10 +39,10 @@ func TestStageOwnsItsGoroutinesAndStopsIdempotently(t *testing.T) {
 		namedGroup: namedGroup{model: "m"},
 		workers:    []namedRun{{"w1", worker}, {"w2", worker}},
 		executors:  3,
-		executor: func(ctx context.Context, _ <-chan []*Joined, _ chan<- struct{}) error {
+		executor: func(ctx context.Context, _ <-chan []*datapath.Joined, _ chan<- struct{}) error {
 			return worker(ctx)
 		},
-		loop: func(ctx context.Context, _ chan<- []*Joined, _ <-chan struct{}) { _ = worker(ctx) },
+		loop: func(ctx context.Context, _ chan<- []*datapath.Joined, _ <-chan struct{}) { _ = worker(ctx) },
 	}
 	st.Start(context.Background(), func(err error) { fatal <- err })
 	waitFor(t, "every goroutine of the stage running", func() bool { return running.Load() == 6 })

@@ -74,31 +74,26 @@ type BackupResolver interface {
 	ResolveBackup(model string) (addr string, epoch uint64, ok bool)
 }
 
-// Roles of a sidecar.
-const (
-	RolePrimary = "primary"
-	RoleBackup  = "backup"
-)
-
 // DefaultOutputLogBytes bounds a stateful primary's output log.
 const DefaultOutputLogBytes = 256 << 20
 
 // replicationOf decides whether cfg.Model is replicated as primary + backup
-// (stateful, ha stateful, a mode other than bare) and checks what that
-// needs. Mode "replay" is not NSPB's: its stateful models run as in bare
-// mode here.
-func replicationOf(cfg Config, role string) (nspb.Mode, bool, StatefulBackend, error) {
+// (stateful, ha stateful, a mode that replicates: config.Replicated) and
+// checks what that needs. Mode replay is not NSPB's: its stateful models
+// run as in bare mode here.
+func replicationOf(cfg Config, role config.Role) (nspb.Mode, bool, StatefulBackend, error) {
 	m := cfg.Deployment.Model(cfg.Model)
+	run := cfg.Deployment.RunMode()
 	mode := nspb.Bare
-	if dm := cfg.Deployment.Mode; dm != "" && dm != "replay" {
+	if run.Replicates() {
 		var err error
-		if mode, err = nspb.ParseMode(dm); err != nil {
+		if mode, err = nspbMode(run); err != nil {
 			return 0, false, nil, fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 	}
-	replicated := config.Replicated(m, cfg.Deployment.RunMode())
+	replicated := config.Replicated(m, run)
 	if !replicated {
-		if role == RoleBackup && !replayEnabled(cfg) {
+		if role == config.RoleBackup && !replayEnabled(cfg) {
 			return 0, false, nil, fmt.Errorf("%w: role backup for model %q, which is not replicated (stateful %v, ha %q, mode %q)",
 				ErrConfig, cfg.Model, m.Stateful, m.HA, cfg.Deployment.Mode)
 		}
@@ -112,11 +107,28 @@ func replicationOf(cfg Config, role string) (nspb.Mode, bool, StatefulBackend, e
 	if cfg.Coord == nil {
 		errs = append(errs, fmt.Errorf("%w: replicated model %q needs a Coord", ErrConfig, cfg.Model))
 	}
-	if role == RolePrimary && cfg.BackupResolver == nil {
+	if role == config.RolePrimary && cfg.BackupResolver == nil {
 		errs = append(errs, fmt.Errorf("%w: primary of replicated model %q needs a BackupResolver", ErrConfig, cfg.Model))
 	}
 	if len(errs) > 0 {
 		return 0, false, nil, errors.Join(errs...)
 	}
 	return mode, true, sbe, nil
+}
+
+// nspbMode is the NSPB pipeline mode (protocol/nspb) a primary of run
+// mode m runs: one of the modes that replicate (config.Mode.Replicates).
+// Any other mode is an error.
+func nspbMode(m config.Mode) (nspb.Mode, error) {
+	switch m {
+	case config.ModeNSPB:
+		return nspb.NSPB, nil
+	case config.ModeRemus:
+		return nspb.Remus, nil
+	case config.ModeNSPBS1:
+		return nspb.NSPBS1, nil
+	case config.ModeNSPBS2:
+		return nspb.NSPBS2, nil
+	}
+	return 0, fmt.Errorf("mode %q is not one of NSPB's (%s, %s, %s, %s)", m, config.ModeNSPB, config.ModeRemus, config.ModeNSPBS1, config.ModeNSPBS2)
 }

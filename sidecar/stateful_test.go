@@ -389,7 +389,7 @@ func startRepl(t testing.TB, yaml string, primaries, backups map[string]Backend,
 	for name, be := range backups {
 		lis := listen(t)
 		bres.m[name] = lis.Addr().String()
-		sc, err := New(Config{Deployment: dep, Model: name, Backend: be, GRPCListener: lis, Role: RoleBackup,
+		sc, err := New(Config{Deployment: dep, Model: name, Backend: be, GRPCListener: lis, Role: config.RoleBackup,
 			Coord: co, AuditDir: h.audit, Epoch: 1, TLS: o.certs.sidecar(t, dep.Name, name, "b")})
 		if err != nil {
 			t.Fatal(err)
@@ -568,7 +568,7 @@ func TestSnapshotsNeverHalfUpdated(t *testing.T) {
 	var shipped []string
 	h := startRepl(t, fmt.Sprintf(oneStateful, "nspb"), map[string]Backend{"a": prim}, map[string]Backend{"a": back}, replOpts{
 		tweak: func(name string, s *Sidecar) {
-			if s.role != RolePrimary {
+			if s.role != config.RolePrimary {
 				return
 			}
 			s.cfg.ShipHook = func(_ context.Context, batch uint64) {

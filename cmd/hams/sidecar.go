@@ -23,7 +23,7 @@ func runSidecar(args []string) error {
 	model := rf.fs.String("model", "", "model this sidecar fronts (required)")
 	backend := rf.fs.String("backend", "", "backend address (default: the model's backend.address)")
 	mgr := rf.fs.String("manager", "", "manager gRPC address (required; comma-separated for an active manager and standbys: the sidecar follows the active one)")
-	roleF := rf.fs.String("role", sidecar.RolePrimary, "instance role: primary (the serving instance; ACTIVE for a stateless model), backup (a replicated stateful model's backup: serves Replication, applies snapshots; in mode replay the model's idle spare, which replays the input log when promoted) or standby (a stateless model's hot standby: registered STANDBY, promoted by the manager)")
+	roleF := rf.fs.String("role", config.RolePrimary.String(), "instance role: primary (the serving instance; ACTIVE for a stateless model), backup (a replicated stateful model's backup: serves Replication, applies snapshots; in mode replay the model's idle spare, which replays the input log when promoted) or standby (a stateless model's hot standby: registered STANDBY, promoted by the manager)")
 	idF := rf.fs.String("id", "", "component id registered with the manager (default sidecar/<model>/<role>); every instance of a model needs its own")
 	natsURL := rf.fs.String("nats", "", "NATS URL of the coordination engine (the manager's ready line has it); required for a replicated stateful model and for a stateful model in mode replay (input log, checkpoints)")
 	var na natsAuthFlags
@@ -106,20 +106,21 @@ func runSidecar(args []string) error {
 	}
 	defer closeBE()
 	roleV := hamsv1.Role_ROLE_ACTIVE
+	scRole := role // the sidecar's: primary or backup
 	switch {
 	case standby && m.Stateful:
 		// A spare backup: a backup that follows no primary until the
 		// manager makes it one (after a failover or a lost backup),
 		// registered STANDBY so no primary ships to it before.
 		roleV = hamsv1.Role_ROLE_STANDBY
-		*roleF = sidecar.RoleBackup
+		scRole = config.RoleBackup
 		standby = false
 	case standby:
 		// A hot standby runs the primary request path; it takes traffic
 		// once the manager promotes it (the topology then resolves the
 		// model to it).
 		roleV = hamsv1.Role_ROLE_STANDBY
-		*roleF = sidecar.RolePrimary
+		scRole = config.RolePrimary
 	case role == config.RoleBackup:
 		roleV = hamsv1.Role_ROLE_BACKUP
 	case m.Stateful:
@@ -145,7 +146,7 @@ func runSidecar(args []string) error {
 		GRPCListener:   r.grpc,
 		Logger:         r.log,
 		Registry:       r.reg,
-		Role:           *roleF,
+		Role:           scRole,
 		AuditDir:       *audit,
 		ID:             *idF,
 		Epoch:          *epoch,
@@ -165,7 +166,7 @@ func runSidecar(args []string) error {
 			r.close()
 			return err
 		}
-		co, nc, err := cluster.OpenCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "sidecar "+*model+" "+*roleF, cl, r.log)
+		co, nc, err := cluster.OpenCoordReplicas(ctx, *natsURL, na.replicasFor(*natsURL), r.dep.Name, "sidecar "+*model+" "+scRole.String(), cl, r.log)
 		cancel()
 		if err != nil {
 			r.close()

@@ -29,13 +29,38 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-// benchModes are the modes `hams bench` knows; benchImplemented the ones
-// this build runs. direct is the baseline without HAMS: the bench client
-// chains the model servers itself.
+// BenchModes are the modes `hams bench` knows (its arms, benchArm);
+// benchImplemented the ones this build runs.
 var (
-	BenchModes       = append([]string{"direct"}, config.Modes...)
-	benchImplemented = append([]string{"direct"}, cluster.ImplementedModes...)
+	BenchModes       = append([]string{string(armDirect)}, config.Modes...)
+	benchImplemented = append([]string{string(armDirect)}, cluster.ImplementedModes...)
 )
+
+// benchArm is one configuration `hams bench` measures, as --modes and
+// BenchRow.Mode name it: a fault-tolerance mode (config.Modes), or
+// armDirect.
+type benchArm string
+
+const (
+	// armDirect is the baseline without HAMS: a bare deployment's model
+	// servers, which the bench client chains itself (no sidecar, no
+	// frontend on the path).
+	armDirect benchArm = "direct"
+	// armBare is mode bare, the baseline the tables compare the other
+	// modes with.
+	armBare = benchArm(config.ModeBare)
+)
+
+// direct reports whether a is the baseline without HAMS.
+func (a benchArm) direct() bool { return a == armDirect }
+
+// mode is the mode of the deployment a runs on (bare for direct).
+func (a benchArm) mode() config.Mode {
+	if a.direct() {
+		return config.ModeBare
+	}
+	return config.Mode(a)
+}
 
 // BenchRow is one element of the --json array (docs/design.md).
 type BenchRow struct {
@@ -351,7 +376,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 
 	// One deployment per mode, all started before the first round.
 	type runner struct {
-		mode      string
+		arm       benchArm
 		transport string
 		label     string // mode, or mode/insecure
 		d         *cluster.Deployment
@@ -367,6 +392,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		}
 	}()
 	for _, mode := range o.modes {
+		arm := benchArm(mode)
 		for _, transport := range o.transports {
 			label := mode
 			if len(o.transports) > 1 {
@@ -376,14 +402,11 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			if err != nil {
 				return nil, err
 			}
-			dep.Mode = mode
-			if mode == "direct" {
-				dep.Mode = "bare"
-			}
+			dep.Mode = string(arm.mode())
 			for i := range dep.Models {
 				dep.Models[i].Batch.Size = o.batch
 			}
-			d, err := cluster.Start(ctx, dep, cluster.Options{TraceArgs: o.tf.TraceArgs, RunDir: filepath.Join(o.dir, strings.ReplaceAll(label, "/", "-")), LogLevel: o.tf.LogLevel, Logger: TaskLogger(o.tf.Verbose), Direct: mode == "direct", SuspicionTimeout: o.suspicion,
+			d, err := cluster.Start(ctx, dep, cluster.Options{TraceArgs: o.tf.TraceArgs, RunDir: filepath.Join(o.dir, strings.ReplaceAll(label, "/", "-")), LogLevel: o.tf.LogLevel, Logger: TaskLogger(o.tf.Verbose), Direct: arm.direct(), SuspicionTimeout: o.suspicion,
 				// One frontend without a request log, one manager and no
 				// spare backups: bench measures the data path, which neither
 				// a second frontend, a standby manager nor a spare is on.
@@ -391,15 +414,15 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			if err != nil {
 				return nil, fmt.Errorf("start %s deployment: %w", label, err)
 			}
-			r := &runner{mode: mode, transport: transport, label: label, d: d, cpu: cpuAcc{}}
+			r := &runner{arm: arm, transport: transport, label: label, d: d, cpu: cpuAcc{}}
 			runners = append(runners, r)
 			if o.serving != nil {
 				if err := cluster.IsolateReplicas(d, o.serving, o.replicas); err != nil {
 					return nil, fmt.Errorf("%s: isolate replicas: %w", mode, err)
 				}
 			}
-			switch mode {
-			case "direct":
+			switch {
+			case arm.direct():
 				ch, err := newDirectChain(ctx, d, svc.Name)
 				if err != nil {
 					return nil, err
@@ -467,7 +490,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 				return nil, fmt.Errorf("%s warm-up: %w", r.label, err)
 			}
 		}
-		if r.mode != "direct" {
+		if !r.arm.direct() {
 			r.m0 = scrapeMetrics(benchMetrics(r.d))
 		}
 	}
@@ -493,13 +516,13 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 	}
 	var out []BenchRow
 	for _, r := range runners {
-		row := r.acc.row(o.service, r.mode, o.batch, hops)
+		row := r.acc.row(o.service, string(r.arm), o.batch, hops)
 		row.Backends = backends
 		row.Transport = r.transport
 		row.CPUMsPerRequest = r.cpu.msPerRequest(row.Requests)
-		if r.mode != "direct" {
+		if !r.arm.direct() {
 			m1 := scrapeMetrics(benchMetrics(r.d))
-			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && config.Mode(r.mode).Protected() {
+			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && r.arm.mode().Protected() {
 				v := cluster.Round3((m1["frontend"]["hams_frontend_gating_wait_seconds_sum"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_sum"]) / c * 1000)
 				row.GatingMsMean = &v
 			}
@@ -821,7 +844,7 @@ func printTLSCost(w io.Writer, rows []BenchRow) {
 	tb := NewTable(2, "service", "mode", "p50_ms_diff", "p99_ms_diff", "p50_us_per_hop")
 	for _, k := range order {
 		t, p := tls[k], plain[k]
-		if t == nil || p == nil || k.mode == "direct" {
+		if t == nil || p == nil || benchArm(k.mode).direct() {
 			continue
 		}
 		hops := float64(t.Hops + 1)
@@ -863,10 +886,10 @@ func printBench(w io.Writer, rows []BenchRow) {
 			by[r.Service] = p
 			order = append(order, r.Service)
 		}
-		switch r.Mode {
-		case "direct":
+		switch benchArm(r.Mode) {
+		case armDirect:
 			p.direct = r
-		case "bare":
+		case armBare:
 			p.bare = r
 		}
 	}

@@ -35,7 +35,7 @@ func PrintOverheads(w io.Writer, rows []BenchRow) {
 			modes = append(modes, r.Mode)
 		}
 	}
-	if !slices.Contains(modes, "bare") || len(modes) < 2 {
+	if !slices.Contains(modes, string(armBare)) || len(modes) < 2 {
 		return
 	}
 	header := []any{"service", "batch"}
@@ -45,13 +45,13 @@ func PrintOverheads(w io.Writer, rows []BenchRow) {
 	tb := NewTable(1, header...)
 	for _, k := range keys {
 		row := []any{k.service, k.batch}
-		bare, ok := byKey[k]["bare"]
+		bare, ok := byKey[k][string(armBare)]
 		for _, m := range modes {
 			r, has := byKey[k][m]
 			switch {
 			case !has:
 				row = append(row, "-")
-			case m == "bare" || !ok || bare.P50Ms <= 0:
+			case benchArm(m) == armBare || !ok || bare.P50Ms <= 0:
 				row = append(row, fmt.Sprintf("%.2f", r.P50Ms))
 			default:
 				row = append(row, fmt.Sprintf("%.2f (%+5.1f%%)", r.P50Ms, 100*(r.P50Ms/bare.P50Ms-1)))
@@ -125,7 +125,7 @@ func PlotBench(path string, rows []BenchRow) error {
 			keys = append(keys, k)
 		}
 		p50[k][r.Mode] = r.P50Ms
-		if !slices.Contains(modes, r.Mode) && r.Mode != "direct" {
+		if !slices.Contains(modes, r.Mode) && !benchArm(r.Mode).direct() {
 			modes = append(modes, r.Mode)
 		}
 	}
@@ -144,7 +144,7 @@ func PlotBench(path string, rows []BenchRow) error {
 	for i, m := range modes {
 		vals := make(plotter.Values, len(keys))
 		for j, k := range keys {
-			if b := p50[k]["bare"]; b > 0 {
+			if b := p50[k][string(armBare)]; b > 0 {
 				vals[j] = p50[k][m] / b
 			}
 		}

@@ -19,6 +19,15 @@ func CheckMode(mode string) error {
 	return nil
 }
 
+// checkModeFlag checks a --mode flag that may be left out (empty: the
+// deployment file's mode, applyModeFlag).
+func checkModeFlag(flag string) error {
+	if flag == "" {
+		return nil
+	}
+	return CheckMode(flag)
+}
+
 // setCheckpointEvery applies a --checkpoint-every flag (0: keep the
 // deployment's replay.checkpoint_every).
 func setCheckpointEvery(dep *config.Deployment, n int) error {

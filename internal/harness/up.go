@@ -35,10 +35,8 @@ func NewUp(c UpConfig) (*Up, error) {
 	if c.ConfigFile == "" {
 		return nil, Usagef("up: --config is required")
 	}
-	if c.Mode != "" {
-		if err := CheckMode(c.Mode); err != nil {
-			return nil, err
-		}
+	if err := checkModeFlag(c.Mode); err != nil {
+		return nil, err
 	}
 	return &Up{c: c}, nil
 }

@@ -132,7 +132,7 @@ func TestOneRequestOneTrace(t *testing.T) {
 	blis := listen(t)
 	bres["seq"] = blis.Addr().String()
 	bk, err := sidecar.New(sidecar.Config{Deployment: dep, Model: "seq", ID: "seq-b", Backend: backend(backupMS, "seq"), GRPCListener: blis,
-		Role: sidecar.RoleBackup, Coord: co, Epoch: 1, Logger: log})
+		Role: config.RoleBackup, Coord: co, Epoch: 1, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package sidecar
+package datapath
 
 import (
 	"errors"
@@ -12,9 +12,9 @@ import (
 
 // Joiner errors.
 var (
-	ErrUnknownPred = errors.New("sidecar: item from a model that is not a predecessor")
-	ErrLatePart    = errors.New("sidecar: part of a join that was already given up")
-	ErrDupPart     = errors.New("sidecar: second part from one predecessor for one request")
+	ErrUnknownPred = errors.New("datapath: item from a model that is not a predecessor")
+	ErrLatePart    = errors.New("datapath: part of a join that was already given up")
+	ErrDupPart     = errors.New("datapath: second part from one predecessor for one request")
 )
 
 // Joined is a request formed by the Joiner: Parts holds one item per
@@ -92,10 +92,10 @@ func (j *Joiner) remember(id uint64, parts []*hamsv1.Item) {
 // Graph.Pred order) and fan-in mode (config.FanInJoin or FanInInterleave).
 func NewJoiner(preds []string, mode string, maxWaiting int) (*Joiner, error) {
 	if len(preds) == 0 {
-		return nil, fmt.Errorf("sidecar: joiner without predecessors")
+		return nil, fmt.Errorf("datapath: joiner without predecessors")
 	}
 	if mode != config.FanInJoin && mode != config.FanInInterleave {
-		return nil, fmt.Errorf("sidecar: fan_in %q is not join or interleave", mode)
+		return nil, fmt.Errorf("datapath: fan_in %q is not join or interleave", mode)
 	}
 	if maxWaiting <= 0 {
 		maxWaiting = 4096
