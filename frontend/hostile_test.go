@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
 
-	"github.com/hams-go/hams/internal/backendtest"
+	"github.com/hams-go/hams/internal/testing/backendtest"
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"

@@ -3,7 +3,7 @@ package frontend
 import (
 	"context"
 	"fmt"
-	"github.com/hams-go/hams/internal/natstest"
+	"github.com/hams-go/hams/internal/testing/natstest"
 	"sync"
 	"testing"
 	"time"

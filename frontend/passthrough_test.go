@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/hams-go/hams/internal/backendtest"
+	"github.com/hams-go/hams/internal/testing/backendtest"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/hamsmd"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"

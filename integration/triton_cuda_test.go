@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/cuda"
-	"github.com/hams-go/hams/internal/cuda/cudatest"
+	"github.com/hams-go/hams/internal/testing/cudatest"
 	"github.com/hams-go/hams/internal/wire"
 	"github.com/hams-go/hams/protos/inference"
 	"github.com/hams-go/hams/refserver/models"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
-	"github.com/hams-go/hams/internal/cuda/cudatest"
+	"github.com/hams-go/hams/internal/testing/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/wire"

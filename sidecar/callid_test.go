@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/hams-go/hams/adapters/tfserving"
-	"github.com/hams-go/hams/internal/backendtest"
+	"github.com/hams-go/hams/internal/testing/backendtest"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"

@@ -3,7 +3,7 @@ package sidecar
 import (
 	"context"
 	"fmt"
-	"github.com/hams-go/hams/internal/natstest"
+	"github.com/hams-go/hams/internal/testing/natstest"
 	"runtime"
 	"slices"
 	"sync"

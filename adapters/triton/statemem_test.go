@@ -16,7 +16,7 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
-	"github.com/hams-go/hams/internal/cuda/cudatest"
+	"github.com/hams-go/hams/internal/testing/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"

@@ -2,7 +2,7 @@ package coord
 
 import (
 	"context"
-	"github.com/hams-go/hams/internal/natstest"
+	"github.com/hams-go/hams/internal/testing/natstest"
 	"sync"
 	"testing"
 	"time"

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hams-go/hams/internal/natstest"
+	"github.com/hams-go/hams/internal/testing/natstest"
 	"sync"
 	"testing"
 	"time"

@@ -5,7 +5,7 @@ package cuda_test
 import (
 	"testing"
 
-	"github.com/hams-go/hams/internal/cuda/cudatest"
+	"github.com/hams-go/hams/internal/testing/cudatest"
 )
 
 // TestWithFakeDriver runs this package's GPU tests against the fakecuda

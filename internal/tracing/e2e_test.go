@@ -23,7 +23,7 @@ import (
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
-	"github.com/hams-go/hams/internal/natstest"
+	"github.com/hams-go/hams/internal/testing/natstest"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/tracing"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
