@@ -63,10 +63,29 @@ type ChaosReport struct {
 	ReaskMismatches int `json:"reask_mismatches"`
 	// ErrorsByCode counts the requests that ended in an error by gRPC
 	// code; ErrorExamples has the first few distinct messages.
-	ErrorsByCode  map[string]int      `json:"errors_by_code,omitempty"`
-	ErrorExamples []string            `json:"error_examples,omitempty"`
-	Consistency   *consistency.Report `json:"consistency"`
+	ErrorsByCode  map[string]int `json:"errors_by_code,omitempty"`
+	ErrorExamples []string       `json:"error_examples,omitempty"`
+	// FailedRequests are the first maxFailedListed requests that ended
+	// in an error, with when they were sent (ms since the load started,
+	// the clock of the kills' at_ms): what a lost request is set
+	// against in the fault timeline.
+	FailedRequests []FailedRequest     `json:"failed_requests,omitempty"`
+	Consistency    *consistency.Report `json:"consistency"`
 }
+
+// FailedRequest is one request of a chaos run that ended in an error.
+type FailedRequest struct {
+	RequestID string  `json:"request_id"`
+	SentAtMs  float64 `json:"sent_at_ms"`
+	LatencyMs float64 `json:"latency_ms"`
+	// Frontends are the frontends it was sent to, in order.
+	Frontends []int  `json:"frontends"`
+	Code      string `json:"code"`
+	Error     string `json:"error"`
+}
+
+// maxFailedListed bounds ChaosReport.FailedRequests.
+const maxFailedListed = 100
 
 // recoveryStats summarises recovery_ms of the kills of one kind.
 type recoveryStats struct {
@@ -301,6 +320,7 @@ func (ch *Chaos) Run(ctx context.Context) error {
 		approx   int
 		errCodes = map[string]int{}
 		errMsgs  []string
+		failed   []FailedRequest
 	)
 	rec := loadgen.NewRecorder()
 	loadStart := time.Now()
@@ -399,6 +419,10 @@ func (ch *Chaos) Run(ctx context.Context) error {
 				if msg := r.Err.Error(); len(errMsgs) < 3 && !slices.Contains(errMsgs, msg) {
 					errMsgs = append(errMsgs, msg)
 				}
+				if len(failed) < maxFailedListed {
+					failed = append(failed, FailedRequest{RequestID: r.Request.GetRequestId(), SentAtMs: cluster.MsSince(loadStart, r.Sent),
+						LatencyMs: float64(r.Latency.Microseconds()) / 1e3, Frontends: r.Frontends, Code: status.Code(r.Err).String(), Error: r.Err.Error()})
+				}
 			}
 			if r.Err == nil {
 				if len(r.Frontends) > 1 || answered%reaskEvery == 0 {
@@ -456,7 +480,7 @@ func (ch *Chaos) Run(ctx context.Context) error {
 		Requests: st.Requests, Replies: st.Replies, Errors: st.Errors,
 		Conflicts: crep.Conflicts, Lost: crep.Lost, Duplicates: crep.Duplicates, Approximate: approx, Consistency: crep,
 		Frontends: nFrontends, Managers: nManagers, Retried: retried, Reasked: len(reask), ReaskMismatches: mismatches,
-		RecoveryMsByKind: byKind(kt.snapshot()), ErrorsByCode: errCodes, ErrorExamples: errMsgs,
+		RecoveryMsByKind: byKind(kt.snapshot()), ErrorsByCode: errCodes, ErrorExamples: errMsgs, FailedRequests: failed,
 	}
 	if rep.Kills == nil {
 		rep.Kills = []killReport{}
@@ -487,6 +511,9 @@ func (ch *Chaos) Run(ctx context.Context) error {
 	}
 	if len(errMsgs) > 0 {
 		fmt.Printf("  errors by code %v, e.g. %s\n", errCodes, strings.Join(errMsgs, "; "))
+		for _, f := range failed {
+			fmt.Printf("  failed %s sent at %.0f ms, %s after %.0f ms (frontends %v)\n", f.RequestID, f.SentAtMs, f.Code, f.LatencyMs, f.Frontends)
+		}
 	}
 	fmt.Printf("  frontends %d  managers %d  retried on another frontend %d  re-asked %d (%d answered differently)\n", rep.Frontends, rep.Managers, rep.Retried, rep.Reasked, rep.ReaskMismatches)
 	fmt.Printf("  consistency: conflicts %d  lost %d  duplicates %d  (%s)\n", rep.Conflicts, rep.Lost, rep.Duplicates, *audit)
