@@ -166,7 +166,8 @@ type Frontend struct {
 	// services on InternalListener.
 	grpc     *grpc.Server
 	internal *grpc.Server
-	http     http.Handler
+	// http is the HTTP API (httpapi.go) served on HTTPListener.
+	http http.Handler
 	// auth is the client authentication (nil: open client ports).
 	auth clientGate
 
@@ -461,7 +462,7 @@ func New(cfg Config) (*Frontend, error) {
 	hamsv1.RegisterReplicationServer(f.internal, &replicationServer{f: f})
 	f.registerHealth()
 	srvMetrics.InitializeMetrics(f.internal)
-	f.http = f.httpHandler()
+	f.http = newHTTPAPI(f).httpHandler()
 	return f, nil
 }
 

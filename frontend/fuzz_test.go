@@ -40,11 +40,11 @@ func FuzzHTTPPredictJSON(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	fe := &Frontend{maxBytes: fuzzMaxBytes, maxDecoded: fuzzMaxBytes}
+	api := &httpAPI{maxBytes: fuzzMaxBytes, maxDecoded: fuzzMaxBytes}
 	decode := func(t *testing.T, body []byte) (*httptest.ResponseRecorder, error) {
 		r := httptest.NewRequest(http.MethodPost, "/v1/services/s:predict", bytes.NewReader(body))
 		w := httptest.NewRecorder()
-		req, err := fe.decodePredict(w, r, "s")
+		req, err := api.decodePredict(w, r, "s")
 		if err != nil {
 			return w, err
 		}
@@ -71,7 +71,7 @@ func FuzzHTTPPredictJSON(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req2, err := fe.decodePredict(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(again)), "s")
+		req2, err := api.decodePredict(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(again)), "s")
 		if err != nil {
 			t.Fatalf("decode(encode(x)): %v\n%s", err, again)
 		}

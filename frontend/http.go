@@ -75,26 +75,26 @@ type (
 	}
 )
 
-func (f *Frontend) httpHandler() http.Handler {
+func (a *httpAPI) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	// The {service}:predict suffix is not a whole path segment, so the
 	// segment is matched whole and split here.
 	// Client endpoints pass client authentication first (clientauth.go);
 	// health and metrics stay open.
-	mux.HandleFunc("POST /v1/services/{target}", f.httpAuth(f.handlePredict, func(r *http.Request) (string, bool) {
+	mux.HandleFunc("POST /v1/services/{target}", a.fe.httpAuth(a.handlePredict, func(r *http.Request) (string, bool) {
 		svc, ok := strings.CutSuffix(r.PathValue("target"), ":predict")
 		return svc, ok && svc != ""
 	}))
-	mux.HandleFunc("GET /v1/services", f.httpAuth(f.handleList, func(*http.Request) (string, bool) { return "", false }))
-	mux.HandleFunc("GET /healthz", f.handleHealth)
-	mux.Handle("GET /metrics", grpcx.MetricsHandler(f.cfg.Registry))
+	mux.HandleFunc("GET /v1/services", a.fe.httpAuth(a.handleList, func(*http.Request) (string, bool) { return "", false }))
+	mux.HandleFunc("GET /healthz", a.handleHealth)
+	mux.Handle("GET /metrics", grpcx.MetricsHandler(a.registry))
 	// The REST dialects of TF Serving and KServe v2 (rest_*.go).
-	f.tfRESTRoutes(mux)
-	f.kserveRESTRoutes(mux)
+	a.tfRESTRoutes(mux)
+	a.kserveRESTRoutes(mux)
 	return mux
 }
 
-func (f *Frontend) handlePredict(w http.ResponseWriter, r *http.Request) {
+func (a *httpAPI) handlePredict(w http.ResponseWriter, r *http.Request) {
 	target := r.PathValue("target")
 	svc, ok := strings.CutSuffix(target, ":predict")
 	if !ok || svc == "" {
@@ -104,13 +104,13 @@ func (f *Frontend) handlePredict(w http.ResponseWriter, r *http.Request) {
 	// Admitted on the body's size before the body is read (at most the
 	// message limit: MaxBytesReader refuses more).
 	size := r.ContentLength
-	if size < 0 || size > int64(f.maxBytes) {
-		size = int64(f.maxBytes)
+	if size < 0 || size > int64(a.maxBytes) {
+		size = int64(a.maxBytes)
 	}
-	release, err := f.admit.acquire(svc, size)
+	release, err := a.admit.acquire(svc, size)
 	if err != nil {
-		f.m.refused.Inc()
-		f.m.requests.WithLabelValues(f.serviceLabel(svc), status.Code(err).String()).Inc()
+		a.m.refused.Inc()
+		a.m.requests.WithLabelValues(a.serviceLabel(svc), status.Code(err).String()).Inc()
 		// Busy, not too large: 429 with a hint to retry.
 		st := status.Convert(err)
 		w.Header().Set("Retry-After", "1")
@@ -118,14 +118,14 @@ func (f *Frontend) handlePredict(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	req, err := f.decodePredict(w, r, svc)
+	req, err := a.decodePredict(w, r, svc)
 	if err != nil {
-		f.m.requests.WithLabelValues(f.serviceLabel(svc), status.Code(err).String()).Inc()
-		f.log.Debug("http predict rejected", "service", svc, "err", err)
+		a.m.requests.WithLabelValues(a.serviceLabel(svc), status.Code(err).String()).Inc()
+		a.log.Debug("http predict rejected", "service", svc, "err", err)
 		writeError(w, err)
 		return
 	}
-	resp, err := f.predictAdmitted(r.Context(), req, true)
+	resp, err := a.fe.predictAdmitted(r.Context(), req, true)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -138,16 +138,16 @@ func (f *Frontend) handlePredict(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (f *Frontend) serviceLabel(name string) string {
-	if f.services[name] != nil {
+func (a *httpAPI) serviceLabel(name string) string {
+	if a.services[name] != nil {
 		return name
 	}
 	return unknownService
 }
 
 // decodePredict reads the body (at most maxBytes) into a PredictRequest.
-func (f *Frontend) decodePredict(w http.ResponseWriter, r *http.Request, svc string) (*hamsv1.PredictRequest, error) {
-	body := http.MaxBytesReader(w, r.Body, int64(f.maxBytes))
+func (a *httpAPI) decodePredict(w http.ResponseWriter, r *http.Request, svc string) (*hamsv1.PredictRequest, error) {
+	body := http.MaxBytesReader(w, r.Body, int64(a.maxBytes))
 	var jr jsonPredictRequest
 	dec := json.NewDecoder(body)
 	if err := dec.Decode(&jr); err != nil {
@@ -167,9 +167,9 @@ func (f *Frontend) decodePredict(w http.ResponseWriter, r *http.Request, svc str
 		if name == "" {
 			name = fmt.Sprintf("#%d", i)
 		}
-		t, err := decodeTensor(jt, f.maxDecoded-total)
+		t, err := decodeTensor(jt, a.maxDecoded-total)
 		if errors.Is(err, errTooLarge) {
-			return nil, status.Errorf(codes.ResourceExhausted, "service %q: input %q: request tensors exceed %d bytes", svc, name, f.maxDecoded)
+			return nil, status.Errorf(codes.ResourceExhausted, "service %q: input %q: request tensors exceed %d bytes", svc, name, a.maxDecoded)
 		}
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "service %q: input %q: %v", svc, name, err)
@@ -455,12 +455,12 @@ func appendFloat(out []byte, v float64, bits int) []byte {
 	return strconv.AppendFloat(out, v, 'g', -1, bits)
 }
 
-func (f *Frontend) handleList(w http.ResponseWriter, _ *http.Request) {
+func (a *httpAPI) handleList(w http.ResponseWriter, _ *http.Request) {
 	out := struct {
 		Services []jsonService `json:"services"`
 	}{Services: []jsonService{}}
-	for _, n := range f.svcOrder {
-		s := f.services[n]
+	for _, n := range a.svcOrder {
+		s := a.services[n]
 		js := jsonService{Name: s.name, EntryModels: s.entries, SinkModels: s.sinks, Models: s.models, Inputs: []jsonSpec{}}
 		for _, in := range s.inputs {
 			js.Inputs = append(js.Inputs, jsonSpec{Name: in.Name, Datatype: in.Datatype, Shape: in.Shape})
@@ -472,8 +472,8 @@ func (f *Frontend) handleList(w http.ResponseWriter, _ *http.Request) {
 
 // handleHealth is ready (200) when every entry model resolves to a live
 // instance, else 503 naming the ones that do not.
-func (f *Frontend) handleHealth(w http.ResponseWriter, _ *http.Request) {
-	missing := f.unresolved()
+func (a *httpAPI) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	missing := a.fe.unresolved()
 	if len(missing) > 0 {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "unresolved": missing})
 		return

@@ -101,13 +101,13 @@ func restStatus(d restDialect, st *status.Status) int {
 
 // writeRESTError answers err as {"error": message} with the dialect's
 // status code.
-func (f *Frontend) writeRESTError(w http.ResponseWriter, r *http.Request, d restDialect, err error) {
+func (a *httpAPI) writeRESTError(w http.ResponseWriter, r *http.Request, d restDialect, err error) {
 	st := status.Convert(err)
 	code := restStatus(d, st)
 	if code == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", "1")
 	}
-	f.log.Debug("rest call failed", "path", r.URL.Path, "http", code, "code", st.Code().String(), "err", st.Message())
+	a.log.Debug("rest call failed", "path", r.URL.Path, "http", code, "code", st.Code().String(), "err", st.Message())
 	writeRESTJSON(w, code, restError{Error: st.Message()})
 }
 
@@ -136,20 +136,20 @@ func writeRESTBody(w http.ResponseWriter, code int, contentType string, body []b
 // body: 401 with WWW-Authenticate: Bearer without valid credentials, 403
 // for a model the client may not call (model returns the call's model,
 // false for a call naming none).
-func (f *Frontend) restAuth(d restDialect, h http.HandlerFunc, model func(*http.Request) (string, bool)) http.HandlerFunc {
-	if f.auth == nil {
+func (a *httpAPI) restAuth(d restDialect, h http.HandlerFunc, model func(*http.Request) (string, bool)) http.HandlerFunc {
+	if a.auth == nil {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		p, err := f.auth.identifyHTTP(r)
+		p, err := a.auth.identifyHTTP(r)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hams"`)
-			f.writeRESTError(w, r, d, err)
+			a.writeRESTError(w, r, d, err)
 			return
 		}
 		if name, ok := model(r); ok {
-			if err := f.authorize(p, name); err != nil {
-				f.writeRESTError(w, r, d, err)
+			if err := a.fe.authorize(p, name); err != nil {
+				a.writeRESTError(w, r, d, err)
 				return
 			}
 		}
@@ -160,21 +160,21 @@ func (f *Frontend) restAuth(d restDialect, h http.HandlerFunc, model func(*http.
 // readRESTBody reads a REST call's body for model name: admitted on its
 // size (at most limits.max_message_bytes) before it is read. The caller
 // releases the admission once the body is decoded.
-func (f *Frontend) readRESTBody(w http.ResponseWriter, r *http.Request, model string) ([]byte, func(), error) {
+func (a *httpAPI) readRESTBody(w http.ResponseWriter, r *http.Request, model string) ([]byte, func(), error) {
 	size := r.ContentLength
-	if size < 0 || size > int64(f.maxBytes) {
-		size = int64(f.maxBytes)
+	if size < 0 || size > int64(a.maxBytes) {
+		size = int64(a.maxBytes)
 	}
-	release, err := f.admit.acquire(model, size)
+	release, err := a.admit.acquire(model, size)
 	if err != nil {
-		f.m.refused.Inc()
+		a.m.refused.Inc()
 		return nil, nil, err
 	}
 	var b bytes.Buffer
-	if r.ContentLength > 0 && r.ContentLength <= int64(f.maxBytes) {
+	if r.ContentLength > 0 && r.ContentLength <= int64(a.maxBytes) {
 		b.Grow(int(r.ContentLength))
 	}
-	if _, err := b.ReadFrom(http.MaxBytesReader(w, r.Body, int64(f.maxBytes))); err != nil {
+	if _, err := b.ReadFrom(http.MaxBytesReader(w, r.Body, int64(a.maxBytes))); err != nil {
 		release()
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

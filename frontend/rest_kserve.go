@@ -58,21 +58,19 @@ const (
 // ksRESTMaxDepth bounds the nesting of a KServe JSON tensor.
 const ksRESTMaxDepth = 64
 
-func (f *Frontend) kserveRESTRoutes(mux *http.ServeMux) {
+func (a *httpAPI) kserveRESTRoutes(mux *http.ServeMux) {
 	model := func(r *http.Request) (string, bool) { return r.PathValue("name"), true }
 	none := func(*http.Request) (string, bool) { return "", false }
-	mux.HandleFunc("GET /v2/health/live", f.handleKSLive)
-	mux.HandleFunc("GET /v2/health/ready", f.handleKSReady)
-	mux.HandleFunc("GET /v2", f.restAuth(dialectKServe, f.handleKSServerMetadata, none))
-	mux.HandleFunc("GET /v2/{$}", f.restAuth(dialectKServe, f.handleKSServerMetadata, none))
+	mux.HandleFunc("GET /v2/health/live", a.handleKSLive)
+	mux.HandleFunc("GET /v2/health/ready", a.handleKSReady)
+	mux.HandleFunc("GET /v2", a.restAuth(dialectKServe, a.handleKSServerMetadata, none))
+	mux.HandleFunc("GET /v2/{$}", a.restAuth(dialectKServe, a.handleKSServerMetadata, none))
 	for _, base := range []string{"/v2/models/{name}", "/v2/models/{name}/versions/{version}"} {
-		mux.HandleFunc("GET "+base, f.restAuth(dialectKServe, f.handleKSModelMetadata, model))
-		mux.HandleFunc("GET "+base+"/ready", f.restAuth(dialectKServe, f.handleKSModelReady, model))
-		mux.HandleFunc("POST "+base+"/infer", f.restAuth(dialectKServe, f.handleKSInfer, model))
+		mux.HandleFunc("GET "+base, a.restAuth(dialectKServe, a.handleKSModelMetadata, model))
+		mux.HandleFunc("GET "+base+"/ready", a.restAuth(dialectKServe, a.handleKSModelReady, model))
+		mux.HandleFunc("POST "+base+"/infer", a.restAuth(dialectKServe, a.handleKSInfer, model))
 	}
 }
-
-func (f *Frontend) ks() *kserveServer { return &kserveServer{f: f} }
 
 // boolStatus answers a health boolean as Triton does: 200 or 400, no
 // body.
@@ -85,21 +83,21 @@ func boolStatus(w http.ResponseWriter, ok bool) {
 	w.WriteHeader(code)
 }
 
-func (f *Frontend) handleKSLive(w http.ResponseWriter, r *http.Request) {
-	resp, err := f.ks().ServerLive(r.Context(), &inference.ServerLiveRequest{})
+func (a *httpAPI) handleKSLive(w http.ResponseWriter, r *http.Request) {
+	resp, err := a.kserve.ServerLive(r.Context(), &inference.ServerLiveRequest{})
 	boolStatus(w, err == nil && resp.GetLive())
 }
 
-func (f *Frontend) handleKSReady(w http.ResponseWriter, r *http.Request) {
-	resp, err := f.ks().ServerReady(r.Context(), &inference.ServerReadyRequest{})
+func (a *httpAPI) handleKSReady(w http.ResponseWriter, r *http.Request) {
+	resp, err := a.kserve.ServerReady(r.Context(), &inference.ServerReadyRequest{})
 	boolStatus(w, err == nil && resp.GetReady())
 }
 
-func (f *Frontend) handleKSModelReady(w http.ResponseWriter, r *http.Request) {
+func (a *httpAPI) handleKSModelReady(w http.ResponseWriter, r *http.Request) {
 	ctx, _ := inProcess(r.Context(), inference.GRPCInferenceService_ModelReady_FullMethodName)
-	resp, err := f.ks().ModelReady(ctx, &inference.ModelReadyRequest{Name: r.PathValue("name"), Version: r.PathValue("version")})
+	resp, err := a.kserve.ModelReady(ctx, &inference.ModelReadyRequest{Name: r.PathValue("name"), Version: r.PathValue("version")})
 	if err != nil && status.Code(err) != codes.NotFound {
-		f.writeRESTError(w, r, dialectKServe, err)
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	boolStatus(w, err == nil && resp.GetReady())
@@ -112,10 +110,10 @@ type ksServerMetadataJSON struct {
 	Extensions []string `json:"extensions"`
 }
 
-func (f *Frontend) handleKSServerMetadata(w http.ResponseWriter, r *http.Request) {
-	resp, err := f.ks().ServerMetadata(r.Context(), &inference.ServerMetadataRequest{})
+func (a *httpAPI) handleKSServerMetadata(w http.ResponseWriter, r *http.Request) {
+	resp, err := a.kserve.ServerMetadata(r.Context(), &inference.ServerMetadataRequest{})
 	if err != nil {
-		f.writeRESTError(w, r, dialectKServe, err)
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	ext := append([]string{}, resp.GetExtensions()...)
@@ -144,11 +142,11 @@ type ksModelMetadataJSON struct {
 // ksUnknown checks the model (and version) a call names as Triton does
 // before anything else: "Request for unknown model". A pass-through
 // model is its backend's to answer.
-func (f *Frontend) ksUnknown(name, version string) error {
-	if f.passFor(name) != nil {
+func (a *httpAPI) ksUnknown(name, version string) error {
+	if a.fe.passFor(name) != nil {
 		return nil
 	}
-	svc, err := f.modelService(name)
+	svc, err := a.fe.modelService(name)
 	if err != nil {
 		if status.Code(err) == codes.NotFound {
 			return status.Errorf(codes.NotFound, "Request for unknown model: '%s' is not found", name)
@@ -161,16 +159,16 @@ func (f *Frontend) ksUnknown(name, version string) error {
 	return nil
 }
 
-func (f *Frontend) handleKSModelMetadata(w http.ResponseWriter, r *http.Request) {
+func (a *httpAPI) handleKSModelMetadata(w http.ResponseWriter, r *http.Request) {
 	name, version := r.PathValue("name"), r.PathValue("version")
-	if err := f.ksUnknown(name, version); err != nil {
-		f.writeRESTError(w, r, dialectKServe, err)
+	if err := a.ksUnknown(name, version); err != nil {
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	ctx, _ := inProcess(r.Context(), inference.GRPCInferenceService_ModelMetadata_FullMethodName)
-	resp, err := f.ks().ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: name, Version: version})
+	resp, err := a.kserve.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: name, Version: version})
 	if err != nil {
-		f.writeRESTError(w, r, dialectKServe, err)
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	out := ksModelMetadataJSON{Name: resp.GetName(), Versions: resp.GetVersions(), Platform: resp.GetPlatform(),
@@ -481,48 +479,48 @@ func ksAppend(b []byte, dt string, v any, room *int64) ([]byte, error) {
 
 func appendLE(b []byte, v uint64, size int) []byte { return wire.AppendLE(b, v, size) }
 
-func (f *Frontend) handleKSInfer(w http.ResponseWriter, r *http.Request) {
+func (a *httpAPI) handleKSInfer(w http.ResponseWriter, r *http.Request) {
 	name, version := r.PathValue("name"), r.PathValue("version")
-	if err := f.ksUnknown(name, version); err != nil {
-		f.writeRESTError(w, r, dialectKServe, err)
+	if err := a.ksUnknown(name, version); err != nil {
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	jsonLen := int64(-1)
 	if h := r.Header.Get(headerInferenceHeaderLength); h != "" {
 		v, err := strconv.ParseInt(h, 10, 64)
 		if err != nil || v < 0 {
-			f.writeRESTError(w, r, dialectKServe, status.Errorf(codes.InvalidArgument, "%s header value %q is not a byte count", headerInferenceHeaderLength, h))
+			a.writeRESTError(w, r, dialectKServe, status.Errorf(codes.InvalidArgument, "%s header value %q is not a byte count", headerInferenceHeaderLength, h))
 			return
 		}
 		jsonLen = v
 	}
-	body, release, err := f.readRESTBody(w, r, name)
+	body, release, err := a.readRESTBody(w, r, name)
 	if err != nil {
-		f.writeRESTError(w, r, dialectKServe, err)
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
-	d, err := decodeKServeInfer(body, jsonLen, int64(f.maxDecoded))
+	d, err := decodeKServeInfer(body, jsonLen, int64(a.maxDecoded))
 	// The decoded request is admitted again by ModelInfer, as any gRPC
 	// request; the body's admission ends here.
 	body = nil
 	release()
 	if err != nil {
 		if errors.Is(err, wire.ErrTooLarge) {
-			err = status.Errorf(codes.ResourceExhausted, "model '%s': %v: request tensors exceed %d bytes (limits.max_decoded_bytes)", name, strings.TrimSuffix(err.Error(), ": "+wire.ErrTooLarge.Error()), f.maxDecoded)
+			err = status.Errorf(codes.ResourceExhausted, "model '%s': %v: request tensors exceed %d bytes (limits.max_decoded_bytes)", name, strings.TrimSuffix(err.Error(), ": "+wire.ErrTooLarge.Error()), a.maxDecoded)
 		}
-		f.writeRESTError(w, r, dialectKServe, err)
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	d.req.ModelName, d.req.ModelVersion = name, version
 	ctx, _ := inProcess(r.Context(), inference.GRPCInferenceService_ModelInfer_FullMethodName)
-	resp, err := f.ks().ModelInfer(ctx, d.req)
+	resp, err := a.kserve.ModelInfer(ctx, d.req)
 	if err != nil {
-		f.writeRESTError(w, r, dialectKServe, err)
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	out, jsonLenOut, err := ksInferResponseJSON(resp, d)
 	if err != nil {
-		f.writeRESTError(w, r, dialectKServe, err)
+		a.writeRESTError(w, r, dialectKServe, err)
 		return
 	}
 	if jsonLenOut >= 0 {

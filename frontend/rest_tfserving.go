@@ -56,7 +56,7 @@ var (
 // tfRESTMaxDepth bounds the nesting of a TF Serving JSON tensor.
 const tfRESTMaxDepth = 64
 
-func (f *Frontend) tfRESTRoutes(mux *http.ServeMux) {
+func (a *httpAPI) tfRESTRoutes(mux *http.ServeMux) {
 	model := func(re *regexp.Regexp) func(*http.Request) (string, bool) {
 		return func(r *http.Request) (string, bool) {
 			m := re.FindStringSubmatch(r.URL.Path)
@@ -66,9 +66,9 @@ func (f *Frontend) tfRESTRoutes(mux *http.ServeMux) {
 			return m[1], true
 		}
 	}
-	mux.HandleFunc("POST /v1/models/{rest...}", f.restAuth(dialectTF, f.handleTFPost, model(tfPredictPath)))
-	mux.HandleFunc("GET /v1/models/{rest...}", f.restAuth(dialectTF, f.handleTFGet, model(tfStatusPath)))
-	mux.HandleFunc("GET /v1/models", f.restAuth(dialectTF, f.handleTFGet, model(tfStatusPath)))
+	mux.HandleFunc("POST /v1/models/{rest...}", a.restAuth(dialectTF, a.handleTFPost, model(tfPredictPath)))
+	mux.HandleFunc("GET /v1/models/{rest...}", a.restAuth(dialectTF, a.handleTFGet, model(tfStatusPath)))
+	mux.HandleFunc("GET /v1/models", a.restAuth(dialectTF, a.handleTFGet, model(tfStatusPath)))
 }
 
 // tfRESTSpec is the ModelSpec of a path's name, version and label.
@@ -89,16 +89,16 @@ func tfRESTSpec(name, version, label string) (*tfapis.ModelSpec, error) {
 
 // tfUnknown rewrites "no such model" as TF Serving words it; other errors
 // are returned as they are.
-func (f *Frontend) tfUnknown(spec *tfapis.ModelSpec, err error, statusAPI bool) error {
+func (a *httpAPI) tfUnknown(spec *tfapis.ModelSpec, err error, statusAPI bool) error {
 	if status.Code(err) != codes.NotFound {
 		return err
 	}
 	name := spec.GetName()
-	_, lookErr := f.modelService(name)
-	known := lookErr == nil || f.passFor(name) != nil
+	_, lookErr := a.fe.modelService(name)
+	known := lookErr == nil || a.fe.passFor(name) != nil
 	v, hasV := spec.GetVersionChoice().(*tfapis.ModelSpec_Version)
 	switch {
-	case known && f.passFor(name) != nil:
+	case known && a.fe.passFor(name) != nil:
 		return err // the backend's own answer
 	case statusAPI && !known:
 		return status.Errorf(codes.NotFound, "Could not find any versions of model %s", name)
@@ -112,28 +112,28 @@ func (f *Frontend) tfUnknown(spec *tfapis.ModelSpec, err error, statusAPI bool) 
 	return err
 }
 
-func (f *Frontend) handleTFPost(w http.ResponseWriter, r *http.Request) {
+func (a *httpAPI) handleTFPost(w http.ResponseWriter, r *http.Request) {
 	m := tfPredictPath.FindStringSubmatch(r.URL.Path)
 	if m == nil {
-		f.writeRESTError(w, r, dialectTF, status.Errorf(codes.InvalidArgument, "Malformed request: %s %s", r.Method, r.URL.Path))
+		a.writeRESTError(w, r, dialectTF, status.Errorf(codes.InvalidArgument, "Malformed request: %s %s", r.Method, r.URL.Path))
 		return
 	}
 	spec, err := tfRESTSpec(m[1], m[2], m[3])
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, err)
+		a.writeRESTError(w, r, dialectTF, err)
 		return
 	}
-	body, release, err := f.readRESTBody(w, r, spec.GetName())
+	body, release, err := a.readRESTBody(w, r, spec.GetName())
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, err)
+		a.writeRESTError(w, r, dialectTF, err)
 		return
 	}
 	switch strings.ToLower(m[4]) {
 	case "predict":
-		f.tfRESTPredict(w, r, spec, body, release)
+		a.tfRESTPredict(w, r, spec, body, release)
 	default:
 		release()
-		f.writeRESTError(w, r, dialectTF, f.tfClassifyRegress(r, spec, strings.ToLower(m[4]), body))
+		a.writeRESTError(w, r, dialectTF, a.tfClassifyRegress(r, spec, strings.ToLower(m[4]), body))
 	}
 }
 
@@ -181,8 +181,8 @@ func abbreviate(b []byte) string {
 
 // tfSignatureInputs asks GetModelMetadata for the inputs of signature sig
 // (empty: serving_default), as TF Serving's GetInfoMap.
-func (f *Frontend) tfSignatureInputs(r *http.Request, spec *tfapis.ModelSpec, sig string) (map[string]*tfapis.TensorInfo, error) {
-	defs, err := f.tfSignatureDefs(r, spec)
+func (a *httpAPI) tfSignatureInputs(r *http.Request, spec *tfapis.ModelSpec, sig string) (map[string]*tfapis.TensorInfo, error) {
+	defs, err := a.tfSignatureDefs(r, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -205,8 +205,8 @@ func (f *Frontend) tfSignatureInputs(r *http.Request, spec *tfapis.ModelSpec, si
 }
 
 // tfSignatureDefs is the model's SignatureDefMap (GetModelMetadata).
-func (f *Frontend) tfSignatureDefs(r *http.Request, spec *tfapis.ModelSpec) (*tfapis.SignatureDefMap, error) {
-	resp, err := f.tfMetadata(r, spec)
+func (a *httpAPI) tfSignatureDefs(r *http.Request, spec *tfapis.ModelSpec) (*tfapis.SignatureDefMap, error) {
+	resp, err := a.tfMetadata(r, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -226,12 +226,12 @@ func unpackSignatureDefs(resp *tfapis.GetModelMetadataResponse) (*tfapis.Signatu
 	return defs, nil
 }
 
-func (f *Frontend) tfMetadata(r *http.Request, spec *tfapis.ModelSpec) (*tfapis.GetModelMetadataResponse, error) {
+func (a *httpAPI) tfMetadata(r *http.Request, spec *tfapis.ModelSpec) (*tfapis.GetModelMetadataResponse, error) {
 	ctx, _ := inProcess(r.Context(), tfapis.PredictionService_GetModelMetadata_FullMethodName)
 	req := &tfapis.GetModelMetadataRequest{ModelSpec: cloneSpec(spec), MetadataField: []string{"signature_def"}}
-	resp, err := (&tfPredictServer{f: f}).GetModelMetadata(ctx, req)
+	resp, err := a.tfPredict.GetModelMetadata(ctx, req)
 	if err != nil {
-		return nil, f.tfUnknown(spec, err, false)
+		return nil, a.tfUnknown(spec, err, false)
 	}
 	return resp, nil
 }
@@ -248,7 +248,7 @@ func cloneSpec(s *tfapis.ModelSpec) *tfapis.ModelSpec {
 	return out
 }
 
-func (f *Frontend) tfRESTPredict(w http.ResponseWriter, r *http.Request, spec *tfapis.ModelSpec, body []byte, release func()) {
+func (a *httpAPI) tfRESTPredict(w http.ResponseWriter, r *http.Request, spec *tfapis.ModelSpec, body []byte, release func()) {
 	released := false
 	free := func() {
 		if !released {
@@ -260,18 +260,18 @@ func (f *Frontend) tfRESTPredict(w http.ResponseWriter, r *http.Request, spec *t
 	var pb tfPredictBody
 	sig, err := parseTFBody(body, &pb)
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, err)
+		a.writeRESTError(w, r, dialectTF, err)
 		return
 	}
 	spec.SignatureName = sig
-	infos, err := f.tfSignatureInputs(r, spec, sig)
+	infos, err := a.tfSignatureInputs(r, spec, sig)
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, err)
+		a.writeRESTError(w, r, dialectTF, err)
 		return
 	}
-	inputs, row, err := decodeTFInputs(&pb, infos, int64(f.maxDecoded))
+	inputs, row, err := decodeTFInputs(&pb, infos, int64(a.maxDecoded))
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, tfDecodeErr(spec.GetName(), err, f.maxDecoded))
+		a.writeRESTError(w, r, dialectTF, tfDecodeErr(spec.GetName(), err, a.maxDecoded))
 		return
 	}
 	// The decoded request is admitted again by Predict, as any gRPC
@@ -279,14 +279,14 @@ func (f *Frontend) tfRESTPredict(w http.ResponseWriter, r *http.Request, spec *t
 	body, pb = nil, tfPredictBody{}
 	free()
 	ctx, hdr := inProcess(r.Context(), tfapis.PredictionService_Predict_FullMethodName)
-	resp, err := (&tfPredictServer{f: f}).Predict(ctx, &tfapis.PredictRequest{ModelSpec: spec, Inputs: inputs})
+	resp, err := a.tfPredict.Predict(ctx, &tfapis.PredictRequest{ModelSpec: spec, Inputs: inputs})
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, f.tfUnknown(spec, err, false))
+		a.writeRESTError(w, r, dialectTF, a.tfUnknown(spec, err, false))
 		return
 	}
 	out, err := tfOutputsJSON(resp.GetOutputs(), row)
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, err)
+		a.writeRESTError(w, r, dialectTF, err)
 		return
 	}
 	if hdr.approximate() {
@@ -774,7 +774,7 @@ func (o *tfOut) appendElem(out []byte, i int) []byte {
 // Serving's answer for a model without a classification or regression
 // signature); a pass-through model's Classify and Regress are not
 // forwarded from REST.
-func (f *Frontend) tfClassifyRegress(r *http.Request, spec *tfapis.ModelSpec, method string, body []byte) error {
+func (a *httpAPI) tfClassifyRegress(r *http.Request, spec *tfapis.ModelSpec, method string, body []byte) error {
 	var cb struct {
 		Examples json.RawMessage `json:"examples"`
 	}
@@ -785,10 +785,10 @@ func (f *Frontend) tfClassifyRegress(r *http.Request, spec *tfapis.ModelSpec, me
 	if len(cb.Examples) == 0 {
 		return status.Errorf(codes.InvalidArgument, "JSON Value: %s When method is %s, key 'examples' is expected and was not found", abbreviate(body), method)
 	}
-	if p := f.passFor(spec.GetName()); p != nil {
+	if p := a.fe.passFor(spec.GetName()); p != nil {
 		return status.Errorf(codes.Unimplemented, "model %q is served pass-through (ha: off): :%s is not forwarded from REST; call %s over gRPC", spec.GetName(), method, strings.ToUpper(method[:1])+method[1:])
 	}
-	defs, err := f.tfSignatureDefs(r, spec)
+	defs, err := a.tfSignatureDefs(r, spec)
 	if err != nil {
 		return err
 	}
@@ -804,29 +804,29 @@ func (f *Frontend) tfClassifyRegress(r *http.Request, spec *tfapis.ModelSpec, me
 	return status.Errorf(codes.InvalidArgument, "Expected %s signature method_name to be tensorflow/serving/%s. Was: %s", kind, method, def.GetMethodName())
 }
 
-func (f *Frontend) handleTFGet(w http.ResponseWriter, r *http.Request) {
+func (a *httpAPI) handleTFGet(w http.ResponseWriter, r *http.Request) {
 	m := tfStatusPath.FindStringSubmatch(r.URL.Path)
 	if m == nil {
-		f.writeRESTError(w, r, dialectTF, status.Errorf(codes.InvalidArgument, "Malformed request: %s %s", r.Method, r.URL.Path))
+		a.writeRESTError(w, r, dialectTF, status.Errorf(codes.InvalidArgument, "Malformed request: %s %s", r.Method, r.URL.Path))
 		return
 	}
 	if m[1] == "" {
-		f.writeRESTError(w, r, dialectTF, status.Error(codes.InvalidArgument, "Missing model name in request."))
+		a.writeRESTError(w, r, dialectTF, status.Error(codes.InvalidArgument, "Missing model name in request."))
 		return
 	}
 	spec, err := tfRESTSpec(m[1], m[2], m[3])
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, err)
+		a.writeRESTError(w, r, dialectTF, err)
 		return
 	}
 	var out []byte
 	if strings.EqualFold(m[4], "metadata") {
-		out, err = f.tfRESTMetadata(r, spec)
+		out, err = a.tfRESTMetadata(r, spec)
 	} else {
-		out, err = f.tfRESTStatus(r, spec)
+		out, err = a.tfRESTStatus(r, spec)
 	}
 	if err != nil {
-		f.writeRESTError(w, r, dialectTF, err)
+		a.writeRESTError(w, r, dialectTF, err)
 		return
 	}
 	writeRESTBody(w, http.StatusOK, "application/json", out)
@@ -853,11 +853,11 @@ var tfErrorCodes = []string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "D
 	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
 	"UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
 
-func (f *Frontend) tfRESTStatus(r *http.Request, spec *tfapis.ModelSpec) ([]byte, error) {
+func (a *httpAPI) tfRESTStatus(r *http.Request, spec *tfapis.ModelSpec) ([]byte, error) {
 	ctx, _ := inProcess(r.Context(), tfapis.ModelService_GetModelStatus_FullMethodName)
-	resp, err := (&tfModelServer{f: f}).GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: cloneSpec(spec)})
+	resp, err := a.tfModel.GetModelStatus(ctx, &tfapis.GetModelStatusRequest{ModelSpec: cloneSpec(spec)})
 	if err != nil {
-		return nil, f.tfUnknown(spec, err, true)
+		return nil, a.tfUnknown(spec, err, true)
 	}
 	out := tfStatusJSON{ModelVersionStatus: []tfVersionStatusJSON{}}
 	for _, s := range resp.GetModelVersionStatus() {
@@ -880,8 +880,8 @@ func (f *Frontend) tfRESTStatus(r *http.Request, spec *tfapis.ModelSpec) ([]byte
 // tfRESTMetadata writes GetModelMetadataResponse as TF Serving's REST API
 // does: {"model_spec": ..., "metadata": {"signature_def": ...}}, both
 // printed by protojson with proto field names and default values.
-func (f *Frontend) tfRESTMetadata(r *http.Request, spec *tfapis.ModelSpec) ([]byte, error) {
-	resp, err := f.tfMetadata(r, spec)
+func (a *httpAPI) tfRESTMetadata(r *http.Request, spec *tfapis.ModelSpec) ([]byte, error) {
+	resp, err := a.tfMetadata(r, spec)
 	if err != nil {
 		return nil, err
 	}
