@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/hams-go/hams/internal/testing/backendtest"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/testing/backendtest"
 )
 
 // Raw messages at the upstream field numbers (passraw.go's table).

@@ -14,9 +14,9 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
-	"github.com/hams-go/hams/internal/testing/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/internal/testing/cudatest"
 	"github.com/hams-go/hams/internal/wire"
 	"github.com/hams-go/hams/protos/inference"
 )

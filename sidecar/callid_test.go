@@ -5,10 +5,10 @@ import (
 	"testing"
 
 	"github.com/hams-go/hams/adapters/tfserving"
-	"github.com/hams-go/hams/internal/testing/backendtest"
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/hamsmd"
+	"github.com/hams-go/hams/internal/testing/backendtest"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	tfapis "github.com/hams-go/hams/protos/tensorflow_serving/apis"
 	"google.golang.org/grpc"

@@ -16,8 +16,8 @@ import (
 
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/cuda"
-	"github.com/hams-go/hams/internal/testing/cudatest"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/testing/cudatest"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
 	"github.com/hams-go/hams/refserver"

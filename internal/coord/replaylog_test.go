@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/hams-go/hams/internal/testing/natstest"
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/internal/testing/natstest"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
