@@ -87,11 +87,11 @@ func (b *Backend) ReadStatePinned(ctx context.Context, pinned func()) ([]*hamsv1
 }
 
 func (b *Backend) readState(ctx context.Context, pinned func()) ([]*hamsv1.Tensor, uint64, string, error) {
-	ctx, cancel := b.ctx(ctx)
-	defer cancel()
+	ctx, progress, stop := b.streamCtx(ctx)
+	defer stop()
 	st, err := b.rt.ReadState(ctx, &hamsv1.ReadStateRequest{Model: b.model, ChunkBytes: StateChunkBytes})
 	if err != nil {
-		return nil, 0, "", b.mapErr("read state", err)
+		return nil, 0, "", b.streamErr(ctx, "read state", err)
 	}
 	var (
 		first *hamsv1.StateChunk
@@ -105,8 +105,9 @@ func (b *Backend) readState(ctx context.Context, pinned func()) ([]*hamsv1.Tenso
 			return nil, 0, "", status.Errorf(codes.DataLoss, "reference %s read state: stream ended without a last chunk", b.model)
 		}
 		if err != nil {
-			return nil, 0, "", b.mapErr("read state", err)
+			return nil, 0, "", b.streamErr(ctx, "read state", err)
 		}
+		progress()
 		if first == nil {
 			first = ch
 			if pinned != nil {
@@ -154,8 +155,8 @@ func (b *Backend) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, vers
 // bytes known already (digest; "" computes it). The server verifies it
 // against the data it received either way.
 func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor, version uint64, digest string) error {
-	ctx, cancel := b.ctx(ctx)
-	defer cancel()
+	ctx, progress, stop := b.streamCtx(ctx)
+	defer stop()
 	specs := make([]*hamsv1.TensorSpec, len(tensors))
 	var total uint64
 	for i, t := range tensors {
@@ -172,7 +173,7 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 	}
 	st, err := b.rt.WriteState(ctx)
 	if err != nil {
-		return b.mapErr("write state", err)
+		return b.streamErr(ctx, "write state", err)
 	}
 	hdr := &hamsv1.StateChunk{Model: b.model, StateVersion: version, Tensors: specs, TotalBytes: total}
 	if total == 0 {
@@ -180,8 +181,9 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 	}
 	if err := st.Send(hdr); err != nil {
 		_, err = st.CloseAndRecv()
-		return b.mapErr("write state", err)
+		return b.streamErr(ctx, "write state", err)
 	}
+	progress()
 	var off uint64
 	for _, t := range tensors {
 		d := t.GetData()
@@ -195,13 +197,14 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 			}
 			if err := st.Send(ch); err != nil {
 				_, err = st.CloseAndRecv()
-				return b.mapErr("write state", err)
+				return b.streamErr(ctx, "write state", err)
 			}
+			progress()
 		}
 	}
 	resp, err := st.CloseAndRecv()
 	if err != nil {
-		return b.mapErr("write state", err)
+		return b.streamErr(ctx, "write state", err)
 	}
 	if resp.GetSha256() != "" && resp.GetSha256() != sum {
 		return status.Errorf(codes.DataLoss, "reference %s write state: server hashed %s, sent %s", b.model, resp.GetSha256(), sum)
@@ -215,11 +218,11 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 // whose Describe has state_delta). FailedPrecondition when the installed
 // version is not base.
 func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
-	ctx, cancel := b.ctx(ctx)
-	defer cancel()
+	ctx, progress, stop := b.streamCtx(ctx)
+	defer stop()
 	st, err := b.rt.WriteState(ctx)
 	if err != nil {
-		return b.mapErr("write state ranges", err)
+		return b.streamErr(ctx, "write state ranges", err)
 	}
 	h := sha256.New()
 	for _, r := range ranges {
@@ -236,8 +239,9 @@ func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSp
 	}
 	if err := st.Send(hdr); err != nil {
 		_, err = st.CloseAndRecv()
-		return b.mapErr("write state ranges", err)
+		return b.streamErr(ctx, "write state ranges", err)
 	}
+	progress()
 	for i, r := range ranges {
 		d, off := r.GetData(), r.GetOffset()
 		for first := true; first || len(d) > 0; first = false {
@@ -250,13 +254,14 @@ func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSp
 			}
 			if err := st.Send(ch); err != nil {
 				_, err = st.CloseAndRecv()
-				return b.mapErr("write state ranges", err)
+				return b.streamErr(ctx, "write state ranges", err)
 			}
+			progress()
 		}
 	}
 	resp, err := st.CloseAndRecv()
 	if err != nil {
-		return b.mapErr("write state ranges", err)
+		return b.streamErr(ctx, "write state ranges", err)
 	}
 	if resp.GetSha256() != sum {
 		return status.Errorf(codes.DataLoss, "reference %s write state ranges: server hashed %s, sent %s", b.model, resp.GetSha256(), sum)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,6 +28,12 @@ type stateRuntime struct {
 	written []byte
 	wver    uint64
 	updated uint64
+	// gap: the server's pause before each data chunk of ReadState (a
+	// slow stream); stallAt: before data chunk stallAt (1-based) it
+	// pauses stall instead.
+	gap     time.Duration
+	stallAt int
+	stall   time.Duration
 }
 
 func (s *stateRuntime) specs() []*hamsv1.TensorSpec {
@@ -57,7 +64,16 @@ func (s *stateRuntime) ReadState(r *hamsv1.ReadStateRequest, st hamsv1.ModelRunt
 		return err
 	}
 	size := int(r.ChunkBytes)
-	for off := 0; off < len(data); off += size {
+	for off, n := 0, 1; off < len(data); off, n = off+size, n+1 {
+		pause := s.gap
+		if n == s.stallAt {
+			pause = s.stall
+		}
+		select {
+		case <-time.After(pause): // the slow server
+		case <-st.Context().Done():
+			return st.Context().Err()
+		}
 		end := min(off+size, len(data))
 		ch := &hamsv1.StateChunk{Offset: uint64(off), Data: data[off:end]}
 		if s.corrupt == "offset" && off > 0 {
@@ -152,3 +168,34 @@ func TestStatefulCalls(t *testing.T) {
 }
 
 var _ sidecar.StatefulBackend = (*Backend)(nil)
+
+// A state stream is bounded by the time between two chunks, not by the
+// whole transfer: a large state on a busy host streams for longer than the
+// per-call timeout and must still arrive (every read of a 512 MiB state
+// failed, for good, with the bound on the total), while a stream that
+// stops moving still ends after one timeout.
+func TestStateStreamBoundedByIdleTime(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	rt := &stateRuntime{a: make([]byte, 3<<20), b: []byte{1, 2, 3, 4, 5, 6, 7, 8}, version: 7, gap: 150 * time.Millisecond}
+	rt.ready = true
+	b := New(startRuntime(t, rt), "m", timeout)
+	start := time.Now()
+	ts, _, err := b.ReadState(context.Background())
+	if err != nil || len(ts) != 2 {
+		t.Fatalf("slow but moving stream (4 chunks, %v apart, timeout %v): %v", rt.gap, timeout, err)
+	}
+	if took := time.Since(start); took <= timeout {
+		t.Fatalf("the stream took %v, not longer than the timeout %v: the test shows nothing", took, timeout)
+	}
+	rt.mu.Lock()
+	rt.stallAt, rt.stall = 2, 5*time.Second
+	rt.mu.Unlock()
+	start = time.Now()
+	_, _, err = b.ReadState(context.Background())
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "no chunk moved") {
+		t.Fatalf("stalled stream: %v, want DeadlineExceeded naming the idle bound", err)
+	}
+	if took := time.Since(start); took >= rt.stall {
+		t.Fatalf("the stalled stream ended after %v, not at the idle bound", took)
+	}
+}
