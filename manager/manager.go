@@ -409,9 +409,9 @@ func (m *Manager) holdIfIsolatedLocked(now time.Time, since time.Duration) {
 	// dead one timeout later, while the manager was still cut off.
 	_, alive := m.members.Counts()
 	heard := m.members.Silent(now, m.cfg.SuspicionTimeout/2) < alive
-	starts := m.isolatedSince.IsZero() && m.members.Silent(now, m.cfg.SuspicionTimeout) > 0
-	if alive < 2 || heard || (m.isolatedSince.IsZero() && !starts) {
-		if !m.isolatedSince.IsZero() {
+	holding := !m.isolatedSince.IsZero()
+	if alive < 2 || heard || (!holding && m.members.Silent(now, m.cfg.SuspicionTimeout) == 0) {
+		if holding {
 			// The first heard again ends the hold; the others' heartbeats
 			// follow over reconnecting connections. Without a fresh
 			// timeout they were declared dead in this very tick (a
@@ -423,7 +423,7 @@ func (m *Manager) holdIfIsolatedLocked(now time.Time, since time.Duration) {
 		m.isolatedSince = time.Time{}
 		return
 	}
-	if m.isolatedSince.IsZero() {
+	if !holding {
 		m.isolatedSince = now
 		m.log.Warn("every live component went silent at once: this manager takes itself to be cut off and declares nobody dead", "components", alive, "hold_at_most", m.cfg.LeaseTTL)
 	}

@@ -87,7 +87,9 @@ func replicationOf(cfg Config, role config.Role) (nspb.Mode, bool, StatefulBacke
 	mode := nspb.Bare
 	if run.Replicates() {
 		var err error
-		if mode, err = nspbMode(run); err != nil {
+		// The pipeline's modes are named as the deployment's (one list,
+		// in protocol/nspb).
+		if mode, err = nspb.ParseMode(string(run)); err != nil {
 			return 0, false, nil, fmt.Errorf("%w: %v", ErrConfig, err)
 		}
 	}
@@ -114,21 +116,4 @@ func replicationOf(cfg Config, role config.Role) (nspb.Mode, bool, StatefulBacke
 		return 0, false, nil, errors.Join(errs...)
 	}
 	return mode, true, sbe, nil
-}
-
-// nspbMode is the NSPB pipeline mode (protocol/nspb) a primary of run
-// mode m runs: one of the modes that replicate (config.Mode.Replicates).
-// Any other mode is an error.
-func nspbMode(m config.Mode) (nspb.Mode, error) {
-	switch m {
-	case config.ModeNSPB:
-		return nspb.NSPB, nil
-	case config.ModeRemus:
-		return nspb.Remus, nil
-	case config.ModeNSPBS1:
-		return nspb.NSPBS1, nil
-	case config.ModeNSPBS2:
-		return nspb.NSPBS2, nil
-	}
-	return 0, fmt.Errorf("mode %q is not one of NSPB's (%s, %s, %s, %s)", m, config.ModeNSPB, config.ModeRemus, config.ModeNSPBS1, config.ModeNSPBS2)
 }
