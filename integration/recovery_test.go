@@ -41,16 +41,17 @@ func checkAudit(t *testing.T, dir string) {
 
 type chaosJSON struct {
 	Kills []struct {
-		Target     string  `json:"target"`
-		Kind       string  `json:"kind"`
-		RecoveryMs float64 `json:"recovery_ms"`
-		RestoredMs float64 `json:"restored_ms"`
-		Recovered  bool    `json:"recovered"`
-		Process    string  `json:"process"`
-		Note       string  `json:"note"`
-		NewActive  string  `json:"new_active"`
-		Fault      string  `json:"fault"`
-		DurationMs float64 `json:"duration_ms"`
+		Target     string   `json:"target"`
+		Kind       string   `json:"kind"`
+		RecoveryMs float64  `json:"recovery_ms"`
+		RestoredMs float64  `json:"restored_ms"`
+		Recovered  bool     `json:"recovered"`
+		Process    string   `json:"process"`
+		Note       string   `json:"note"`
+		NewActive  string   `json:"new_active"`
+		Fault      string   `json:"fault"`
+		DurationMs float64  `json:"duration_ms"`
+		Unrestored []string `json:"unrestored"`
 	} `json:"kills"`
 	Requests        *int `json:"requests"`
 	Replies         *int `json:"replies"`
@@ -72,8 +73,10 @@ func runChaos(t *testing.T, service, kinds, duration string, seed string, minKil
 	t.Helper()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "chaos.json")
+	runDir := filepath.Join(dir, "run")
 	r := runHams(t, 180*time.Second, "chaos", "--service", service, "--duration", duration, "--seed", seed, "--kinds", kinds,
-		"--settle", "500ms", "--audit", filepath.Join(dir, "audit"), "--json", out, "--suspicion-timeout", suspicion)
+		"--settle", "500ms", "--audit", filepath.Join(dir, "audit"), "--json", out, "--suspicion-timeout", suspicion,
+		"--run-dir", runDir)
 	b, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatalf("exit %d, no report: %v\nstdout:\n%s\nstderr:\n%s", r.code, err, r.stdout, r.stderr)
@@ -85,16 +88,38 @@ func runChaos(t *testing.T, service, kinds, duration string, seed string, minKil
 	if c.Requests == nil || c.Replies == nil || c.Conflicts == nil || c.Lost == nil || c.Duplicates == nil {
 		t.Fatalf("report lacks contract fields: %s", b)
 	}
+	// The logs of the failure's last seconds go last: the CI log keeps
+	// the end of a long message.
+	logs := func() string { return runLogExcerpt(runDir, chaosSuspects(c), 12*time.Second, 40) }
 	if r.code != 0 || *c.Conflicts != 0 || *c.Lost != 0 || len(c.Kills) < minKills {
-		t.Fatalf("exit %d, report %s\nstdout:\n%s", r.code, b, r.stdout)
+		t.Fatalf("exit %d, report %s\nstdout:\n%s\nlogs of the run's last seconds:\n%s", r.code, b, r.stdout, logs())
 	}
 	for _, k := range c.Kills {
 		if !k.Recovered || k.RestoredMs < 0 {
-			t.Fatalf("kill %+v did not recover\nstdout:\n%s", k, r.stdout)
+			t.Fatalf("kill %+v did not recover\nstdout:\n%s\nlogs of the run's last seconds:\n%s", k, r.stdout, logs())
 		}
 	}
 	t.Logf("%s %s: %d kills, %d replies\n%s", service, kinds, len(c.Kills), *c.Replies, r.stdout)
 	return c
+}
+
+// chaosSuspects are the models a failed chaos run points at: those a
+// fault left unrestored, else those of the last two faults' targets.
+func chaosSuspects(c chaosJSON) []string {
+	var out []string
+	for _, k := range c.Kills {
+		for _, u := range k.Unrestored {
+			out = append(out, strings.Fields(u)[0])
+		}
+	}
+	if len(out) == 0 {
+		for i := max(0, len(c.Kills)-2); i < len(c.Kills); i++ {
+			if _, m, ok := strings.Cut(c.Kills[i].Target, ":"); ok {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
 }
 
 // Stateful primary kills (ap: motion and route are adjacent stateful
