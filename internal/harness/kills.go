@@ -357,10 +357,15 @@ func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *k
 				var lacking []string
 				if err == nil {
 					// Also kept for a run that gives up: what was missing.
+					// Not from a check the run's end cut short: every
+					// metrics read then fails, and each backup would be
+					// reported unsynced.
 					lacking = append(d.Missing(t), d.UnsyncedBackups(ctx, t)...)
-					kt.mu.Lock()
-					kr.Unrestored = lacking
-					kt.mu.Unlock()
+					if ctx.Err() == nil {
+						kt.mu.Lock()
+						kr.Unrestored = lacking
+						kt.mu.Unlock()
+					}
 				}
 				if err == nil && restarted && len(lacking) == 0 && controlRestored(ctx, d, t, rt.Kind) {
 					if fault != faultKill || rt.Inst == nil || !cluster.AliveID(t, rt.Inst.ID) || !d.Protected() {
