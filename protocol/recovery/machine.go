@@ -1072,7 +1072,8 @@ func (m *Machine) spareFor(model string) (spare, prim *hamsv1.Placement, epoch u
 // useSpare makes spare model's backup: one Rewire (the spare becomes
 // BACKUP at the primary's epoch, so the primary resolves it and ships it
 // its state), then SyncBackup, and a new spare is started. Should either
-// fail, a new backup is started the slow way.
+// fail, a new backup is started the slow way (a spare rewired but not
+// synced is retired first).
 func (m *Machine) useSpare(model string, spare, prim *hamsv1.Placement, epoch uint64) []Action {
 	r := m.r
 	r.sparesUsed[spare.GetComponentId()] = true
@@ -1085,7 +1086,12 @@ func (m *Machine) useSpare(model string, spare, prim *hamsv1.Placement, epoch ui
 			Epoch: epoch, PrimaryAddress: prim.GetSidecarAddress()})
 		r.pending[s.ID] = func(err error) []Action {
 			if err != nil {
-				return m.startNewBackup(model)
+				// The rewire listed the spare as the backup: left alive,
+				// it would stay a second backup beside the new one, and
+				// the primary ships to whichever its topology lists first
+				// (possibly this one, which nobody synced).
+				return append([]Action{m.retireReplaced(spare.GetComponentId(), model, epoch,
+					"spare made the backup of "+model+" not synced ("+err.Error()+"): a new backup replaces it")}, m.startNewBackup(model)...)
 			}
 			return nil
 		}
