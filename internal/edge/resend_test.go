@@ -2,8 +2,10 @@ package edge
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -268,4 +270,39 @@ func TestStatefulReExecutionRepeatingSeqAndOutputPassesStatelessHop(t *testing.T
 			}
 		})
 	}
+}
+
+// A Resend to an address the Resolver never confirms at the same epoch
+// (a frontend that believed it led on a stale topology asked the sink
+// models for a resend; frontends have no epoch) holds only for
+// OverrideGrace: the sender then follows the Resolver again, without a
+// topology change to wake it. Without the bound the sink edge stayed on
+// the non-leading frontend for good.
+func TestResendAddressDisputedAtSameEpochExpires(t *testing.T) {
+	leader, stale := newSink(), newSink()
+	l1, l2 := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
+	defer serve(t, l1, NewReceiver("frontend", leader.deliver, nil))()
+	defer serve(t, l2, NewReceiver("frontend", stale.deliver, nil))()
+	res := NewStaticResolver(map[string]string{"frontend": l1.Addr().String()})
+	s, stop := startSender(t, SenderConfig{From: "a", To: "frontend", Resolver: res, OverrideGrace: 300 * time.Millisecond})
+	defer stop()
+	s.Send(&hamsv1.Item{ReqId: 1})
+	waitFor(t, "the leader got item 1", func() bool { return leader.count("a") == 1 })
+
+	s.Resend(ResendSpec{After: ^uint64(0), Addr: l2.Addr().String()})
+	s.Send(&hamsv1.Item{ReqId: 2})
+	waitFor(t, "the stale frontend got item 2", func() bool { return stale.count("a") >= 1 })
+	waitFor(t, "the sender back on the leader", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.override == nil
+	})
+	s.Send(&hamsv1.Item{ReqId: 3})
+	// Item 2, which only the stale frontend acknowledged, reaches the
+	// leader too (retained until completed, resent in a new incarnation).
+	waitFor(t, "the leader got items 2 and 3", func() bool {
+		leader.mu.Lock()
+		defer leader.mu.Unlock()
+		return slices.Contains(leader.items["a"], 2) && slices.Contains(leader.items["a"], 3)
+	})
 }

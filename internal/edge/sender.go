@@ -75,6 +75,15 @@ type SenderConfig struct {
 	// each item goes on the wire with the time left until its deadline
 	// by this clock (deadline_remaining_nano). Default time.Now.
 	Now func() time.Time
+	// OverrideGrace bounds how long an address Resend named is kept while
+	// the Resolver names another receiver at the same epoch (default
+	// DefaultOverrideGrace). A higher epoch confirms or replaces the
+	// override at once and a lower one is stale, but frontends have no
+	// epoch: a frontend that wrongly believed it led (a stale topology)
+	// and asked the sink models for a resend would otherwise keep every
+	// sink edge on itself for good, while the leader waited for outputs
+	// (a 30-minute soak, 2026-11-27: 13 minutes without a reply).
+	OverrideGrace time.Duration
 	// Incarnations hands out this sender's incarnations (default: the
 	// process's source; tests give each simulated process its own).
 	Incarnations *IncarnationSource
@@ -120,6 +129,7 @@ type Sender struct {
 	gen          uint64
 	reset        chan struct{} // closed and replaced by Resend
 	override     *ResendSpec   // receiver address set by Resend, until the Resolver catches up
+	overrideAt   time.Time     // when override was set (cfg.Now)
 	buf          []*hamsv1.Item
 	meta         []itemMeta
 	ret          []retained
@@ -188,6 +198,9 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.OverrideGrace <= 0 {
+		cfg.OverrideGrace = DefaultOverrideGrace
 	}
 	if cfg.Incarnations == nil {
 		cfg.Incarnations = processIncarnations
@@ -364,21 +377,50 @@ var errTopologyChanged = errors.New("edge: topology changed")
 // errResend ends a stream when Resend starts a new incarnation.
 var errResend = errors.New("edge: resend requested; new incarnation")
 
+// DefaultOverrideGrace is SenderConfig.OverrideGrace's default: well
+// above how far a component's topology lags behind the manager's orders.
+const DefaultOverrideGrace = 2 * time.Second
+
 // target is the receiver's address: the one Resend named until the
-// Resolver reports the receiver at that epoch or later, else the
-// Resolver's.
+// Resolver reports the receiver at that epoch or later (or names another
+// receiver at the same epoch for OverrideGrace), else the Resolver's.
 func (s *Sender) target() (string, uint64, bool) {
 	addr, epoch, ok := s.cfg.Resolver.Resolve(s.cfg.To)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if o := s.override; o != nil {
-		if ok && (epoch >= o.Epoch && (epoch > o.Epoch || addr == o.Addr)) {
+		switch {
+		case ok && (epoch > o.Epoch || epoch == o.Epoch && addr == o.Addr):
 			s.override = nil
-		} else {
+		case ok && epoch == o.Epoch && s.cfg.Now().Sub(s.overrideAt) >= s.cfg.OverrideGrace:
+			s.log.Warn("resend address dropped: the topology names another receiver at the same epoch",
+				"resend_addr", o.Addr, "addr", addr, "epoch", epoch, "grace", s.cfg.OverrideGrace)
+			s.override = nil
+			// What the dropped receiver acknowledged never reached this
+			// one, which is past its own resend request: everything
+			// retained goes to it, in a new incarnation (its receiver
+			// would otherwise wait for the sequence numbers the other
+			// one took). Receivers drop what they had by request key.
+			s.resendLocked(ResendSpec{})
+		default:
 			return o.Addr, o.Epoch, true
 		}
 	}
 	return addr, epoch, ok
+}
+
+// overrideExpiry fires when the Resend address the sender streams to, which
+// the Resolver disputes at the same epoch, reaches OverrideGrace (nil when
+// there is none): target is asked again then.
+func (s *Sender) overrideExpiry() <-chan time.Time {
+	addr, epoch, ok := s.cfg.Resolver.Resolve(s.cfg.To)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := s.override
+	if o == nil || !ok || epoch != o.Epoch || addr == o.Addr {
+		return nil
+	}
+	return time.After(max(0, s.cfg.OverrideGrace-s.cfg.Now().Sub(s.overrideAt)))
 }
 
 // stream runs one Forward stream until it breaks, ctx ends or the topology
@@ -412,6 +454,7 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 	if s.cfg.Epoch != nil {
 		epoch = s.cfg.Epoch()
 	}
+	expiry := s.overrideExpiry()
 	for {
 		batch := s.nextBatch(epoch, gen)
 		if batch != nil {
@@ -421,6 +464,11 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 			continue
 		}
 		select {
+		case <-expiry:
+			expiry = s.overrideExpiry()
+			if addr, ep, ok := s.target(); !ok || addr != cc.Target() {
+				return s.gotAck(), fmt.Errorf("%w: %s now at %q (epoch %d, ok %v)", errTopologyChanged, s.cfg.To, addr, ep, ok)
+			}
 		case <-ctx.Done():
 			_ = st.CloseSend()
 			return s.gotAck(), ctx.Err()
@@ -431,6 +479,7 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 			return true, errResend
 		case <-changed:
 			changed = s.cfg.Resolver.Changed()
+			expiry = s.overrideExpiry()
 			addr, ep, ok := s.target()
 			if !ok || addr != cc.Target() {
 				return s.gotAck(), fmt.Errorf("%w: %s now at %q (epoch %d, ok %v)", errTopologyChanged, s.cfg.To, addr, ep, ok)
@@ -677,6 +726,11 @@ func wireItem(it *hamsv1.Item, now int64) *hamsv1.Item {
 func (s *Sender) Resend(spec ResendSpec) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.resendLocked(spec)
+}
+
+// resendLocked is Resend with mu held.
+func (s *Sender) resendLocked(spec ResendSpec) int {
 	var items []*hamsv1.Item
 	var meta []itemMeta
 	if spec.Items != nil {
@@ -713,7 +767,7 @@ func (s *Sender) Resend(spec ResendSpec) int {
 	if spec.Addr != "" {
 		o := spec
 		o.Items = nil
-		s.override = &o
+		s.override, s.overrideAt = &o, s.cfg.Now()
 	}
 	close(s.reset)
 	s.reset = make(chan struct{})
