@@ -398,7 +398,15 @@ func (s *session) registerOnce(ctx context.Context, i int, timeout time.Duration
 	cancel()
 	if err == nil {
 		s.answered(i, nil, hdr)
-		c.install(resp.GetTopology(), false)
+		if isActive(hdr) {
+			// A standby's topology comes from its own watch of the
+			// deployment state and may lag behind the active manager's
+			// (a restarted frontend that installed one led on it for 36
+			// ms and pulled the sink edges to itself); the registration
+			// goes to every manager while hunting, and the topology
+			// watch delivers the rest.
+			c.install(resp.GetTopology(), false)
+		}
 		iv := time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond
 		if iv <= 0 {
 			iv = defaultInterval
