@@ -113,50 +113,56 @@ func (tr *transcript) settle() {
 		if n > 200 {
 			tr.t.Fatalf("does not settle:\n%s", strings.Join(tr.lines, "\n"))
 		}
-		a := tr.pending[0]
-		tr.pending = tr.pending[1:]
-		var err error
-		if tr.fail != nil && tr.fail(a) {
-			err = fmt.Errorf("injected failure")
-		}
-		switch a.Kind {
-		case GetMaxSeq:
-			tr.feed(fmt.Sprintf("#%d max_seq 10", a.ID), tr.must(tr.m.onMaxSeqAnswered(a.ID, 10)))
-		case GetLineageSummary:
-			if err != nil {
-				tr.feed(fmt.Sprintf("#%d failed", a.ID), tr.must(tr.m.onQueryFailed(a.ID, err)))
-				continue
-			}
-			s := Summary{MaxOut: 10, MaxIn: map[string]uint64{config.Frontend: 10, "m": 10}}
-			tr.feed(fmt.Sprintf("#%d summary max_out=10", a.ID), tr.must(tr.m.onSummaryAnswered(a.ID, s)))
-		case Rewire:
-			for _, c := range a.Changes {
-				p := tr.pl(c.Component)
-				p.Role, p.Epoch = c.Role, c.Epoch
-			}
-			tr.topology("rewired")
-			tr.feed(fmt.Sprintf("#%d done", a.ID), tr.must(tr.m.onActionDone(a.ID, nil)))
-		case StartInstance:
-			if err == nil {
-				tr.started++
-				id := fmt.Sprintf("%s/new%d", a.Model, tr.started)
-				var ep uint64 = 1
-				for _, p := range tr.topo.Placements {
-					if p.Model == a.Model {
-						ep = max(ep, p.Epoch)
-					}
-				}
-				tr.topo.Placements = append(tr.topo.Placements, &hamsv1.Placement{ComponentId: id, Model: a.Model, Role: a.Role,
-					SidecarAddress: id + ":1", Epoch: ep, Alive: true})
-				tr.topology(fmt.Sprintf("+%s %s", id, a.Role))
-			}
-			tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.onActionDone(a.ID, err)))
-		default:
-			tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.onActionDone(a.ID, err)))
-		}
+		tr.step()
 	}
 	if !tr.m.Idle() {
 		tr.t.Fatalf("machine not idle:\n%s", strings.Join(tr.lines, "\n"))
+	}
+}
+
+// step answers the first pending action.
+func (tr *transcript) step() {
+	tr.t.Helper()
+	a := tr.pending[0]
+	tr.pending = tr.pending[1:]
+	var err error
+	if tr.fail != nil && tr.fail(a) {
+		err = fmt.Errorf("injected failure")
+	}
+	switch a.Kind {
+	case GetMaxSeq:
+		tr.feed(fmt.Sprintf("#%d max_seq 10", a.ID), tr.must(tr.m.onMaxSeqAnswered(a.ID, 10)))
+	case GetLineageSummary:
+		if err != nil {
+			tr.feed(fmt.Sprintf("#%d failed", a.ID), tr.must(tr.m.onQueryFailed(a.ID, err)))
+			return
+		}
+		s := Summary{MaxOut: 10, MaxIn: map[string]uint64{config.Frontend: 10, "m": 10}}
+		tr.feed(fmt.Sprintf("#%d summary max_out=10", a.ID), tr.must(tr.m.onSummaryAnswered(a.ID, s)))
+	case Rewire:
+		for _, c := range a.Changes {
+			p := tr.pl(c.Component)
+			p.Role, p.Epoch = c.Role, c.Epoch
+		}
+		tr.topology("rewired")
+		tr.feed(fmt.Sprintf("#%d done", a.ID), tr.must(tr.m.onActionDone(a.ID, nil)))
+	case StartInstance:
+		if err == nil {
+			tr.started++
+			id := fmt.Sprintf("%s/new%d", a.Model, tr.started)
+			var ep uint64 = 1
+			for _, p := range tr.topo.Placements {
+				if p.Model == a.Model {
+					ep = max(ep, p.Epoch)
+				}
+			}
+			tr.topo.Placements = append(tr.topo.Placements, &hamsv1.Placement{ComponentId: id, Model: a.Model, Role: a.Role,
+				SidecarAddress: id + ":1", Epoch: ep, Alive: true})
+			tr.topology(fmt.Sprintf("+%s %s", id, a.Role))
+		}
+		tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.onActionDone(a.ID, err)))
+	default:
+		tr.feed(fmt.Sprintf("#%d %s", a.ID, outcome(err)), tr.must(tr.m.onActionDone(a.ID, err)))
 	}
 }
 

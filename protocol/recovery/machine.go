@@ -979,6 +979,16 @@ func (m *Machine) finish() []Action {
 		if tk := r.tasks[model]; tk != nil && tk.abandoned != "" && tk.kind == tFailover {
 			continue // no primary to sync from
 		}
+		if !m.cfg.Replay && m.backupReplaced(model) {
+			// Another path replaced the lost backup already (a new backup
+			// started when a spare's sync failed, or one that registered
+			// during this round): a second replacement would be a second
+			// backup that the primary never ships to and that never
+			// syncs (a 30-minute soak, 2026-11-27: ap-route got a new
+			// backup and a spare after a mass suspicion). Replay mode's
+			// backups are spares: several may run.
+			continue
+		}
 		out = append(out, m.startBackup(model)...)
 	}
 	for _, model := range sortedKeys(r.standL) {
@@ -987,6 +997,32 @@ func (m *Machine) finish() []Action {
 		}
 	}
 	return append(out, m.advance()...)
+}
+
+// backupReplaced reports whether model, whose backup this round lost,
+// has a replacement already: a new backup being started (awaitSync), or a
+// live BACKUP that is neither the instance this round promotes nor one of
+// the primaries it deposes (the topology may not show the round's rewire
+// yet).
+func (m *Machine) backupReplaced(model string) bool {
+	if m.awaitSync[model] != nil {
+		return true
+	}
+	skip := map[string]bool{}
+	if tk := m.r.tasks[model]; tk != nil {
+		if tk.inst != nil {
+			skip[tk.inst.GetComponentId()] = true
+		}
+		for _, o := range tk.old {
+			skip[o.GetComponentId()] = true
+		}
+	}
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() == model && p.GetRole() == hamsv1.Role_ROLE_BACKUP && m.live(p) && !skip[p.GetComponentId()] {
+			return true
+		}
+	}
+	return false
 }
 
 // resendKey is one resend: from a stateful model (or the frontend) to the

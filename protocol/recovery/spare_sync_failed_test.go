@@ -1,7 +1,10 @@
 package recovery
 
 import (
+	"strings"
 	"testing"
+
+	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
 // A backup dies; its spare is rewired as the backup, but SyncBackup to it
@@ -37,4 +40,54 @@ func TestSpareWhoseSyncFailedIsRetired(t *testing.T) {
 	`)
 	// The retirement comes before the new backup's start: the primary
 	// never sees two live backups once the manager performs it.
+}
+
+// The spare whose sync failed also dies (or is found dead) before the
+// new backup started for it shows up. Recovery of that second loss must
+// not replace the backup a second time (with the next spare): the model
+// would have two backups again, one of which the primary never ships to
+// and which never counts as synced (a 30-minute soak, 2026-11-27: after a
+// mass suspicion two rounds each replaced ap-route's backup).
+func TestSecondLossBeforeTheNewBackupShowsUpReplacesOnce(t *testing.T) {
+	tr := newTranscript(t)
+	tr.fail = func(a Action) bool { return a.Kind == SyncBackup && a.Component == "m/sp" }
+	tr.dies("m/b")
+	// Answer actions one by one; the spare dies (unreachable: its sync
+	// then fails) while its SyncBackup is under way.
+	died := false
+	for len(tr.pending) > 0 {
+		if a := tr.pending[0]; a.Kind == SyncBackup && !died {
+			died = true
+			tr.dies("m/sp")
+		}
+		tr.step()
+	}
+	tr.settle()
+	backups := 0
+	for _, p := range tr.topo.Placements {
+		if p.Model == "m" && p.Role == hamsv1.Role_ROLE_BACKUP && p.Alive {
+			backups++
+		}
+	}
+	if backups != 1 {
+		t.Fatalf("%d live backups of m, want 1:\n%s", backups, strings.Join(tr.lines, "\n"))
+	}
+}
+
+// A model that lost a backup while another live backup is listed (a new
+// backup that registered during the round, started by another path) is
+// not given a spare too: the round's replacement would be a second backup
+// that the primary never ships to.
+func TestLostBackupBesideAnotherLiveOneIsNotReplacedAgain(t *testing.T) {
+	tr := newTranscript(t)
+	tr.topo.Placements = append(tr.topo.Placements, &hamsv1.Placement{ComponentId: "m/b2", Model: "m",
+		Role: hamsv1.Role_ROLE_BACKUP, SidecarAddress: "m/b2:1", Epoch: 1, Alive: true})
+	tr.topology("+m/b2 ROLE_BACKUP")
+	tr.dies("m/b")
+	tr.settle()
+	for _, l := range tr.lines {
+		if strings.Contains(l, "Rewire") || strings.Contains(l, "StartInstance(m ROLE_BACKUP)") {
+			t.Fatalf("m's lost backup replaced although m/b2 is a live backup:\n%s", strings.Join(tr.lines, "\n"))
+		}
+	}
 }
