@@ -201,10 +201,18 @@ func signalNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *
 	return faultNow(ctx, d, kt, kr, role, model, loadStart, faultKill, 0)
 }
 
-// readyPorts are the TCP ports a child's ready line names (its listeners).
+// readyPorts are the TCP ports a child's ready line names as its own
+// listeners. "nats" is the coordination engine's listener only in its own
+// ready line: a manager's names the server it connects to, and dropping
+// packets for that port cut every process off NATS whenever a manager was
+// partitioned (two soaks lost requests that way, 2026-11-27).
 func readyPorts(r launch.Ready) []int {
+	keys := []string{"grpc", "internal", "http", "metrics"}
+	if r.String("role") == "nats" {
+		keys = append(keys, "nats")
+	}
 	var out []int
-	for _, k := range []string{"grpc", "internal", "http", "metrics", "nats"} {
+	for _, k := range keys {
 		a := r.String(k)
 		if a == "" {
 			continue
