@@ -330,13 +330,8 @@ func (dm *Demo) Run(ctx context.Context) error {
 		if (k.Role == cluster.RoleBackupSidecar || k.Role == cluster.RoleBackupModelServer) && !dep.HasBackup(dep.Model(k.Model)) {
 			return Usagef("demo: --kill %s: model %q has no backup in mode %s", k.target(), k.Model, *mode)
 		}
-		if k.Role == cluster.RoleStandbySidecar || k.Role == cluster.RoleStandbyModelSrv {
-			// A stateless model's hot standby, or a replicated stateful
-			// model's spare backup.
-			m := dep.Model(k.Model)
-			if !config.Mode(*mode).Protected() || (m.Stateful && !dep.Replicated(m)) {
-				return Usagef("demo: --kill %s: model %q has no standby in mode %s (stateless models have a hot standby in every mode but bare, replicated stateful models a spare backup)", k.target(), k.Model, *mode)
-			}
+		if (k.Role == cluster.RoleStandbySidecar || k.Role == cluster.RoleStandbyModelSrv) && (dep.Model(k.Model).Stateful || !config.Mode(*mode).Protected()) {
+			return Usagef("demo: --kill %s: model %q has no hot standby in mode %s (stateless models have one in every mode but bare)", k.target(), k.Model, *mode)
 		}
 	}
 	if *audit != "" {
