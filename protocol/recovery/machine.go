@@ -1177,7 +1177,17 @@ func (m *Machine) startNewBackup(model string) []Action {
 		// checkpoint when promoted.
 		m.awaitSync[model] = known
 	}
-	return []Action{m.doneIgnored(Action{Kind: StartInstance, Model: model, Role: hamsv1.Role_ROLE_BACKUP})}
+	a := m.act(Action{Kind: StartInstance, Model: model, Role: hamsv1.Role_ROLE_BACKUP})
+	m.r.pending[a.ID] = func(err error) []Action {
+		if err == nil || m.cfg.Replay {
+			return nil
+		}
+		// Nothing is on its way any more: a later loss or round must be
+		// free to replace the backup (finish skips a model awaiting one).
+		delete(m.awaitSync, model)
+		return []Action{m.notice(model, "new backup could not be started: "+err.Error())}
+	}
+	return []Action{a}
 }
 
 // doneIgnored issues an action whose outcome does not change the plan.

@@ -91,3 +91,21 @@ func TestLostBackupBesideAnotherLiveOneIsNotReplacedAgain(t *testing.T) {
 		}
 	}
 }
+
+// A new backup that could not be started is not awaited any more: the
+// next loss of the model's backup must be free to replace it (a round
+// skips a model that awaits one).
+func TestFailedBackupStartIsNotAwaited(t *testing.T) {
+	tr := newTranscript(t)
+	tr.fail = func(a Action) bool {
+		return a.Kind == SyncBackup && a.Component == "m/sp" || a.Kind == StartInstance && a.Role == hamsv1.Role_ROLE_BACKUP
+	}
+	tr.dies("m/b")
+	tr.settle()
+	if tr.m.awaitSync["m"] != nil {
+		t.Fatalf("a failed start still awaited:\n%s", strings.Join(tr.lines, "\n"))
+	}
+	if !strings.Contains(strings.Join(tr.lines, "\n"), "new backup could not be started") {
+		t.Fatalf("no notice of the failed start:\n%s", strings.Join(tr.lines, "\n"))
+	}
+}
