@@ -14,9 +14,10 @@ import (
 // come before, during or after that base. Whatever the order, and with no
 // request after the loss (closed-loop clients all wait for replies that
 // depend on those snapshots), everything the primary copied becomes
-// durable at the spare. A CI chaos run (TestChaosFreezes, 2026-11-27)
-// stalled for good after such a loss: every client waited, the new
-// backup reported unsynced.
+// durable at the spare. Written for a CI chaos run (TestChaosFreezes,
+// 2026-11-27) that stalled for good after such a loss; it passed on that
+// build too, so this order is not that stall's cause: it pins the
+// behaviour.
 // (A stateful model's spare runs as a backup; it is registered as a
 // standby until recovery rewires it.)
 func TestSpareMadeBackupAppliesWhatItsLostPredecessorHadPending(t *testing.T) {

@@ -392,7 +392,7 @@ func (s *Sender) target() (string, uint64, bool) {
 		switch {
 		case ok && (epoch > o.Epoch || epoch == o.Epoch && addr == o.Addr):
 			s.override = nil
-		case ok && epoch == o.Epoch && s.cfg.Now().Sub(s.overrideAt) >= s.cfg.OverrideGrace:
+		case s.disputedLocked(addr, epoch, ok) && s.cfg.Now().Sub(s.overrideAt) >= s.cfg.OverrideGrace:
 			s.log.Warn("resend address dropped: the topology names another receiver at the same epoch",
 				"resend_addr", o.Addr, "addr", addr, "epoch", epoch, "grace", s.cfg.OverrideGrace)
 			s.override = nil
@@ -416,11 +416,18 @@ func (s *Sender) overrideExpiry() <-chan time.Time {
 	addr, epoch, ok := s.cfg.Resolver.Resolve(s.cfg.To)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	o := s.override
-	if o == nil || !ok || epoch != o.Epoch || addr == o.Addr {
+	if !s.disputedLocked(addr, epoch, ok) {
 		return nil
 	}
 	return time.After(max(0, s.cfg.OverrideGrace-s.cfg.Now().Sub(s.overrideAt)))
+}
+
+// disputedLocked reports whether the Resolver's answer (addr at epoch, ok)
+// names another receiver than the Resend address at the same epoch
+// (caller holds mu).
+func (s *Sender) disputedLocked(addr string, epoch uint64, ok bool) bool {
+	o := s.override
+	return o != nil && ok && epoch == o.Epoch && addr != o.Addr
 }
 
 // stream runs one Forward stream until it breaks, ctx ends or the topology
@@ -463,12 +470,10 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 			}
 			continue
 		}
+		recheck := false
 		select {
 		case <-expiry:
-			expiry = s.overrideExpiry()
-			if addr, ep, ok := s.target(); !ok || addr != cc.Target() {
-				return s.gotAck(), fmt.Errorf("%w: %s now at %q (epoch %d, ok %v)", errTopologyChanged, s.cfg.To, addr, ep, ok)
-			}
+			recheck = true
 		case <-ctx.Done():
 			_ = st.CloseSend()
 			return s.gotAck(), ctx.Err()
@@ -479,6 +484,12 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 			return true, errResend
 		case <-changed:
 			changed = s.cfg.Resolver.Changed()
+			recheck = true
+		case <-s.wake:
+		}
+		if recheck {
+			// The topology changed, or a disputed Resend address expired:
+			// the receiver may have moved.
 			expiry = s.overrideExpiry()
 			addr, ep, ok := s.target()
 			if !ok || addr != cc.Target() {
@@ -487,7 +498,6 @@ func (s *Sender) stream(ctx context.Context, cc *grpc.ClientConn, changed <-chan
 			if s.cfg.Epoch != nil {
 				epoch = s.cfg.Epoch()
 			}
-		case <-s.wake:
 		}
 	}
 }

@@ -36,8 +36,9 @@ func serveFake(t *testing.T, f *fakeManager) string {
 	}
 	srv := grpc.NewServer()
 	hamsv1.RegisterManagerServer(srv, f)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
 	return l.Addr().String()
 }
 

@@ -46,8 +46,10 @@ func TestSpareWhoseSyncFailedIsRetired(t *testing.T) {
 // new backup started for it shows up. Recovery of that second loss must
 // not replace the backup a second time (with the next spare): the model
 // would have two backups again, one of which the primary never ships to
-// and which never counts as synced (a 30-minute soak, 2026-11-27: after a
-// mass suspicion two rounds each replaced ap-route's backup).
+// and which never counts as synced. This is one path to two backups (it
+// fails without the retirement of a spare whose sync failed); the soak
+// of 2026-11-27 that found them took another, guarded in finish
+// (TestLostBackupBesideAnotherLiveOneIsNotReplacedAgain).
 func TestSecondLossBeforeTheNewBackupShowsUpReplacesOnce(t *testing.T) {
 	tr := newTranscript(t)
 	tr.fail = func(a Action) bool { return a.Kind == SyncBackup && a.Component == "m/sp" }
