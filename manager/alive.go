@@ -101,8 +101,12 @@ func (m *Manager) readmit(ctx context.Context, a recovery.Action) {
 	m.updateGaugesLocked()
 	m.mu.Unlock()
 	m.metrics.returned.WithLabelValues("readmitted").Inc()
-	m.log.Info("component declared dead readmitted: nobody replaced it", "id", a.Component, "model", a.Model,
-		"role", a.Role.String(), "epoch", a.Epoch)
+	why := a.Reason
+	if why == "" {
+		why = "nobody replaced it"
+	}
+	m.log.Info("component declared dead readmitted", "id", a.Component, "model", a.Model,
+		"role", a.Role.String(), "epoch", a.Epoch, "why", why)
 	if len(acts) == 0 {
 		return
 	}

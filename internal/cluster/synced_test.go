@@ -3,11 +3,16 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hams-go/hams/internal/config"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
@@ -67,5 +72,39 @@ services:
 	got = unsyncedBackups(ctx, cfg, topo, map[string]string{"b/b": addr(synced), "c/b": addr(synced)})
 	if len(got) != 2 {
 		t.Fatalf("unreadable metrics: unsynced %v", got)
+	}
+}
+
+// The chaos harness reads a backup's synced gauge every 20 ms while a
+// fault is checked: it asks the sidecar's registry for that one family
+// (name[]), not the whole exposition, and still finds it.
+func TestGaugeValueAsksForOneFamily(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: backupSyncedMetric, Help: "h"}, []string{"model"})
+	g.WithLabelValues("x").Set(1)
+	other := prometheus.NewCounter(prometheus.CounterOpts{Name: "hams_other_total", Help: "h"})
+	other.Add(3)
+	reg.MustRegister(g, other)
+	var bodyBytes atomic.Int64
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Del("Accept-Encoding") // plain text, to look into
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		bodyBytes.Store(int64(rec.Body.Len()))
+		if strings.Contains(rec.Body.String(), "hams_other_total") {
+			t.Errorf("scrape %s returned families it did not ask for:\n%s", r.URL, rec.Body.String())
+		}
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	}))
+	defer s.Close()
+	v, err := gaugeValue(context.Background(), strings.TrimPrefix(s.URL, "http://"), backupSyncedMetric)
+	if err != nil || v != 1 {
+		t.Fatalf("gaugeValue = %v, %v; want 1", v, err)
+	}
+	if bodyBytes.Load() == 0 {
+		t.Fatal("the handler was not asked")
 	}
 }

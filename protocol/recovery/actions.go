@@ -95,7 +95,9 @@ type Summary struct {
 //     and must never serve again (its process is told to exit).
 //   - Readmit: Component, Model, Role, Epoch: a component declared dead
 //     that came back and is still its model's serving instance (nobody
-//     replaced it): alive again in its old role.
+//     replaced it), or the backup of a model given up whose primary is
+//     still dead (it is failed over to next; Reason says so): alive
+//     again in its old role.
 type Action struct {
 	ID        ActionID
 	Kind      Kind

@@ -46,6 +46,18 @@ func (m *Machine) onAliveAgain(component string) []Action {
 		}
 		return nil
 	}
+	if prim := m.givenUpPrimary(p); prim != nil {
+		// Its model was given up (primary and backup both failed) and
+		// the primary is still dead: this backup holds the model's
+		// state (no reply was released past what it applied), so it is
+		// readmitted and failed over to, as if the primary had died
+		// just now, once the topology shows it alive. Retiring it (a
+		// dead backup is replaced) would lose the model for good.
+		m.failoverOnReturn[model] = prim.GetComponentId()
+		dec.Kind = Readmit
+		dec.Reason = fmt.Sprintf("the backup of %s, whose primary %s is dead: failed over to", model, prim.GetComponentId())
+		return []Action{dec}
+	}
 	if why := m.replaced(p); why != "" {
 		dec.Kind, dec.Reason = Retire, why
 		out := []Action{dec}
@@ -134,3 +146,43 @@ func (m *Machine) replaced(p *hamsv1.Placement) string {
 // wasPrimary: id was rewired from the serving role (PRIMARY, ACTIVE) by a
 // recovery this machine ran (for the retirement's reason only).
 func (m *Machine) wasPrimary(id string) bool { return m.deposed[id] }
+
+// givenUpPrimary returns the dead primary of p's model when p, a returning
+// instance, is that model's current backup and the model was given up: its
+// primary is dead and was handled by a finished round, and no other
+// backup, new backup or spare took p's place. Nil otherwise (replay mode's
+// backups are spares that replay; they are never failed over to).
+func (m *Machine) givenUpPrimary(p *hamsv1.Placement) *hamsv1.Placement {
+	model := p.GetModel()
+	if p.GetRole() != hamsv1.Role_ROLE_BACKUP || !m.g.Stateful(model) || m.cfg.Replay || p.GetSidecarAddress() == "" {
+		return nil
+	}
+	if m.wasPrimary(p.GetComponentId()) || p.GetEpoch() < m.maxEpoch(model) || m.liveBackup(model) != nil || m.awaitSync[model] != nil {
+		return nil
+	}
+	prim := m.currentPrimary(model)
+	if prim == nil || prim.GetAlive() || !m.handled[prim.GetComponentId()] {
+		return nil
+	}
+	return prim
+}
+
+// failOverToReturnedBackups recovers the dead primary of every model in
+// failoverOnReturn whose readmitted backup the topology shows alive now:
+// a new suspicion of the primary, which fails over to that backup.
+func (m *Machine) failOverToReturnedBackups() []Action {
+	var out []Action
+	for _, model := range sortedKeys(m.failoverOnReturn) {
+		if m.liveBackup(model) == nil {
+			continue // not readmitted in this topology yet
+		}
+		prim := m.failoverOnReturn[model]
+		delete(m.failoverOnReturn, model)
+		if p := m.placement(prim); p == nil || p.GetAlive() {
+			continue // the primary came back meanwhile
+		}
+		delete(m.handled, prim)
+		out = append(out, m.onSuspected(model, hamsv1.Role_ROLE_PRIMARY, prim)...)
+	}
+	return out
+}

@@ -144,10 +144,12 @@ func TestFalseSuspicionStatelessActive(t *testing.T) {
 }
 
 // Primary and backup both stopped: m cannot be recovered. The backup comes
-// back first and is retired (no primary to sync from); the primary is
-// still m's primary (nobody replaced it): readmitted, and a new backup is
-// started and synced.
-func TestFalseSuspicionUnreplacedPrimaryReadmitted(t *testing.T) {
+// back first: it holds m's state (no reply was released past what it
+// applied) and the primary is still dead, so it is readmitted and failed
+// over to, as for a primary that died just now; the primary, when it
+// resumes, is a deposed one and retired. (Before, the backup was retired
+// as a dead backup, and a primary that never came back lost m for good.)
+func TestFalseSuspicionBothBackupReturnsFirst(t *testing.T) {
 	tr := newTranscript(t)
 	tr.dies("m/p")
 	tr.dies("m/b")
@@ -167,7 +169,55 @@ func TestFalseSuspicionUnreplacedPrimaryReadmitted(t *testing.T) {
 		> #1 max_seq 10
 		> #2 summary max_out=10
 		> alive again m/b
-		< Retire(m/b@m ROLE_BACKUP epoch=1: a dead backup is replaced by a new one, synced from the primary)
+		< Readmit(m/b@m ROLE_BACKUP epoch=1)
+		> topology: m/b readmitted
+		< #3 GetMaxSeq(m/b@m)
+		< #4 GetLineageSummary(m/b@m failed=>0)
+		> #3 max_seq 10
+		> #4 summary max_out=10
+		< #5 Promote(m/b@m epoch=2 start=0)
+		> #5 done
+		< #6 Rewire([{m/b m ROLE_PRIMARY 2} {m/p m ROLE_BACKUP 2}])
+		> topology: rewired
+		> #6 done
+		< Recovered([m])
+		< #7 Resend(frontend -> m after 10 epoch=2)
+		< #8 Rewire([{m/sp m ROLE_BACKUP 2}])
+		> #7 done
+		> topology: rewired
+		> #8 done
+		< #9 SyncBackup(m/sp@m epoch=2 primary=m/b:1)
+		< #10 StartInstance(m ROLE_STANDBY)
+		> #9 done
+		> topology: +m/new1 ROLE_STANDBY
+		> #10 done
+		> alive again m/p
+		< Retire(m/p@m ROLE_BACKUP epoch=2: deposed primary of m (the backup role at epoch 2 is another instance's))
+	`)
+}
+
+// Primary and backup both stopped; the primary comes back first: still
+// m's primary (nobody replaced it), readmitted, and a new backup is started
+// and synced; the old backup, returning after that, is retired.
+func TestFalseSuspicionBothPrimaryReturnsFirst(t *testing.T) {
+	tr := newTranscript(t)
+	tr.dies("m/p")
+	tr.dies("m/b")
+	tr.settle()
+	tr.returns("m/p")
+	tr.settle()
+	tr.returns("m/b")
+	tr.settle()
+	tr.check(`
+		> topology: m/p dead
+		> suspect m/p
+		< #1 GetMaxSeq(m/b@m)
+		< #2 GetLineageSummary(m/b@m failed=>0)
+		> topology: m/b dead
+		> suspect m/b
+		< Unrecoverable(m: primary and backup both failed)
+		> #1 max_seq 10
+		> #2 summary max_out=10
 		> alive again m/p
 		< Readmit(m/p@m ROLE_PRIMARY epoch=1)
 		< #3 StartInstance(m ROLE_BACKUP)
@@ -176,6 +226,45 @@ func TestFalseSuspicionUnreplacedPrimaryReadmitted(t *testing.T) {
 		< #4 SyncBackup(m/new1@m epoch=1 primary=m/p:1)
 		> #3 done
 		> #4 done
+		> alive again m/b
+		< Retire(m/b@m ROLE_BACKUP epoch=1: a dead backup is replaced by a new one, synced from the primary)
+	`)
+}
+
+// The primary was killed for good while its backup was stopped: the
+// backup's return is what recovers m (before, it was retired and m stayed
+// down). Its promotion can still be refused (a backup behind m's durable
+// position: a restarted process under its id): then m is given up again,
+// and the backup, not promoted, stays readmitted and is not retried in a
+// loop.
+func TestFalseSuspicionBackupOfAKilledPrimaryRefusesPromotion(t *testing.T) {
+	tr := newTranscript(t)
+	tr.fail = func(a Action) bool { return a.Kind == Promote }
+	tr.dies("m/p")
+	tr.dies("m/b")
+	tr.settle()
+	tr.returns("m/b")
+	tr.settle()
+	tr.check(`
+		> topology: m/p dead
+		> suspect m/p
+		< #1 GetMaxSeq(m/b@m)
+		< #2 GetLineageSummary(m/b@m failed=>0)
+		> topology: m/b dead
+		> suspect m/b
+		< Unrecoverable(m: primary and backup both failed)
+		> #1 max_seq 10
+		> #2 summary max_out=10
+		> alive again m/b
+		< Readmit(m/b@m ROLE_BACKUP epoch=1)
+		> topology: m/b readmitted
+		< #3 GetMaxSeq(m/b@m)
+		< #4 GetLineageSummary(m/b@m failed=>0)
+		> #3 max_seq 10
+		> #4 summary max_out=10
+		< #5 Promote(m/b@m epoch=2 start=0)
+		> #5 failed
+		< Unrecoverable(m: failover of m/b failed: injected failure)
 	`)
 }
 

@@ -155,6 +155,11 @@ type Machine struct {
 	// returning: components heard from again while a round recovered
 	// them or their model; decided when the round ends (alive.go).
 	returning []string
+	// failoverOnReturn: model -> its dead primary, for a model given up
+	// (primary and backup both failed) whose backup returned and was
+	// readmitted: once the topology shows the backup alive, the
+	// primary's death is recovered again, by a failover to it (alive.go).
+	failoverOnReturn map[string]string
 }
 
 type suspicion struct {
@@ -176,7 +181,7 @@ func New(cfg Config) (*Machine, error) {
 	return &Machine{cfg: cfg, g: cfg.Graph, topo: &hamsv1.Topology{},
 		awaitSync: map[string]map[string]bool{}, syncing: map[ActionID]string{},
 		handled: map[string]bool{}, lastAlive: map[string]bool{}, replayTries: map[string]int{},
-		deposed: map[string]bool{}, starts: map[ActionID]string{}}, nil
+		deposed: map[string]bool{}, starts: map[ActionID]string{}, failoverOnReturn: map[string]string{}}, nil
 }
 
 // Idle reports whether no round is in progress and none is queued.
@@ -236,6 +241,7 @@ func (m *Machine) onTopologyChanged(t *hamsv1.Topology) []Action {
 			break
 		}
 	}
+	out = append(out, m.failOverToReturnedBackups()...)
 	if r := m.r; r != nil && r.stage == stQuery {
 		for _, model := range sortedKeys(r.tasks) {
 			tk := r.tasks[model]
