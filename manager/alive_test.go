@@ -186,3 +186,52 @@ func TestFalselySuspectedUnreplacedPrimaryReadmitted(t *testing.T) {
 	default:
 	}
 }
+
+// The primary is killed (it never heartbeats again) while its backup is
+// stopped longer than the suspicion timeout: b is given up (primary and
+// backup both failed). The backup resumes: it holds b's state, so it is
+// readmitted and promoted (epoch 2), not retired as a dead backup, which
+// left b without a primary for good.
+func TestReturnedBackupOfADeadPrimaryIsPromoted(t *testing.T) {
+	fe := startFake(t, &fakeRepl{})
+	fa := startFake(t, &fakeRepl{})
+	fbp := startFake(t, &fakeRepl{})
+	fbb := startFake(t, &fakeRepl{maxSeq: 7, summary: &hamsv1.LineageSummary{Model: "b", MaxOutSeq: 7,
+		MaxInByPred: map[string]uint64{"a": 7, "frontend": 7}}})
+	st := &fakeStarter{}
+	r := startManager(t, func(c *manager.Config) { c.Starter = st; c.SuspicionTimeout = 300 * time.Millisecond }, nil)
+	startClient(t, r.addr, frontendReg("frontend/0", fe.addr))
+	ra := sidecarReg("sidecar/a", "a", fa.addr)
+	ra.Role = hamsv1.Role_ROLE_ACTIVE
+	startClient(t, r.addr, ra)
+	rp := sidecarReg("sidecar/b-p", "b", fbp.addr)
+	rp.Role = hamsv1.Role_ROLE_PRIMARY
+	bp := freezable(t, r.addr, rp)
+	rb := sidecarReg("sidecar/b-b", "b", fbb.addr)
+	rb.Role = hamsv1.Role_ROLE_BACKUP
+	rb.Incarnation = "b-b-1"
+	bb := freezable(t, r.addr, rb)
+
+	bb.paused.Store(true) // SIGSTOP of the backup
+	bp.paused.Store(true) // the primary is killed: never heard again
+	waitFor(t, "b given up", 5*time.Second, func() bool {
+		return metricValue(t, r.reg, "hams_manager_unrecoverable_total") >= 1
+	})
+	bb.paused.Store(false) // SIGCONT
+	waitFor(t, "the returned backup promoted", 5*time.Second, func() bool {
+		p := placement(r.m.Topology(), "sidecar/b-b")
+		return p.GetAlive() && p.GetRole() == hamsv1.Role_ROLE_PRIMARY && p.GetEpoch() == 2
+	})
+	if _, retired := r.m.Retired()["sidecar/b-b"]; retired {
+		t.Fatalf("the backup that held b's state was retired: %v", r.m.Retired())
+	}
+	fbb.mu.Lock()
+	promoted := len(fbb.promote)
+	fbb.mu.Unlock()
+	if promoted != 1 {
+		t.Fatalf("Promote calls on the returned backup = %d, want 1", promoted)
+	}
+	if addr, _, ok := client.Resolve(r.m.Topology(), "b"); !ok || addr != fbb.addr {
+		t.Fatalf("Resolve(b) = %s, %v; want the returned backup %s", addr, ok, fbb.addr)
+	}
+}

@@ -150,14 +150,15 @@ func (m *Machine) wasPrimary(id string) bool { return m.deposed[id] }
 // givenUpPrimary returns the dead primary of p's model when p, a returning
 // instance, is that model's current backup and the model was given up: its
 // primary is dead and was handled by a finished round, and no other
-// backup, new backup or spare took p's place. Nil otherwise (replay mode's
+// backup that holds the state took p's place (a new backup started when
+// p was lost never synced: there was no primary to sync from). Nil otherwise (replay mode's
 // backups are spares that replay; they are never failed over to).
 func (m *Machine) givenUpPrimary(p *hamsv1.Placement) *hamsv1.Placement {
 	model := p.GetModel()
 	if p.GetRole() != hamsv1.Role_ROLE_BACKUP || !m.g.Stateful(model) || m.cfg.Replay || p.GetSidecarAddress() == "" {
 		return nil
 	}
-	if m.wasPrimary(p.GetComponentId()) || p.GetEpoch() < m.maxEpoch(model) || m.liveBackup(model) != nil || m.awaitSync[model] != nil {
+	if m.wasPrimary(p.GetComponentId()) || p.GetEpoch() < m.maxEpoch(model) || m.syncedLiveBackup(model) != nil {
 		return nil
 	}
 	prim := m.currentPrimary(model)
@@ -173,7 +174,7 @@ func (m *Machine) givenUpPrimary(p *hamsv1.Placement) *hamsv1.Placement {
 func (m *Machine) failOverToReturnedBackups() []Action {
 	var out []Action
 	for _, model := range sortedKeys(m.failoverOnReturn) {
-		if m.liveBackup(model) == nil {
+		if m.syncedLiveBackup(model) == nil {
 			continue // not readmitted in this topology yet
 		}
 		prim := m.failoverOnReturn[model]
@@ -185,4 +186,24 @@ func (m *Machine) failOverToReturnedBackups() []Action {
 		out = append(out, m.onSuspected(model, hamsv1.Role_ROLE_PRIMARY, prim)...)
 	}
 	return out
+}
+
+// syncedLiveBackup is model's highest-epoch live backup that holds the
+// model's state: not a new backup still waiting for its sync (started for
+// a lost backup, not synced because no primary lived since).
+func (m *Machine) syncedLiveBackup(model string) *hamsv1.Placement {
+	known := m.awaitSync[model]
+	var best *hamsv1.Placement
+	for _, p := range m.topo.GetPlacements() {
+		if p.GetModel() != model || p.GetRole() != hamsv1.Role_ROLE_BACKUP || p.GetSidecarAddress() == "" || !m.live(p) {
+			continue
+		}
+		if known != nil && !known[p.GetComponentId()] {
+			continue // started after the loss, never synced
+		}
+		if best == nil || p.GetEpoch() > best.GetEpoch() {
+			best = p
+		}
+	}
+	return best
 }

@@ -380,7 +380,12 @@ func (m *Machine) suspect(s suspicion) []Action {
 // (old) is replaced by its live backup.
 func (m *Machine) newFailover(model string, old *hamsv1.Placement) []Action {
 	r := m.r
-	b := m.liveBackup(model)
+	// A backup that holds the state first; a new one still waiting for
+	// its sync would refuse the promotion.
+	b := m.syncedLiveBackup(model)
+	if b == nil {
+		b = m.liveBackup(model)
+	}
 	if b == nil {
 		r.backupL[model] = true
 		if m.live(old) {
