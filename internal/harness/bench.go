@@ -77,6 +77,13 @@ type BenchRow struct {
 	// Transport of the internal hops: tls (mutual TLS, the default) or
 	// insecure (--transport insecure).
 	Transport string `json:"transport,omitempty"`
+	// WarmupRequests and WarmupMs: the unmeasured requests sent before the
+	// rounds and how long they took; WarmupEnded why the warm-up ended
+	// (warmupRun). A large state's first base sync lands here, not in
+	// the rounds.
+	WarmupRequests int     `json:"warmup_requests,omitempty"`
+	WarmupMs       float64 `json:"warmup_ms,omitempty"`
+	WarmupEnded    string  `json:"warmup_ended,omitempty"`
 	// Backends are the backend types of the service's models (sorted,
 	// distinct): reference, tfserving, triton, clipper.
 	Backends []string `json:"backends,omitempty"`
@@ -165,6 +172,10 @@ type BenchConfig struct {
 	Batch      int           // --batch
 	Requests   int           // --requests
 	Warmup     int           // --warmup
+	// SteadyWarmup (--warmup-until-steady): after the first warm-up run,
+	// more runs of Warmup requests until the mode's deployment is steady
+	// (steadyWarmup), at most MaxSteadyWarmup.
+	SteadyWarmup bool
 	Rounds     int           // --rounds
 	Load       string        // --load
 	JSON       string        // --json
@@ -280,7 +291,7 @@ func (b *Bench) Run(ctx context.Context) error {
 	var rows []BenchRow
 	for _, svc := range services {
 		r, err := benchService(ctx, benchOpts{
-			service: svc, raw: fileRaw, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds,
+			service: svc, raw: fileRaw, modes: modes, batch: *batch, requests: *requests, warmup: *warmup, rounds: *rounds, steadyWarmup: c.SteadyWarmup,
 			seed: *seed, timeout: *timeout, suspicion: *suspicion, dir: filepath.Join(dir, svc), tf: *tf, waves: *load == "waves",
 			serving: serving, replicas: replicas, set: *set, transports: transports,
 		})
@@ -322,6 +333,7 @@ type benchOpts struct {
 	raw                             []byte
 	modes                           []string
 	batch, requests, warmup, rounds int
+	steadyWarmup                    bool
 	seed                            uint64
 	timeout, suspicion              time.Duration
 	dir                             string
@@ -382,6 +394,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		d         *cluster.Deployment
 		run       func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
 		acc       modeRun
+		warm      warmupRun // what the warm-up took
 		m0        metricSnap
 		cpu       cpuAcc // CPU seconds per process over the measured runs
 	}
@@ -486,9 +499,19 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 	// Warm-up, then the lineage counters' baseline.
 	for _, r := range runners {
 		if o.warmup > 0 {
-			if _, _, err := r.run(ctx, o.warmup); err != nil {
+			var synced func() bool
+			if !r.arm.direct() {
+				synced = func() bool {
+					t, err := r.d.Topology(ctx)
+					return err == nil && len(r.d.Missing(t)) == 0 && len(r.d.UnsyncedBackups(ctx, t)) == 0
+				}
+			}
+			w, err := warmUp(ctx, o.warmup, o.steadyWarmup, MaxSteadyWarmup, synced, r.run)
+			if err != nil {
 				return nil, fmt.Errorf("%s warm-up: %w", r.label, err)
 			}
+			r.warm = w
+			fmt.Fprintf(os.Stderr, "  warm-up  %-6s %5d requests in %v (%s)\n", r.label, w.Requests, w.Elapsed.Round(time.Millisecond), w.Ended)
 		}
 		if !r.arm.direct() {
 			r.m0 = scrapeMetrics(benchMetrics(r.d))
@@ -520,6 +543,8 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		row.Backends = backends
 		row.Transport = r.transport
 		row.CPUMsPerRequest = r.cpu.msPerRequest(row.Requests)
+		row.WarmupRequests, row.WarmupEnded = r.warm.Requests, r.warm.Ended
+		row.WarmupMs = cluster.Round3(float64(r.warm.Elapsed) / float64(time.Millisecond))
 		if !r.arm.direct() {
 			m1 := scrapeMetrics(benchMetrics(r.d))
 			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && r.arm.mode().Protected() {

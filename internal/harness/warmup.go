@@ -1,0 +1,75 @@
+package harness
+
+import (
+	"context"
+	"time"
+
+	"github.com/hams-go/hams/internal/loadgen"
+)
+
+// MaxSteadyWarmup bounds the warm-up of one mode's deployment when it
+// waits for the steady state (--warmup-until-steady).
+const MaxSteadyWarmup = 90 * time.Second
+
+// steadyTolerance: two warm-up runs in a row whose durations differ by at
+// most this fraction of the longer one are steady.
+const steadyTolerance = 0.2
+
+// Why a warm-up ended (warmupRun.Ended).
+const (
+	warmupFixed   = "fixed"   // --warmup-until-steady=false: one run
+	warmupSteady  = "steady"  // synced, two runs in a row alike
+	warmupTimeout = "timeout" // MaxSteadyWarmup passed first
+)
+
+// warmupRun is what a warm-up took.
+type warmupRun struct {
+	Requests int
+	Elapsed  time.Duration
+	Ended    string
+}
+
+// steady reports whether a warm-up may end after a run that took cur,
+// the run before it prev (0: none yet): every replicated model's backup
+// holds its base (synced) and the two runs took about as long. A
+// replicated model's first snapshot is its whole state (a base of 512 MiB
+// takes seconds to ship and to write to the backup's model server), and
+// the first fold and buffers are filled then: one-time costs of starting
+// a backup, not of replicating a batch, which the rounds measure.
+func steady(prev, cur time.Duration, synced bool) bool {
+	if !synced || prev <= 0 || cur <= 0 {
+		return false
+	}
+	longer, shorter := max(prev, cur), min(prev, cur)
+	return float64(longer-shorter) <= steadyTolerance*float64(longer)
+}
+
+// warmUp sends n unmeasured requests through run, then, when untilSteady,
+// runs of n more until steady (synced nil: nothing to sync, as for
+// direct) or limit passed.
+func warmUp(ctx context.Context, n int, untilSteady bool, limit time.Duration, synced func() bool,
+	run func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)) (warmupRun, error) {
+	w := warmupRun{Ended: warmupFixed}
+	start := time.Now()
+	var prev time.Duration
+	for {
+		_, el, err := run(ctx, n)
+		w.Requests += n
+		w.Elapsed = time.Since(start)
+		if err != nil {
+			return w, err
+		}
+		if !untilSteady {
+			return w, nil
+		}
+		if steady(prev, el, synced == nil || synced()) {
+			w.Ended = warmupSteady
+			return w, nil
+		}
+		if w.Elapsed >= limit {
+			w.Ended = warmupTimeout
+			return w, nil
+		}
+		prev = el
+	}
+}
