@@ -172,10 +172,6 @@ type BenchConfig struct {
 	Batch      int           // --batch
 	Requests   int           // --requests
 	Warmup     int           // --warmup
-	// SteadyWarmup (--warmup-until-steady): after the first warm-up run,
-	// more runs of Warmup requests until the mode's deployment is steady
-	// (steadyWarmup), at most MaxSteadyWarmup.
-	SteadyWarmup bool
 	Rounds     int           // --rounds
 	Load       string        // --load
 	JSON       string        // --json
@@ -187,6 +183,10 @@ type BenchConfig struct {
 	Transports string        // --transport
 	Suspicion  time.Duration // --suspicion-timeout
 	Task       Task          // the task flags
+	// SteadyWarmup (--warmup-until-steady): after the first warm-up run,
+	// more runs of Warmup requests until the mode's deployment is steady
+	// (see steady), at most MaxSteadyWarmup.
+	SteadyWarmup bool
 }
 
 // Bench is a configured hams bench run.
