@@ -84,6 +84,11 @@ type BenchRow struct {
 	WarmupRequests int     `json:"warmup_requests,omitempty"`
 	WarmupMs       float64 `json:"warmup_ms,omitempty"`
 	WarmupEnded    string  `json:"warmup_ended,omitempty"`
+	// SettleMs: how long, over its rounds, the mode waited for every
+	// deployment of the run to go quiet before a round (settle): the
+	// previous mode's trailing work (a remus backup writing a 512 MiB
+	// state to its model server) otherwise lands in this mode's round.
+	SettleMs float64 `json:"settle_ms,omitempty"`
 	// Backends are the backend types of the service's models (sorted,
 	// distinct): reference, tfserving, triton, clipper.
 	Backends []string `json:"backends,omitempty"`
@@ -394,7 +399,8 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		d         *cluster.Deployment
 		run       func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)
 		acc       modeRun
-		warm      warmupRun // what the warm-up took
+		warm      warmupRun     // what the warm-up took
+		settle    time.Duration // waited for quiet before its rounds
 		m0        metricSnap
 		cpu       cpuAcc // CPU seconds per process over the measured runs
 	}
@@ -524,6 +530,14 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			break
 		}
 		for _, r := range runners {
+			var deps []*cluster.Deployment
+			for _, o := range runners {
+				if !o.arm.direct() {
+					deps = append(deps, o.d)
+				}
+			}
+			settled := settle(ctx, deps, settleLimit)
+			r.settle += settled
 			c0 := sampleCPU(r.d)
 			rec, el, err := r.run(ctx, n)
 			if err != nil {
@@ -531,7 +545,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			}
 			r.cpu.add(c0, sampleCPU(r.d))
 			r.acc.add(rec, el)
-			fmt.Fprintf(os.Stderr, "  round %d/%d %-6s %5d requests in %v\n", round+1, o.rounds, r.label, n, el.Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "  round %d/%d %-6s %5d requests in %v (after %v settling)\n", round+1, o.rounds, r.label, n, el.Round(time.Millisecond), settled.Round(time.Millisecond))
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -545,6 +559,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 		row.CPUMsPerRequest = r.cpu.msPerRequest(row.Requests)
 		row.WarmupRequests, row.WarmupEnded = r.warm.Requests, r.warm.Ended
 		row.WarmupMs = cluster.Round3(float64(r.warm.Elapsed) / float64(time.Millisecond))
+		row.SettleMs = cluster.Round3(float64(r.settle) / float64(time.Millisecond))
 		if !r.arm.direct() {
 			m1 := scrapeMetrics(benchMetrics(r.d))
 			if c := m1["frontend"]["hams_frontend_gating_wait_seconds_count"] - r.m0["frontend"]["hams_frontend_gating_wait_seconds_count"]; c > 0 && r.arm.mode().Protected() {

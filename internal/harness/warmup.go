@@ -4,7 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/hams-go/hams/internal/cluster"
 	"github.com/hams-go/hams/internal/loadgen"
+	"github.com/hams-go/hams/internal/run"
 )
 
 // MaxSteadyWarmup bounds the warm-up of one mode's deployment when it
@@ -72,4 +74,48 @@ func warmUp(ctx context.Context, n int, untilSteady bool, limit time.Duration, s
 		}
 		prev = el
 	}
+}
+
+// Settling between rounds (settle).
+const (
+	// settleLimit bounds one wait for quiet.
+	settleLimit = 30 * time.Second
+	// settleWindow is the interval CPU use is measured over, and
+	// settleCores the use (in cores, every process of every deployment
+	// of the run together) below which the run is quiet: heartbeats and
+	// scrapes, not a backup still applying or writing.
+	settleWindow = 250 * time.Millisecond
+	settleCores  = 0.15
+)
+
+// settle waits until the children of deps together use less than
+// settleCores over a settleWindow, at most limit, and returns how long it
+// waited (at least one window: quiet is measured, not assumed).
+func settle(ctx context.Context, deps []*cluster.Deployment, limit time.Duration) time.Duration {
+	start := time.Now()
+	total := func() float64 {
+		var sum float64
+		for _, d := range deps {
+			for name, v := range sampleCPU(d) {
+				if name != clientProc {
+					sum += v
+				}
+			}
+		}
+		return sum
+	}
+	for {
+		t0, c0 := time.Now(), total()
+		if !run.Sleep(ctx, settleWindow) {
+			return time.Since(start)
+		}
+		if quiet(total()-c0, time.Since(t0)) || time.Since(start) >= limit {
+			return time.Since(start)
+		}
+	}
+}
+
+// quiet reports whether cpuSeconds used over wall is below settleCores.
+func quiet(cpuSeconds float64, wall time.Duration) bool {
+	return wall > 0 && cpuSeconds/wall.Seconds() < settleCores
 }

@@ -73,3 +73,16 @@ func TestWarmUpUntilSteady(t *testing.T) {
 		t.Fatalf("a failed warm-up run: err = %v", err)
 	}
 }
+
+func TestQuiet(t *testing.T) {
+	w := 250 * time.Millisecond
+	if !quiet(0.02, w) { // 0.08 cores: heartbeats
+		t.Error("0.08 cores is quiet")
+	}
+	if quiet(0.2, w) { // 0.8 cores: a backup still writing a state
+		t.Error("0.8 cores is not quiet")
+	}
+	if quiet(0, 0) {
+		t.Error("nothing measured is not quiet")
+	}
+}
