@@ -21,7 +21,7 @@ func runBench(args []string) error {
 	fs.IntVar(&c.Batch, "batch", 1, "batch size of every model (bare: also the number of concurrent clients; direct: requests per call)")
 	fs.IntVar(&c.Requests, "requests", 400, "measured requests per (service, mode)")
 	fs.IntVar(&c.Warmup, "warmup", -1, "unmeasured requests per (service, mode) before the rounds (default: max(2*batch, 20))")
-	fs.BoolVar(&c.SteadyWarmup, "warmup-until-steady", true, "after --warmup, keep warming up (runs of --warmup requests) until every replicated model's backup holds its base and two runs in a row take within 20% of each other, at most 90 s: a large state's first base sync is a one-time cost of starting a backup, reported as warmup_ms, not measured in the rounds")
+	fs.BoolVar(&c.SteadyWarmup, "warmup-until-steady", true, "after --warmup, keep warming up (runs of eight batches, or --warmup requests if more) until every replicated model's backup holds its base and two runs in a row take within 20% of each other, at most 90 s: a large state's first base sync is a one-time cost of starting a backup, reported as warmup_ms, not measured in the rounds")
 	fs.IntVar(&c.Rounds, "rounds", 4, "rounds per mode (modes alternate round by round)")
 	fs.StringVar(&c.Load, "load", "closed", "load shape: closed (--batch closed-loop clients: saturates the deployment, latency is batch/throughput) or waves (--batch requests sent together, the next wave after the last reply: the latency of one batch crossing the graph, as the HAMS paper measures)")
 	fs.StringVar(&c.JSON, "json", "", "write the JSON array to this file")

@@ -189,7 +189,7 @@ type BenchConfig struct {
 	Suspicion  time.Duration // --suspicion-timeout
 	Task       Task          // the task flags
 	// SteadyWarmup (--warmup-until-steady): after the first warm-up run,
-	// more runs of Warmup requests until the mode's deployment is steady
+	// more runs of max(Warmup, 8 batches) until the deployment is steady
 	// (see steady), at most MaxSteadyWarmup.
 	SteadyWarmup bool
 }
@@ -512,7 +512,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 					return err == nil && len(r.d.Missing(t)) == 0 && len(r.d.UnsyncedBackups(ctx, t)) == 0
 				}
 			}
-			w, err := warmUp(ctx, o.warmup, o.steadyWarmup, MaxSteadyWarmup, synced, r.run)
+			w, err := warmUp(ctx, o.warmup, max(o.warmup, steadyWaves*o.batch), o.steadyWarmup, MaxSteadyWarmup, synced, r.run)
 			if err != nil {
 				return nil, fmt.Errorf("%s warm-up: %w", r.label, err)
 			}

@@ -13,6 +13,10 @@ import (
 // waits for the steady state (--warmup-until-steady).
 const MaxSteadyWarmup = 90 * time.Second
 
+// steadyWaves is the warm-up's run size after the first one, in batches
+// (waves of --batch requests).
+const steadyWaves = 8
+
 // steadyTolerance: two warm-up runs in a row whose durations differ by at
 // most this fraction of the longer one are steady.
 const steadyTolerance = 0.2
@@ -47,16 +51,17 @@ func steady(prev, cur time.Duration, synced bool) bool {
 }
 
 // warmUp sends n unmeasured requests through run, then, when untilSteady,
-// runs of n more until steady (synced nil: nothing to sync, as for
-// direct) or limit passed.
-func warmUp(ctx context.Context, n int, untilSteady bool, limit time.Duration, synced func() bool,
+// runs of chunk more until steady (synced nil: nothing to sync, as for
+// direct) or limit passed. Runs of a few batches are too short to tell a
+// one-time cost from noise: the bench's chunk is eight waves.
+func warmUp(ctx context.Context, n, chunk int, untilSteady bool, limit time.Duration, synced func() bool,
 	run func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)) (warmupRun, error) {
 	w := warmupRun{Ended: warmupFixed}
 	start := time.Now()
 	var prev time.Duration
-	for {
-		_, el, err := run(ctx, n)
-		w.Requests += n
+	for k := n; ; k = chunk {
+		_, el, err := run(ctx, k)
+		w.Requests += k
 		w.Elapsed = time.Since(start)
 		if err != nil {
 			return w, err
@@ -64,7 +69,7 @@ func warmUp(ctx context.Context, n int, untilSteady bool, limit time.Duration, s
 		if !untilSteady {
 			return w, nil
 		}
-		if steady(prev, el, synced == nil || synced()) {
+		if k == chunk && steady(prev, el, synced == nil || synced()) {
 			w.Ended = warmupSteady
 			return w, nil
 		}
@@ -72,7 +77,9 @@ func warmUp(ctx context.Context, n int, untilSteady bool, limit time.Duration, s
 			w.Ended = warmupTimeout
 			return w, nil
 		}
-		prev = el
+		if k == chunk {
+			prev = el
+		}
 	}
 }
 

@@ -44,29 +44,29 @@ func TestWarmUpUntilSteady(t *testing.T) {
 	syncedAfter := 2 // the backup holds its base from the second check on
 	checks := 0
 	synced := func() bool { checks++; return checks >= syncedAfter }
-	w, err := warmUp(context.Background(), 128, true, time.Hour, synced, run)
+	w, err := warmUp(context.Background(), 128, 512, true, time.Hour, synced, run)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.Ended != warmupSteady || w.Requests != 4*128 || calls != 4 {
+	if w.Ended != warmupSteady || w.Requests != 128+3*512 || calls != 4 {
 		t.Fatalf("warm-up = %+v after %d runs; want steady after 4 runs (900, 700, 200, 190 ms)", w, calls)
 	}
 
 	calls = 0
-	w, err = warmUp(context.Background(), 128, false, time.Hour, synced, run)
+	w, err = warmUp(context.Background(), 128, 512, false, time.Hour, synced, run)
 	if err != nil || w.Ended != warmupFixed || calls != 1 || w.Requests != 128 {
 		t.Fatalf("fixed warm-up = %+v, %v after %d runs; want one run", w, err, calls)
 	}
 
 	// A backup that never syncs: the limit ends the warm-up.
 	calls = 0
-	w, err = warmUp(context.Background(), 128, true, 0, func() bool { return false }, run)
+	w, err = warmUp(context.Background(), 128, 512, true, 0, func() bool { return false }, run)
 	if err != nil || w.Ended != warmupTimeout || calls != 1 {
 		t.Fatalf("warm-up of a backup that never syncs = %+v, %v after %d runs; want timeout", w, err, calls)
 	}
 
 	boom := errors.New("deadline")
-	_, err = warmUp(context.Background(), 128, true, time.Hour, nil, func(context.Context, int) (*loadgen.Recorder, time.Duration, error) {
+	_, err = warmUp(context.Background(), 128, 512, true, time.Hour, nil, func(context.Context, int) (*loadgen.Recorder, time.Duration, error) {
 		return nil, 0, boom
 	})
 	if !errors.Is(err, boom) {
