@@ -160,6 +160,9 @@ type Machine struct {
 	// readmitted: once the topology shows the backup alive, the
 	// primary's death is recovered again, by a failover to it (alive.go).
 	failoverOnReturn map[string]string
+	// sparesJoined: spares that joined while a round ran (SpareJoined),
+	// looked at again when it ends (backupreplace.go).
+	sparesJoined []string
 }
 
 type suspicion struct {
@@ -1229,6 +1232,14 @@ func (m *Machine) endRound() []Action {
 		// Drop suspicions of components the topology shows alive again in
 		// a role that needs no recovery (a standby made of an old active).
 		out = append(out, m.onSuspected(s.model, s.role, s.component)...)
+	}
+	// Spares that joined during the round: one whose model still has no
+	// backup becomes it (a round started by the queue above takes the
+	// rest along to its own end).
+	sp := m.sparesJoined
+	m.sparesJoined = nil
+	for _, id := range sp {
+		out = append(out, m.onSpareJoined(id)...)
 	}
 	return out
 }
