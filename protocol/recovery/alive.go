@@ -149,10 +149,11 @@ func (m *Machine) wasPrimary(id string) bool { return m.deposed[id] }
 
 // givenUpPrimary returns the dead primary of p's model when p, a returning
 // instance, is that model's current backup and the model was given up: its
-// primary is dead and was handled by a finished round, and no other
-// backup that holds the state took p's place (a new backup started when
-// p was lost never synced: there was no primary to sync from). Nil otherwise (replay mode's
-// backups are spares that replay; they are never failed over to).
+// primary is dead and was handled by a finished round, and no other backup
+// that holds the state took p's place (a new backup started when p was
+// lost never synced: there was no primary to sync from). Nil otherwise
+// (replay mode's backups are spares that replay; they are never failed
+// over to).
 func (m *Machine) givenUpPrimary(p *hamsv1.Placement) *hamsv1.Placement {
 	model := p.GetModel()
 	if p.GetRole() != hamsv1.Role_ROLE_BACKUP || !m.g.Stateful(model) || m.cfg.Replay || p.GetSidecarAddress() == "" {
