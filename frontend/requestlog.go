@@ -328,7 +328,7 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 	}
 	f.mu.Lock()
 	c := f.calls[r.ReqID]
-	if f.closed || (c != nil && (c.injected || c.recording)) || (c == nil && f.ownReqIDLocked(r.ReqID)) ||
+	if f.closed || (c != nil && (c.injected || c.recording)) || (c == nil && f.ownReqIDLocked(r.ReqID) && !f.mir.mayBeLogged(r.ReqID, now)) ||
 		(c != nil && f.leader && c.loggedIn == f.leadTerm) {
 		// (The last: predictLogged injects it when the log acknowledges
 		// it, which may come after this delivery.)
@@ -487,7 +487,7 @@ func (f *Frontend) adopt(r *coord.LoggedRequest, term uint64) bool {
 	own := f.ownReqIDLocked(r.ReqID)
 	c := f.calls[r.ReqID]
 	switch {
-	case c == nil && own:
+	case c == nil && own && !f.mir.mayBeLogged(r.ReqID, now):
 		return false // this process's call is over (answered or failed)
 	case c == nil:
 		key := idemKey{service: svc.name, requestID: r.Request.GetRequestId()}
@@ -623,6 +623,14 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 			return f.wait(ctx, c)
 		}
 		err = status.Errorf(codes.Unavailable, "service %q: request not accepted: request log: %v", svc.name, err)
+		// The record may be stored after all (the NATS client flushes
+		// its reconnect buffer once the server is back, or the server
+		// stored it and died before acknowledging): the client's retry
+		// then joins it, on any frontend, and waits for the leader to
+		// inject it. This process's own req_id must not make the
+		// record look like one of its calls that is over (onLogged,
+		// adopt).
+		f.mir.writeFailed(c.reqID, deadline, f.now())
 		f.answerLocked(c, nil, err, false, false)
 		f.mu.Unlock()
 		return nil, err
@@ -886,6 +894,10 @@ type logMirror struct {
 	order       []uint64
 	answered    map[uint64]bool
 	answeredQ   []answeredAt // answered ids, oldest first
+	// unconfirmed: this process's req_ids whose log write failed, until
+	// their deadline: a record of one delivered later is a request
+	// like another frontend's (writeFailed).
+	unconfirmed map[uint64]time.Time
 }
 
 type answeredAt struct {
@@ -898,7 +910,32 @@ const mirrorMaxAnswered = 1 << 18
 
 func newLogMirror(keep time.Duration) *logMirror {
 	return &logMirror{keep: keep, maxAnswered: mirrorMaxAnswered,
-		pending: map[uint64]*coord.LoggedRequest{}, answered: map[uint64]bool{}}
+		pending: map[uint64]*coord.LoggedRequest{}, answered: map[uint64]bool{}, unconfirmed: map[uint64]time.Time{}}
+}
+
+// writeFailed records that the log write of this process's request reqID
+// failed, so its record may still be stored (until deadline); the ids
+// whose deadline passed are dropped.
+func (m *logMirror) writeFailed(reqID uint64, deadline, now time.Time) {
+	if m == nil {
+		return
+	}
+	for id, d := range m.unconfirmed {
+		if !now.Before(d) {
+			delete(m.unconfirmed, id)
+		}
+	}
+	m.unconfirmed[reqID] = deadline
+}
+
+// mayBeLogged reports whether reqID is this process's request whose log
+// write failed and whose deadline has not passed.
+func (m *logMirror) mayBeLogged(reqID uint64, now time.Time) bool {
+	if m == nil {
+		return false
+	}
+	d, ok := m.unconfirmed[reqID]
+	return ok && now.Before(d)
 }
 
 // logged records a logged request. It reports whether the request is open

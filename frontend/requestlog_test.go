@@ -635,3 +635,51 @@ func TestLeaderRetakesEntryFencedByAnotherFrontend(t *testing.T) {
 		t.Fatalf("entry retakes %v, want at least 1", got)
 	}
 }
+
+// ackLostLog stores a request's record but answers its first write with an
+// error: the acknowledgement was lost (the NATS server stored it and died,
+// or the client flushed its reconnect buffer after the write's timeout).
+type ackLostLog struct {
+	RequestLog
+	once sync.Once
+}
+
+func (l *ackLostLog) LogRequest(ctx context.Context, r *coord.LoggedRequest) (*coord.LoggedRequest, error) {
+	ex, err := l.RequestLog.LogRequest(ctx, r)
+	lost := false
+	l.once.Do(func() { lost = true })
+	if lost && err == nil {
+		return nil, fmt.Errorf("publish: context deadline exceeded (stored, acknowledgement lost)")
+	}
+	return ex, err
+}
+
+// The leader's log write of a request fails although the record is stored
+// (a 30-minute soak, 2026-11-27: a request sent 1 ms before a NATS kill).
+// The leader answers Unavailable; the client's retry on the other frontend
+// finds the record and joins it, waiting for the leader to inject it. The
+// leader ignored the record as one of its own calls that is over, and the
+// retry waited until its deadline: lost. Now the leader injects it.
+func TestStoredRecordOfAFailedLogWriteIsInjected(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = &ackLostLog{RequestLog: co}; c.Name = "lead" }})
+	f2 := e.addFrontend(t, yaml, func(c *Config) { c.Log = co; c.Name = "follow" })
+	eventually(t, "leadership settled", func() bool { return e.fe.isLeader() && !f2.fe.isLeader() })
+	in := echoInputs(2, 9)
+	req := &hamsv1.PredictRequest{Service: "echo", RequestId: "lost-ack-1", Inputs: in}
+	if _, err := e.client.Predict(ctxT(t, 5*time.Second), req); status.Code(err) != codes.Unavailable {
+		t.Fatalf("first attempt on the leader: %v, want Unavailable (its log write failed)", err)
+	}
+	ctx := ctxT(t, 4*time.Second)
+	resp, err := f2.client.Predict(ctx, req)
+	if err != nil {
+		t.Fatalf("the retry on the follower: %v (the leader never injected the stored record)", err)
+	}
+	if len(resp.Outputs) != 1 || !proto.Equal(resp.Outputs[0].Tensors[0], in[0]) {
+		t.Fatalf("reply %v", resp)
+	}
+	if n := e.models["a"].executed.Load(); n != 1 {
+		t.Fatalf("a executed %d times, want 1", n)
+	}
+}
