@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/protocol"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -134,7 +135,7 @@ func (h *holds) rollback(model string, seq uint64) (rolled, released []*heldRepl
 	}
 	h.gate = nspb.NewReplyGate()
 	for m, s := range h.durableAt {
-		h.gate.Durable(m, s)
+		h.step(nspb.Durable{Model: m, Seq: s}) // a new gate holds nothing to release
 	}
 	var ids []uint64
 	for id := range h.byID {
@@ -143,7 +144,7 @@ func (h *holds) rollback(model string, seq uint64) (rolled, released []*heldRepl
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	for _, id := range ids {
 		r := h.byID[id]
-		if h.gate.Hold(id, r.deps) {
+		if len(h.step(nspb.ReplyArrived{ReqID: id, Deps: r.deps})) > 0 {
 			h.remove(r)
 			released = append(released, r)
 		}
@@ -161,7 +162,7 @@ func (h *holds) hold(reqID uint64, resp *hamsv1.PredictResponse, deps map[string
 // holdComp is hold with the table's completion kept for a rollback.
 func (h *holds) holdComp(c *completion, deps map[string]uint64, since time.Time) bool {
 	reqID, resp, deadline := c.reqID, c.resp, c.deadline
-	if h.gate.Hold(reqID, deps) {
+	if len(h.step(nspb.ReplyArrived{ReqID: reqID, Deps: deps})) > 0 {
 		return true
 	}
 	r := &heldReply{reqID: reqID, resp: resp, deps: deps, since: since, deadline: deadline, comp: c}
@@ -200,7 +201,7 @@ func (h *holds) durable(model string, seq uint64) []*heldReply {
 	if seq > h.durableAt[model] {
 		h.durableAt[model] = seq
 	}
-	ids := h.gate.Durable(model, seq)
+	ids := h.step(nspb.Durable{Model: model, Seq: seq})
 	if len(ids) == 0 {
 		return nil
 	}
@@ -224,7 +225,7 @@ func (h *holds) drop(reqID uint64) bool {
 	if r == nil {
 		return false
 	}
-	h.gate.Drop(reqID)
+	h.step(nspb.ReplyDropped{ReqID: reqID})
 	h.remove(r)
 	return true
 }
@@ -237,11 +238,29 @@ func (h *holds) expire(now time.Time) []expiredHold {
 		r := h.byDue[0]
 		err := status.Errorf(codes.DeadlineExceeded, "request %d of service %q: deadline exceeded waiting for durability of %s",
 			r.reqID, r.resp.GetService(), h.missing(r))
-		h.gate.Drop(r.reqID)
+		h.step(nspb.ReplyDropped{ReqID: r.reqID})
 		h.remove(r)
 		out = append(out, expiredHold{reqID: r.reqID, err: err})
 	}
 	return out
+}
+
+// step feeds one event to the reply gate (the gate's one entry for events,
+// as protocol.Machine) and returns the ids of the replies it releases, in
+// the order it releases them.
+func (h *holds) step(ev protocol.Event) []uint64 {
+	acts, err := h.gate.Step(ev)
+	if err != nil {
+		// The gate refuses only an event kind it does not know: a
+		// programming error in this file, never a runtime condition.
+		panic(fmt.Sprintf("frontend: reply gate: %v", err))
+	}
+	rel := protocol.Select[nspb.ReleaseReply](acts)
+	ids := make([]uint64, len(rel))
+	for i, a := range rel {
+		ids[i] = a.ReqID
+	}
+	return ids
 }
 
 // expiredHold is a held reply that passed its deadline.

@@ -20,6 +20,7 @@ import (
 	"github.com/hams-go/hams/internal/run"
 	"github.com/hams-go/hams/internal/tensor"
 	"github.com/hams-go/hams/internal/tracing"
+	"github.com/hams-go/hams/protocol"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -246,7 +247,8 @@ func (b *backupState) rebase(batch, epoch uint64) {
 	pfm, nfm := b.h.Neighbours()
 	b.alg = nspb.NewBackup(b.h.Model(), pfm, nfm, batch-1, 0)
 	for m, seq := range b.pfmDurable {
-		b.alg.Durable(m, seq)
+		// A new machine holds no snapshot: nothing to apply yet.
+		b.step(nspb.Durable{Model: m, Seq: seq})
 	}
 	clear(b.snaps)
 	b.synced, b.syncEpoch = true, epoch
@@ -283,7 +285,19 @@ func (b *backupState) durable(n *hamsv1.DurabilityNotice) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.pfmDurable[n.GetModel()] = max(b.pfmDurable[n.GetModel()], n.GetDurableSeq())
-	b.push(b.alg.Durable(n.GetModel(), n.GetDurableSeq()))
+	b.step(nspb.Durable{Model: n.GetModel(), Seq: n.GetDurableSeq()})
+}
+
+// step feeds one event that cannot be refused (Durable) to the
+// Algorithm 2 machine and queues its actions (caller holds mu); a refusal
+// would be a bug in the machine, logged.
+func (b *backupState) step(ev protocol.Event) {
+	acts, err := b.alg.Step(ev)
+	if err != nil {
+		b.h.Logger().Error("nspb backup refused an event", "event", fmt.Sprint(ev), "err", err)
+		return
+	}
+	b.push(acts)
 }
 
 // handover is what a promotion takes of a backup whose stage stopped: the
@@ -1097,7 +1111,7 @@ func (b *backupState) accept(r *received) (*hamsv1.ShipSnapshotResponse, error) 
 	dup := meta.BatchID <= applied || pending
 	if !dup {
 		b.snaps[meta.BatchID] = r
-		acts, err := b.alg.Snapshot(meta)
+		acts, err := b.alg.Step(nspb.SnapshotReceived{Snapshot: meta})
 		if err != nil {
 			delete(b.snaps, meta.BatchID)
 			b.mu.Unlock()

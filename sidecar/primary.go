@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hams-go/hams/internal/tensor"
+	"github.com/hams-go/hams/protocol"
 	"github.com/hams-go/hams/protocol/nspb"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/sidecar/datapath"
@@ -286,7 +287,9 @@ func (ps *primaryState) executor(ctx context.Context, work <-chan []*datapath.Jo
 		// On demand, ask for a copy whenever the shipper has nothing
 		// waiting: the next snapshot is then as fresh as it can be.
 		if p.onDemand && !p.streaming && !p.pipe.Copying() && !p.pipe.CopyRequested() && ps.ship.Waiting() == 0 {
-			p.do(ctx, p.pipe.RequestCopy())
+			if err := p.step(ctx, nspb.CopyWanted{}); err != nil {
+				return err
+			}
 		}
 		// A folded install that no batch carries soon is issued on its
 		// own: at quiescence the model server holds the last state.
@@ -316,7 +319,9 @@ func (ps *primaryState) executor(ctx context.Context, work <-chan []*datapath.Jo
 				return err
 			}
 		case n := <-ps.ship.acks:
-			p.do(ctx, p.pipe.Acked(n))
+			if err := p.step(ctx, nspb.Acked{Batch: n}); err != nil {
+				return err
+			}
 		case <-ps.ship.appliedC:
 		case <-ps.ship.tookC:
 		case <-spaceC:
@@ -410,13 +415,13 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		} else if v > seen {
 			ps.versionSeen.Store(v)
 		}
-		if id := p.pipe.StartCompute(); id != ev.batch {
-			return fmt.Errorf("pipeline started batch %d, compute ran %d", id, ev.batch)
+		if err := p.step(ctx, nspb.ComputeStarted{Batch: ev.batch}); err != nil {
+			return err
 		}
 		p.pendingInstall = 0 // carried out by this compute
 		p.batches[ev.batch] = p.record(ev)
 		p.computedAt[ev.batch] = time.Now()
-		p.do(ctx, p.pipe.Computed(ev.batch))
+		return p.step(ctx, nspb.Computed{Batch: ev.batch})
 	case evInstalled:
 		p.installing = false
 		ps.h.Metrics().update.Observe(ev.dur.Seconds())
@@ -442,11 +447,11 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 			p.update(ctx, ev.batch, ev.attempt+1)
 			return nil
 		}
-		p.do(ctx, p.pipe.Updated(ev.batch))
+		return p.step(ctx, nspb.Updated{Batch: ev.batch})
 	case evPinned:
 		p.streaming = true
 		ps.h.Metrics().copyPin.Observe(ev.dur.Seconds())
-		p.copied(ctx, ev.batch)
+		return p.copied(ctx, ev.batch)
 	case evCopied:
 		if ev.err != nil {
 			if ev.pinned {
@@ -458,8 +463,7 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 					return fmt.Errorf("copy state after batch %d: %w", ev.batch, ev.err)
 				}
 				ps.h.Logger().Warn("state copy failed after capture, copying again", "batch", ev.batch, "attempt", p.copyFails, "err", ev.err)
-				p.do(ctx, p.pipe.CopyLost(ev.batch))
-				return nil
+				return p.step(ctx, nspb.CopyLost{Batch: ev.batch})
 			}
 			if ev.attempt+1 >= stateOpAttempts || ctx.Err() != nil {
 				return fmt.Errorf("copy state after batch %d: %w", ev.batch, ev.err)
@@ -473,7 +477,9 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 		p.streaming = false
 		sn := p.snapshotOf(ev.batch, ev.state, ev.version)
 		if !ev.pinned {
-			p.copied(ctx, ev.batch)
+			if err := p.copied(ctx, ev.batch); err != nil {
+				return err
+			}
 		}
 		ps.ship.enqueue(sn)
 	}
@@ -482,8 +488,22 @@ func (p *primary) handle(ctx context.Context, ev opDone) error {
 
 // copied tells the pipeline that the copy of the state after batch n is
 // captured (Ship is carried out when its data is complete).
-func (p *primary) copied(ctx context.Context, n uint64) {
-	p.do(ctx, p.pipe.Copied(n))
+func (p *primary) copied(ctx context.Context, n uint64) error {
+	return p.step(ctx, nspb.Copied{Batch: n})
+}
+
+// step feeds one event to the pipeline (its one entry for events, as
+// protocol.Machine) and performs the actions it returns, in order. An
+// event the pipeline refuses (out of order) is a driver bug: the stage
+// stops with the error (and the instance is failed over), nothing is
+// performed.
+func (p *primary) step(ctx context.Context, ev protocol.Event) error {
+	acts, err := p.pipe.Step(ev)
+	if err != nil {
+		p.ps.h.Logger().Error("nspb pipeline refused an event", "event", fmt.Sprint(ev), "err", err)
+		return fmt.Errorf("nspb pipeline: %w", err)
+	}
+	return p.do(ctx, acts)
 }
 
 // snapshotOf builds the snapshot of the state after batch last (a copy
@@ -651,7 +671,7 @@ func (p *primary) record(ev opDone) *computedBatch {
 
 // do performs pipeline actions in order. Ship is handled where the
 // snapshot is built (Copied).
-func (p *primary) do(ctx context.Context, acts []nspb.Action) {
+func (p *primary) do(ctx context.Context, acts []nspb.Action) error {
 	for _, a := range acts {
 		switch a := a.(type) {
 		case nspb.Release:
@@ -669,7 +689,9 @@ func (p *primary) do(ctx context.Context, acts []nspb.Action) {
 					ps.h.Metrics().updateWait.Observe(time.Since(t).Seconds())
 					delete(p.computedAt, a.Batch)
 				}
-				p.do(ctx, p.pipe.Updated(a.Batch))
+				if err := p.step(ctx, nspb.Updated{Batch: a.Batch}); err != nil {
+					return err
+				}
 				continue
 			}
 			p.update(ctx, a.Batch, 0)
@@ -681,6 +703,7 @@ func (p *primary) do(ctx context.Context, acts []nspb.Action) {
 			}
 		}
 	}
+	return nil
 }
 
 // shipCaptured hands the delta snapshot of batch n (its compute's staged

@@ -42,8 +42,10 @@
 // ReplyGate (driven by the frontend's reply gating): ReplyArrived,
 // Durable, ReplyDropped -> ReleaseReply.
 //
-// The direct methods (Computed, Snapshot, Hold, ...) are the same steps;
-// the Pipeline's panic on an out-of-order event where Step returns an
-// error wrapping protocol.ErrOutOfOrder. testdata/figure6.txt under
+// The drivers (the sidecar's primary and backup, the frontend's reply
+// gate) feed events through Step only. The direct methods (Computed,
+// Snapshot, Hold, ...) are the transitions Step dispatches to, kept for
+// this package's table tests; the Pipeline's panic on an out-of-order
+// event where Step returns an error wrapping protocol.ErrOutOfOrder. testdata/figure6.txt under
 // protocol/ is the paper's Figure 6 replayed through these machines.
 package nspb
