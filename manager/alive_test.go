@@ -91,11 +91,7 @@ func heartbeating(t *testing.T, addr string, reg *hamsv1.RegisterRequest, regist
 // registration refused, so its manager client's Run ends with the refusal
 // (its process exits). The backup restored from the starter is synced.
 func TestFalselySuspectedPrimaryRetired(t *testing.T) {
-	fe := startFake(t, &fakeRepl{})
-	fa := startFake(t, &fakeRepl{})
-	fbp := startFake(t, &fakeRepl{})
-	fbb := startFake(t, &fakeRepl{maxSeq: 7, summary: &hamsv1.LineageSummary{Model: "b", MaxOutSeq: 7,
-		MaxInByPred: map[string]uint64{"a": 7, "frontend": 7}}})
+	fe, fa, fbp, fbb := chainFakes(t)
 	st := &fakeStarter{}
 	r := startManager(t, func(c *manager.Config) { c.Starter = st; c.SuspicionTimeout = 300 * time.Millisecond }, nil)
 	ctx := waitCtx(t)
@@ -193,11 +189,7 @@ func TestFalselySuspectedUnreplacedPrimaryReadmitted(t *testing.T) {
 // readmitted and promoted (epoch 2), not retired as a dead backup, which
 // left b without a primary for good.
 func TestReturnedBackupOfADeadPrimaryIsPromoted(t *testing.T) {
-	fe := startFake(t, &fakeRepl{})
-	fa := startFake(t, &fakeRepl{})
-	fbp := startFake(t, &fakeRepl{})
-	fbb := startFake(t, &fakeRepl{maxSeq: 7, summary: &hamsv1.LineageSummary{Model: "b", MaxOutSeq: 7,
-		MaxInByPred: map[string]uint64{"a": 7, "frontend": 7}}})
+	fe, fa, fbp, fbb := chainFakes(t)
 	st := &fakeStarter{}
 	r := startManager(t, func(c *manager.Config) { c.Starter = st; c.SuspicionTimeout = 300 * time.Millisecond }, nil)
 	startClient(t, r.addr, frontendReg("frontend/0", fe.addr))

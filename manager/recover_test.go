@@ -68,6 +68,16 @@ func (f *fakeRepl) snapshot() (promote []*hamsv1.PromoteRequest, md []string, re
 	return append(promote, f.promote...), append(md, f.startMD...), append(resend, f.resend...)
 }
 
+// chainFakes starts the Replication fakes of the test deployment's
+// frontend -> a -> b chain: the frontend, a's active, b's primary, and b's
+// backup, which answers a failover's queries at seq 7.
+func chainFakes(t *testing.T) (fe, fa, fbp, fbb *fakeRepl) {
+	t.Helper()
+	return startFake(t, &fakeRepl{}), startFake(t, &fakeRepl{}), startFake(t, &fakeRepl{}),
+		startFake(t, &fakeRepl{maxSeq: 7, summary: &hamsv1.LineageSummary{Model: "b", MaxOutSeq: 7,
+			MaxInByPred: map[string]uint64{"a": 7, "frontend": 7}}})
+}
+
 func startFake(t *testing.T, f *fakeRepl) *fakeRepl {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -103,11 +103,7 @@ func TestTakeoverTakesPersistedRolesOverOwnEarlierDecisions(t *testing.T) {
 func TestRetiredAfterTakeoverStaysRetired(t *testing.T) {
 	url := startNATS(t)
 	const ttl = 400 * time.Millisecond
-	fe := startFake(t, &fakeRepl{})
-	fa := startFake(t, &fakeRepl{})
-	fbp := startFake(t, &fakeRepl{})
-	fbb := startFake(t, &fakeRepl{maxSeq: 7, summary: &hamsv1.LineageSummary{Model: "b", MaxOutSeq: 7,
-		MaxInByPred: map[string]uint64{"a": 7, "frontend": 7}}})
+	fe, fa, fbp, fbb := chainFakes(t)
 	st := &fakeStarter{}
 	mod := func(id string) func(*manager.Config) {
 		return func(c *manager.Config) {
