@@ -897,7 +897,8 @@ type logMirror struct {
 	// unconfirmed: this process's req_ids whose log write failed, until
 	// their deadline: a record of one delivered later is a request
 	// like another frontend's (writeFailed).
-	unconfirmed map[uint64]time.Time
+	unconfirmed        map[uint64]time.Time
+	unconfirmedSweepAt int // size at which writeFailed next drops expired ids
 }
 
 type answeredAt struct {
@@ -920,10 +921,16 @@ func (m *logMirror) writeFailed(reqID uint64, deadline, now time.Time) {
 	if m == nil {
 		return
 	}
-	for id, d := range m.unconfirmed {
-		if !now.Before(d) {
-			delete(m.unconfirmed, id)
+	// Expired ids are dropped when the map has doubled since the last
+	// sweep: during a NATS outage every request fails its write, and a
+	// sweep per failure would cost the square of them.
+	if len(m.unconfirmed) >= m.unconfirmedSweepAt {
+		for id, d := range m.unconfirmed {
+			if !now.Before(d) {
+				delete(m.unconfirmed, id)
+			}
 		}
+		m.unconfirmedSweepAt = max(64, 2*len(m.unconfirmed))
 	}
 	m.unconfirmed[reqID] = deadline
 }

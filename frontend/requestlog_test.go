@@ -683,3 +683,23 @@ func TestStoredRecordOfAFailedLogWriteIsInjected(t *testing.T) {
 		t.Fatalf("a executed %d times, want 1", n)
 	}
 }
+
+// The ids of failed log writes are kept until their deadline and dropped
+// after it, without a sweep per failure.
+func TestUnconfirmedWritesExpire(t *testing.T) {
+	m := newLogMirror(time.Minute)
+	t0 := time.Unix(1000, 0)
+	for i := range uint64(200) {
+		m.writeFailed(i, t0.Add(time.Second), t0)
+	}
+	if !m.mayBeLogged(7, t0) || m.mayBeLogged(7, t0.Add(time.Second)) || m.mayBeLogged(500, t0) {
+		t.Fatal("mayBeLogged: want true for an id before its deadline only")
+	}
+	later := t0.Add(2 * time.Second)
+	for i := uint64(1000); i < 1400; i++ {
+		m.writeFailed(i, later.Add(time.Second), later)
+	}
+	if len(m.unconfirmed) > 400 {
+		t.Fatalf("%d ids kept: the expired ones were never dropped", len(m.unconfirmed))
+	}
+}

@@ -22,6 +22,17 @@ const backupSyncedMetric = "hams_sidecar_backup_synced"
 // maxMetricsBytes bounds one /metrics body read by UnsyncedBackups.
 const maxMetricsBytes = 8 << 20
 
+// Lacking lists what t lacks for full redundancy, instances first: Missing,
+// or, once every model has its instances, UnsyncedBackups. The backups'
+// metrics are read only then: a scrape per backup costs the cores the
+// deployment serves with, and callers poll this while a fault heals.
+func (d *Deployment) Lacking(ctx context.Context, t *hamsv1.Topology) []string {
+	if m := d.Missing(t); len(m) > 0 {
+		return m
+	}
+	return d.UnsyncedBackups(ctx, t)
+}
+
 // UnsyncedBackups lists the replicated models of t whose live backup has
 // not applied a base from the current primary yet (a new backup, or one
 // chosen again, that would refuse promotion). A live BACKUP placement is

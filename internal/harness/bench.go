@@ -509,7 +509,7 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			if !r.arm.direct() {
 				synced = func() bool {
 					t, err := r.d.Topology(ctx)
-					return err == nil && len(r.d.Missing(t)) == 0 && len(r.d.UnsyncedBackups(ctx, t)) == 0
+					return err == nil && len(r.d.Lacking(ctx, t)) == 0
 				}
 			}
 			w, err := warmUp(ctx, o.warmup, max(o.warmup, steadyWaves*o.batch), o.steadyWarmup, MaxSteadyWarmup, synced, r.run)
@@ -523,6 +523,13 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			r.m0 = scrapeMetrics(benchMetrics(r.d))
 		}
 	}
+	// Every deployment of the run, for the quiet before each round.
+	var deps []*cluster.Deployment
+	for _, r := range runners {
+		if !r.arm.direct() {
+			deps = append(deps, r.d)
+		}
+	}
 	per := (o.requests + o.rounds - 1) / o.rounds
 	for round := range o.rounds {
 		n := min(per, o.requests-round*per)
@@ -530,12 +537,6 @@ func benchService(ctx context.Context, o benchOpts) ([]BenchRow, error) {
 			break
 		}
 		for _, r := range runners {
-			var deps []*cluster.Deployment
-			for _, o := range runners {
-				if !o.arm.direct() {
-					deps = append(deps, o.d)
-				}
-			}
 			settled := settle(ctx, deps, settleLimit)
 			r.settle += settled
 			c0 := sampleCPU(r.d)

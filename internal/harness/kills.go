@@ -368,13 +368,7 @@ func faultNow(ctx context.Context, d *cluster.Deployment, kt *killTracker, kr *k
 					// Not from a check the run's end cut short: every
 					// metrics read then fails, and each backup would be
 					// reported unsynced.
-					// The backups' metrics are read only once
-					// every model has its instances: a scrape
-					// per backup costs the serving cores.
-					lacking = d.Missing(t)
-					if len(lacking) == 0 {
-						lacking = d.UnsyncedBackups(ctx, t)
-					}
+					lacking = d.Lacking(ctx, t)
 					if ctx.Err() == nil {
 						kt.mu.Lock()
 						kr.Unrestored = lacking

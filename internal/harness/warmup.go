@@ -58,8 +58,14 @@ func warmUp(ctx context.Context, n, chunk int, untilSteady bool, limit time.Dura
 	run func(ctx context.Context, n int) (*loadgen.Recorder, time.Duration, error)) (warmupRun, error) {
 	w := warmupRun{Ended: warmupFixed}
 	start := time.Now()
+	// prev: the last run of chunk requests (the first run, of n, is
+	// never compared: it may differ in size and it carries the start-up).
 	var prev time.Duration
-	for k := n; ; k = chunk {
+	for i := 0; ; i++ {
+		k := n
+		if i > 0 {
+			k = chunk
+		}
 		_, el, err := run(ctx, k)
 		w.Requests += k
 		w.Elapsed = time.Since(start)
@@ -69,7 +75,7 @@ func warmUp(ctx context.Context, n, chunk int, untilSteady bool, limit time.Dura
 		if !untilSteady {
 			return w, nil
 		}
-		if k == chunk && steady(prev, el, synced == nil || synced()) {
+		if i > 0 && steady(prev, el, synced == nil || synced()) {
 			w.Ended = warmupSteady
 			return w, nil
 		}
@@ -77,7 +83,7 @@ func warmUp(ctx context.Context, n, chunk int, untilSteady bool, limit time.Dura
 			w.Ended = warmupTimeout
 			return w, nil
 		}
-		if k == chunk {
+		if i > 0 {
 			prev = el
 		}
 	}

@@ -58,6 +58,15 @@ func TestWarmUpUntilSteady(t *testing.T) {
 		t.Fatalf("fixed warm-up = %+v, %v after %d runs; want one run", w, err, calls)
 	}
 
+	// --warmup as large as a chunk: the first run (the start-up) is still
+	// not one of the two compared.
+	durs = []time.Duration{200 * ms, 210 * ms, 205 * ms}
+	calls, checks = 0, syncedAfter
+	w, err = warmUp(context.Background(), 512, 512, true, time.Hour, synced, run)
+	if err != nil || w.Ended != warmupSteady || calls != 3 {
+		t.Fatalf("warm-up with --warmup = chunk: %+v, %v after %d runs; want steady after 3 (the first not compared)", w, err, calls)
+	}
+
 	// A backup that never syncs: the limit ends the warm-up.
 	calls = 0
 	w, err = warmUp(context.Background(), 128, 512, true, 0, func() bool { return false }, run)

@@ -194,17 +194,9 @@ func (m *Machine) failOverToReturnedBackups() []Action {
 // a lost backup, not synced because no primary lived since).
 func (m *Machine) syncedLiveBackup(model string) *hamsv1.Placement {
 	known := m.awaitSync[model]
-	var best *hamsv1.Placement
-	for _, p := range m.topo.GetPlacements() {
-		if p.GetModel() != model || p.GetRole() != hamsv1.Role_ROLE_BACKUP || p.GetSidecarAddress() == "" || !m.live(p) {
-			continue
-		}
-		if known != nil && !known[p.GetComponentId()] {
-			continue // started after the loss, never synced
-		}
-		if best == nil || p.GetEpoch() > best.GetEpoch() {
-			best = p
-		}
-	}
-	return best
+	return m.bestWhere(model, hamsv1.Role_ROLE_BACKUP, func(p *hamsv1.Placement) bool {
+		// known: the backups there were when a new one was asked for;
+		// one started since has not synced.
+		return m.live(p) && (known == nil || known[p.GetComponentId()])
+	})
 }

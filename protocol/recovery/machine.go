@@ -387,6 +387,8 @@ func (m *Machine) newFailover(model string, old *hamsv1.Placement) []Action {
 	// its sync would refuse the promotion.
 	b := m.syncedLiveBackup(model)
 	if b == nil {
+		// A new backup still waiting for its sync: it refuses the
+		// promotion, and the model is reported unrecoverable.
 		b = m.liveBackup(model)
 	}
 	if b == nil {
@@ -1332,12 +1334,15 @@ func (m *Machine) live(p *hamsv1.Placement) bool {
 }
 
 func (m *Machine) best(model string, role hamsv1.Role, onlyLive bool) *hamsv1.Placement {
+	return m.bestWhere(model, role, func(p *hamsv1.Placement) bool { return !onlyLive || m.live(p) })
+}
+
+// bestWhere is the highest-epoch placement of model in role with a sidecar
+// address that keep accepts (the first listed among equals).
+func (m *Machine) bestWhere(model string, role hamsv1.Role, keep func(*hamsv1.Placement) bool) *hamsv1.Placement {
 	var best *hamsv1.Placement
 	for _, p := range m.topo.GetPlacements() {
-		if p.GetModel() != model || p.GetRole() != role || p.GetSidecarAddress() == "" {
-			continue
-		}
-		if onlyLive && !m.live(p) {
+		if p.GetModel() != model || p.GetRole() != role || p.GetSidecarAddress() == "" || !keep(p) {
 			continue
 		}
 		if best == nil || p.GetEpoch() > best.GetEpoch() {
