@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"hash"
 	"io"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/chunkhash"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/refserver/models"
 )
@@ -46,7 +48,47 @@ func (a *runtimeAPI) Describe(ctx context.Context, req *hamsv1.DescribeRequest) 
 	if err != nil {
 		return nil, err
 	}
-	return h.m.Describe(), nil
+	d := h.m.Describe()
+	if d.GetStateBytes() > 0 {
+		d = proto.CloneOf(d) // the model's own description stays as it is
+		d.WriteStateDigests = []string{writeDigestXXH3}
+	}
+	return d, nil
+}
+
+// writeDigestXXH3 is the digest kind (ModelDescription.write_state_digests)
+// of chunkhash's XXH3 tree, each data chunk one range.
+const writeDigestXXH3 = "xxh3"
+
+// writeDigest checks the digest on a WriteState's last chunk against the
+// data chunks received (in stream order): digest when the chunk carries
+// one (its kind must be one this server lists), else sha256. It returns
+// the response's digest fields. what names the write for errors.
+func writeDigest(last *hamsv1.StateChunk, data [][]byte, what string) (*hamsv1.WriteStateResponse, error) {
+	if d := last.GetDigest(); d != "" {
+		if !chunkhash.Is(d) {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: digest %q is of no kind this server takes (%s)", what, d, writeDigestXXH3)
+		}
+		var h chunkhash.XXH3
+		for _, b := range data {
+			_, _ = h.Write(b)
+			h.EndRange()
+		}
+		got := chunkhash.Format(h.Sum64())
+		if d != got {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: digest %q does not match the data (%s)", what, d, got)
+		}
+		return &hamsv1.WriteStateResponse{Digest: got}, nil
+	}
+	h := sha256.New()
+	for _, b := range data {
+		h.Write(b)
+	}
+	got := hex.EncodeToString(h.Sum(nil))
+	if last.GetSha256() != got {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: sha256 %q does not match the data (%s)", what, last.GetSha256(), got)
+	}
+	return &hamsv1.WriteStateResponse{Sha256: got}, nil
 }
 
 func batchOf(req *hamsv1.BatchRequest) *models.Batch {
@@ -220,6 +262,7 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 		return a.writeStateRanges(stream, h, first)
 	}
 	data := make([]byte, 0, info.TotalBytes)
+	var chunks [][]byte // data's chunks as received, for the digest
 	ch := first
 	for {
 		if ch.Offset != uint64(len(data)) && len(ch.Data) > 0 {
@@ -228,7 +271,10 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 		if uint64(len(data)+len(ch.Data)) > info.TotalBytes {
 			return status.Errorf(codes.InvalidArgument, "write state of %q: more than %d bytes", h.name, info.TotalBytes)
 		}
-		data = append(data, ch.Data...)
+		if len(ch.Data) > 0 {
+			data = append(data, ch.Data...)
+			chunks = append(chunks, data[len(data)-len(ch.Data):])
+		}
 		if ch.Last {
 			break
 		}
@@ -243,9 +289,9 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 	if uint64(len(data)) != info.TotalBytes {
 		return status.Errorf(codes.InvalidArgument, "write state of %q: %d of %d bytes", h.name, len(data), info.TotalBytes)
 	}
-	sum := sha(data)
-	if ch.Sha256 != sum {
-		return status.Errorf(codes.InvalidArgument, "write state of %q: sha256 %q does not match the data (%s)", h.name, ch.Sha256, sum)
+	resp, err := writeDigest(ch, chunks, fmt.Sprintf("write state of %q", h.name))
+	if err != nil {
+		return err
 	}
 	var v uint64
 	err = a.s.run(h, "WriteState", func() error {
@@ -257,7 +303,8 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 		return err
 	}
 	a.s.log.Debug("state written", "model", h.name, "version", v, "bytes", len(data))
-	return stream.SendAndClose(&hamsv1.WriteStateResponse{StateVersion: v, Sha256: sum})
+	resp.StateVersion = v
+	return stream.SendAndClose(resp)
 }
 
 // writeStateRanges serves a partial WriteState: data chunks at any offsets
@@ -266,7 +313,7 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServer, h *hosted, first *hamsv1.StateChunk) error {
 	var (
 		ranges []models.Range
-		sum    = sha256.New()
+		chunks [][]byte // the ranges' data as received, for the digest
 		bytes  uint64
 	)
 	ch := first
@@ -275,7 +322,7 @@ func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServe
 			if bytes += uint64(len(ch.Data)); bytes > 2*first.TotalBytes+maxChunk {
 				return status.Errorf(codes.InvalidArgument, "partial write state of %q: more data than the state could take", h.name)
 			}
-			sum.Write(ch.Data)
+			chunks = append(chunks, ch.Data)
 			ranges = append(ranges, models.Range{Off: ch.Offset, Data: ch.Data})
 		}
 		if ch.Last {
@@ -290,12 +337,12 @@ func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServe
 			return err
 		}
 	}
-	got := hex.EncodeToString(sum.Sum(nil))
-	if ch.Sha256 != got {
-		return status.Errorf(codes.InvalidArgument, "partial write state of %q: sha256 %q does not match the data (%s)", h.name, ch.Sha256, got)
+	resp, err := writeDigest(ch, chunks, fmt.Sprintf("partial write state of %q", h.name))
+	if err != nil {
+		return err
 	}
 	var v uint64
-	err := a.s.run(h, "WriteState", func() error {
+	err = a.s.run(h, "WriteState", func() error {
 		var err error
 		v, err = h.m.WriteStateRanges(first.BaseVersion, first.StateVersion, ranges)
 		return err
@@ -304,7 +351,8 @@ func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServe
 		return err
 	}
 	a.s.log.Debug("state ranges written", "model", h.name, "version", v, "ranges", len(ranges), "bytes", bytes)
-	return stream.SendAndClose(&hamsv1.WriteStateResponse{StateVersion: v, Sha256: got})
+	resp.StateVersion = v
+	return stream.SendAndClose(resp)
 }
 
 func (a *runtimeAPI) StateHandles(ctx context.Context, req *hamsv1.StateHandlesRequest) (*hamsv1.StateHandlesResponse, error) {

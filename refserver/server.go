@@ -2,8 +2,6 @@ package refserver
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -334,9 +332,4 @@ func (s *Server) infer(ctx context.Context, h *hosted, method string, ins []*ham
 		return nil, err
 	}
 	return res.Outputs, nil
-}
-
-func sha(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
 }

@@ -1,16 +1,14 @@
 package sidecar
 
 import (
-	"encoding/binary"
-	"strconv"
 	"strings"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/zeebo/xxh3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/chunkhash"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -63,7 +61,7 @@ const (
 // aeadDigest is the digest of a snapshot the TLS connection's AEAD
 // checks.
 const (
-	xxh3Prefix = "xxh3:"
+	xxh3Prefix = chunkhash.Prefix
 	aeadDigest = "aead:"
 )
 
@@ -96,68 +94,16 @@ type xxh64Hash struct{ *xxhash.Digest }
 
 func (xxh64Hash) EndRange() {}
 
-// wireChunk is the chunk of an XXH3 wire digest.
-const wireChunk = 64 << 10
-
-// chunkXXH3 is the XXH3 wire digest: each range is cut into chunks of
-// wireChunk bytes from its start (the last one shorter), each chunk is
-// hashed with one-shot XXH3-64, and the digest is the XXH3-64 of those
-// sums (little-endian, in order). The one-shot hash reads the chunk where
-// it lies: zeebo/xxh3's streaming Hasher copies every byte after its
-// first Write through a 1 KiB buffer (a memmove per hashed byte, 20% of
-// the bulk stream's CPU in a profile). Only a chunk that a Write leaves
-// unfinished is copied (at most wireChunk-1 bytes, at a range's or a
-// state tensor's end).
-type chunkXXH3 struct {
-	sums []byte
-	part []byte // the current range's unfinished chunk
-}
-
-func (c *chunkXXH3) Write(p []byte) (int, error) {
-	n := len(p)
-	if len(c.part) > 0 {
-		k := min(len(p), wireChunk-len(c.part))
-		c.part = append(c.part, p[:k]...)
-		p = p[k:]
-		if len(c.part) == wireChunk {
-			c.emit(c.part)
-			c.part = c.part[:0]
-		}
-	}
-	for len(p) >= wireChunk {
-		c.emit(p[:wireChunk])
-		p = p[wireChunk:]
-	}
-	if len(p) > 0 {
-		if c.part == nil {
-			c.part = make([]byte, 0, wireChunk)
-		}
-		c.part = append(c.part, p...)
-	}
-	return n, nil
-}
-
-func (c *chunkXXH3) emit(chunk []byte) {
-	c.sums = binary.LittleEndian.AppendUint64(c.sums, xxh3.Hash(chunk))
-}
-
-func (c *chunkXXH3) EndRange() {
-	if len(c.part) > 0 {
-		c.emit(c.part)
-		c.part = c.part[:0]
-	}
-}
-
-func (c *chunkXXH3) Sum64() uint64 {
-	c.EndRange()
-	return xxh3.Hash(c.sums)
-}
+// chunkXXH3 is the XXH3 wire digest (internal/chunkhash): each range is
+// cut into chunks of 64 KiB from its start, each chunk hashed with one-shot
+// XXH3-64, and the digest is the XXH3-64 of those sums.
+type chunkXXH3 = chunkhash.XXH3
 
 // formatWireDigest formats a sum of kind as a state_digest.
 func formatWireDigest(kind, sum uint64) string {
 	switch kind {
 	case digestXXH3:
-		return xxh3Prefix + strconv.FormatUint(sum, 16)
+		return chunkhash.Format(sum)
 	case digestAEAD:
 		return aeadDigest
 	}

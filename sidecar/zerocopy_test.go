@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hams-go/hams/internal/chunkhash"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -389,48 +390,12 @@ func TestMakeNoZero(t *testing.T) {
 	}
 }
 
-// The XXH3 wire digest of a range does not depend on how the writes cut
-// it (the sender writes pieces of bulkPieceBytes, the backup reads
-// pieces of bulkReadBytes), it does depend on where ranges end, and a
-// flipped byte changes it.
-func TestChunkXXH3Splits(t *testing.T) {
-	data := bytesOf(3*wireChunk+12345, 9)
-	sum := func(cuts []int, ends ...int) uint64 {
-		h := newWireHash(digestXXH3)
-		prev := 0
-		for _, c := range append(cuts, len(data)) {
-			_, _ = h.Write(data[prev:c])
-			for _, e := range ends {
-				if e == c {
-					h.EndRange()
-				}
-			}
-			prev = c
-		}
-		h.EndRange()
-		return h.Sum64()
-	}
-	whole := sum(nil)
-	for _, cuts := range [][]int{{1}, {wireChunk - 1, wireChunk + 1}, {100, 200, 2*wireChunk + 7}, {wireChunk, 2 * wireChunk}} {
-		if got := sum(cuts); got != whole {
-			t.Fatalf("writes cut at %v: %x, whole: %x", cuts, got, whole)
-		}
-	}
-	if sum([]int{1000}, 1000) == whole {
-		t.Fatal("a range ending at 1000 hashes as one range")
-	}
-	data[len(data)/2] ^= 1
-	if sum(nil) == whole {
-		t.Fatal("a flipped byte does not change the digest")
-	}
-}
-
 // A snapshot without a digest of its data (digestAEAD) is taken only on
 // a TLS connection: the backup checks its own transport, not the
 // sender's word.
 func TestBulkAEADOnlyOverTLS(t *testing.T) {
 	const n = 1 << 20
-	sn := deltaSnap(1, n, &hamsv1.StateRange{Offset: 4096, Data: bytesOf(3*wireChunk+5, 1)})
+	sn := deltaSnap(1, n, &hamsv1.StateRange{Offset: 4096, Data: bytesOf(3*chunkhash.Chunk+5, 1)})
 	for _, onTLS := range []bool{true, false} {
 		b := newBackupState(testHost(&Config{Model: "a"}, 1<<20), 0)
 		b.setKnown(n)

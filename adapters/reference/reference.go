@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +34,10 @@ type Backend struct {
 	// stateBytes is the model's state size from its last Describe (the
 	// size of a delta region).
 	stateBytes atomic.Uint64
-	delta      deltaRegion
+	// writeXXH3: the server's last Describe said its WriteState takes
+	// chunkhash's XXH3 tree instead of the SHA-256.
+	writeXXH3 atomic.Bool
+	delta     deltaRegion
 }
 
 // New creates a Backend for model over cc (owned by the caller). timeout
@@ -95,6 +99,7 @@ func (b *Backend) Describe(ctx context.Context) (*hamsv1.ModelDescription, error
 	d, err := b.rt.Describe(ctx, &hamsv1.DescribeRequest{Model: b.model})
 	if err == nil {
 		b.stateBytes.Store(d.GetStateBytes())
+		b.writeXXH3.Store(slices.Contains(d.GetWriteStateDigests(), writeDigestXXH3))
 	}
 	return d, b.mapErr("describe", err)
 }

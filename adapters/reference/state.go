@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/chunkhash"
 	"github.com/hams-go/hams/internal/tensor"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
@@ -152,32 +154,30 @@ func (b *Backend) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, vers
 }
 
 // WriteStateDigest is WriteState with the hex SHA-256 of the tensors'
-// bytes known already (digest; "" computes it). The server verifies it
-// against the data it received either way.
+// bytes known already (digest; "" computes it when the SHA-256 is needed).
+// The server verifies the data it received either way: against the
+// XXH3 tree of chunkhash when it takes that (Describe), which costs a
+// tenth of the SHA-256 at both ends, else against the SHA-256.
 func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor, version uint64, digest string) error {
 	ctx, progress, stop := b.streamCtx(ctx)
 	defer stop()
 	specs := make([]*hamsv1.TensorSpec, len(tensors))
+	data := make([][]byte, len(tensors))
 	var total uint64
 	for i, t := range tensors {
 		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
+		data[i] = t.GetData()
 		total += uint64(len(t.GetData()))
 	}
-	sum := digest
-	if sum == "" {
-		h := sha256.New()
-		for _, t := range tensors {
-			h.Write(t.GetData())
-		}
-		sum = hex.EncodeToString(h.Sum(nil))
-	}
+	sum := b.newWriteSum(digest, data)
 	st, err := b.rt.WriteState(ctx)
 	if err != nil {
 		return b.streamErr(ctx, "write state", err)
 	}
 	hdr := &hamsv1.StateChunk{Model: b.model, StateVersion: version, Tensors: specs, TotalBytes: total}
 	if total == 0 {
-		hdr.Last, hdr.Sha256 = true, sum
+		hdr.Last = true
+		sum.seal(hdr)
 	}
 	if err := st.Send(hdr); err != nil {
 		_, err = st.CloseAndRecv()
@@ -185,15 +185,16 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 	}
 	progress()
 	var off uint64
-	for _, t := range tensors {
-		d := t.GetData()
+	for _, d := range data {
 		for len(d) > 0 {
 			k := min(len(d), StateChunkBytes)
 			ch := &hamsv1.StateChunk{Offset: off, Data: d[:k]}
 			off += uint64(k)
 			d = d[k:]
+			sum.chunk(ch.Data)
 			if off == total {
-				ch.Last, ch.Sha256 = true, sum
+				ch.Last = true
+				sum.seal(ch)
 			}
 			if err := st.Send(ch); err != nil {
 				_, err = st.CloseAndRecv()
@@ -204,12 +205,84 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 	}
 	resp, err := st.CloseAndRecv()
 	if err != nil {
-		return b.streamErr(ctx, "write state", err)
+		return b.writeErr(ctx, "write state", sum, err)
 	}
-	if resp.GetSha256() != "" && resp.GetSha256() != sum {
-		return status.Errorf(codes.DataLoss, "reference %s write state: server hashed %s, sent %s", b.model, resp.GetSha256(), sum)
+	return sum.check(resp, b.model, "write state")
+}
+
+// writeDigestXXH3 is the kind of chunkhash's XXH3 tree in
+// ModelDescription.write_state_digests.
+const writeDigestXXH3 = "xxh3"
+
+// writeSum is the digest a WriteState stream carries on its last chunk:
+// the XXH3 tree of chunkhash (each data chunk one range, hashed just
+// before it is sent) when the server takes it, else the SHA-256 of all the
+// data (computed before the stream, or known already).
+type writeSum struct {
+	xxh3 *chunkhash.XXH3 // nil: SHA-256
+	sha  string
+	sent string // what the last chunk carried
+}
+
+// newWriteSum starts the digest of data (the chunks' data in stream
+// order); sha is its SHA-256 when already known ("": computed here if
+// needed).
+func (b *Backend) newWriteSum(sha string, data [][]byte) *writeSum {
+	if b.writeXXH3.Load() {
+		return &writeSum{xxh3: &chunkhash.XXH3{}}
+	}
+	if sha == "" {
+		h := sha256.New()
+		for _, d := range data {
+			h.Write(d)
+		}
+		sha = hex.EncodeToString(h.Sum(nil))
+	}
+	return &writeSum{sha: sha}
+}
+
+// chunk adds the data of one chunk about to be sent.
+func (w *writeSum) chunk(d []byte) {
+	if w.xxh3 != nil && len(d) > 0 {
+		_, _ = w.xxh3.Write(d)
+		w.xxh3.EndRange()
+	}
+}
+
+// seal puts the digest on the last chunk (after its data was added).
+func (w *writeSum) seal(last *hamsv1.StateChunk) {
+	if w.xxh3 != nil {
+		w.sent = chunkhash.Format(w.xxh3.Sum64())
+		last.Digest = w.sent
+		return
+	}
+	w.sent = w.sha
+	last.Sha256 = w.sha
+}
+
+// check compares the digest the server computed with the one sent.
+func (w *writeSum) check(resp *hamsv1.WriteStateResponse, model, what string) error {
+	got := resp.GetSha256()
+	if w.xxh3 != nil {
+		got = resp.GetDigest()
+	}
+	if got != "" && got != w.sent {
+		return status.Errorf(codes.DataLoss, "reference %s %s: server hashed %s, sent %s", model, what, got, w.sent)
 	}
 	return nil
+}
+
+// writeErr maps a failed write. A server that refused the XXH3 digest (an
+// older one restarted behind the same address, say: it answers that the
+// empty sha256 does not match) gets the SHA-256 from the next write on,
+// until a Describe says otherwise.
+func (b *Backend) writeErr(ctx context.Context, what string, sum *writeSum, err error) error {
+	if st, ok := status.FromError(err); ok && sum.xxh3 != nil && st.Code() == codes.InvalidArgument &&
+		(strings.Contains(st.Message(), "digest") || strings.Contains(st.Message(), "sha256")) {
+		b.writeXXH3.Store(false)
+		b.log().Warn("the model server refused the XXH3 digest of a state write; writes carry the SHA-256 from now on", "err", err)
+	}
+	return b.streamErr(ctx, what, err)
 }
 
 // WriteStateRanges patches ranges (StateRange offsets into the
@@ -224,18 +297,19 @@ func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSp
 	if err != nil {
 		return b.streamErr(ctx, "write state ranges", err)
 	}
-	h := sha256.New()
-	for _, r := range ranges {
-		h.Write(r.GetData())
+	data := make([][]byte, len(ranges))
+	for i, r := range ranges {
+		data[i] = r.GetData()
 	}
-	sum := hex.EncodeToString(h.Sum(nil))
+	sum := b.newWriteSum("", data)
 	total, err := tensor.SpecsBytes(specs)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "reference %s write state ranges: %v", b.model, err)
 	}
 	hdr := &hamsv1.StateChunk{Model: b.model, StateVersion: version, TotalBytes: total, Partial: true, BaseVersion: base, Tensors: specs}
 	if len(ranges) == 0 {
-		hdr.Last, hdr.Sha256 = true, sum
+		hdr.Last = true
+		sum.seal(hdr)
 	}
 	if err := st.Send(hdr); err != nil {
 		_, err = st.CloseAndRecv()
@@ -249,8 +323,10 @@ func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSp
 			ch := &hamsv1.StateChunk{Offset: off, Data: d[:k]}
 			off += uint64(k)
 			d = d[k:]
+			sum.chunk(ch.Data)
 			if i == len(ranges)-1 && len(d) == 0 {
-				ch.Last, ch.Sha256 = true, sum
+				ch.Last = true
+				sum.seal(ch)
 			}
 			if err := st.Send(ch); err != nil {
 				_, err = st.CloseAndRecv()
@@ -261,10 +337,10 @@ func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSp
 	}
 	resp, err := st.CloseAndRecv()
 	if err != nil {
-		return b.streamErr(ctx, "write state ranges", err)
+		return b.writeErr(ctx, "write state ranges", sum, err)
 	}
-	if resp.GetSha256() != sum {
-		return status.Errorf(codes.DataLoss, "reference %s write state ranges: server hashed %s, sent %s", b.model, resp.GetSha256(), sum)
+	if resp.GetSha256() == "" && resp.GetDigest() == "" {
+		return status.Errorf(codes.DataLoss, "reference %s write state ranges: the server's answer names no digest of what it received", b.model)
 	}
-	return nil
+	return sum.check(resp, b.model, "write state ranges")
 }

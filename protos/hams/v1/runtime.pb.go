@@ -292,8 +292,11 @@ type ModelDescription struct {
 	StateDelta bool `protobuf:"varint,8,opt,name=state_delta,json=stateDelta,proto3" json:"state_delta,omitempty"`
 	// Compute accepts BatchRequest.install_batch_id.
 	ComputeInstalls bool `protobuf:"varint,9,opt,name=compute_installs,json=computeInstalls,proto3" json:"compute_installs,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The digest kinds WriteState accepts on its last chunk
+	// (StateChunk.digest) instead of the SHA-256: "xxh3".
+	WriteStateDigests []string `protobuf:"bytes,10,rep,name=write_state_digests,json=writeStateDigests,proto3" json:"write_state_digests,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ModelDescription) Reset() {
@@ -387,6 +390,13 @@ func (x *ModelDescription) GetComputeInstalls() bool {
 		return x.ComputeInstalls
 	}
 	return false
+}
+
+func (x *ModelDescription) GetWriteStateDigests() []string {
+	if x != nil {
+		return x.WriteStateDigests
+	}
+	return nil
 }
 
 // BatchRequest carries a batch of requests concatenated along dimension 0:
@@ -839,17 +849,24 @@ func (x *ReadStateRequest) GetChunkBytes() uint32 {
 // any offsets (applied in stream order), total_bytes is still the full
 // state size, and the SHA-256 is of the data bytes in stream order.
 type StateChunk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	StateVersion  uint64                 `protobuf:"varint,2,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
-	Tensors       []*TensorSpec          `protobuf:"bytes,3,rep,name=tensors,proto3" json:"tensors,omitempty"`
-	TotalBytes    uint64                 `protobuf:"varint,4,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	Offset        uint64                 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
-	Last          bool                   `protobuf:"varint,7,opt,name=last,proto3" json:"last,omitempty"`
-	Sha256        string                 `protobuf:"bytes,8,opt,name=sha256,proto3" json:"sha256,omitempty"`
-	Partial       bool                   `protobuf:"varint,9,opt,name=partial,proto3" json:"partial,omitempty"`
-	BaseVersion   uint64                 `protobuf:"varint,10,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Model        string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	StateVersion uint64                 `protobuf:"varint,2,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
+	Tensors      []*TensorSpec          `protobuf:"bytes,3,rep,name=tensors,proto3" json:"tensors,omitempty"`
+	TotalBytes   uint64                 `protobuf:"varint,4,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	Offset       uint64                 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data         []byte                 `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	Last         bool                   `protobuf:"varint,7,opt,name=last,proto3" json:"last,omitempty"`
+	Sha256       string                 `protobuf:"bytes,8,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Partial      bool                   `protobuf:"varint,9,opt,name=partial,proto3" json:"partial,omitempty"`
+	BaseVersion  uint64                 `protobuf:"varint,10,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
+	// A WriteState's last chunk may carry, instead of sha256, a digest of a
+	// kind the model's description lists in write_state_digests:
+	// "xxh3:<hex>", the tree of XXH3-64 sums of internal/chunkhash with
+	// every data chunk's data one range (both ends see the same chunks).
+	// The integrity check between a sidecar and its own model server, at
+	// memory speed; SHA-256 costs 0.5-0.7 ms of CPU per MB at each end.
+	Digest        string `protobuf:"bytes,11,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -954,10 +971,20 @@ func (x *StateChunk) GetBaseVersion() uint64 {
 	return 0
 }
 
+func (x *StateChunk) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
 type WriteStateResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	StateVersion  uint64                 `protobuf:"varint,1,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
-	Sha256        string                 `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	StateVersion uint64                 `protobuf:"varint,1,opt,name=state_version,json=stateVersion,proto3" json:"state_version,omitempty"`
+	// The digest the server computed of what it received: sha256 when the
+	// write carried a SHA-256, digest (same kind) when it carried a digest.
+	Sha256        string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Digest        string `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1002,6 +1029,13 @@ func (x *WriteStateResponse) GetStateVersion() uint64 {
 func (x *WriteStateResponse) GetSha256() string {
 	if x != nil {
 		return x.Sha256
+	}
+	return ""
+}
+
+func (x *WriteStateResponse) GetDigest() string {
+	if x != nil {
+		return x.Digest
 	}
 	return ""
 }
@@ -1205,7 +1239,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\"'\n" +
 	"\x0fDescribeRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"\xc4\x02\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\xf4\x02\n" +
 	"\x10ModelDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1a\n" +
@@ -1217,7 +1251,9 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\rstate_version\x18\a \x01(\x04R\fstateVersion\x12\x1f\n" +
 	"\vstate_delta\x18\b \x01(\bR\n" +
 	"stateDelta\x12)\n" +
-	"\x10compute_installs\x18\t \x01(\bR\x0fcomputeInstalls\"\x89\x02\n" +
+	"\x10compute_installs\x18\t \x01(\bR\x0fcomputeInstalls\x12.\n" +
+	"\x13write_state_digests\x18\n" +
+	" \x03(\tR\x11writeStateDigests\"\x89\x02\n" +
 	"\fBatchRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12'\n" +
 	"\x06inputs\x18\x02 \x03(\v2\x0f.hams.v1.TensorR\x06inputs\x12\x12\n" +
@@ -1252,7 +1288,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x10ReadStateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
 	"\vchunk_bytes\x18\x02 \x01(\rR\n" +
-	"chunkBytes\"\xac\x02\n" +
+	"chunkBytes\"\xc4\x02\n" +
 	"\n" +
 	"StateChunk\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12#\n" +
@@ -1266,10 +1302,12 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x06sha256\x18\b \x01(\tR\x06sha256\x12\x18\n" +
 	"\apartial\x18\t \x01(\bR\apartial\x12!\n" +
 	"\fbase_version\x18\n" +
-	" \x01(\x04R\vbaseVersion\"Q\n" +
+	" \x01(\x04R\vbaseVersion\x12\x16\n" +
+	"\x06digest\x18\v \x01(\tR\x06digest\"i\n" +
 	"\x12WriteStateResponse\x12#\n" +
 	"\rstate_version\x18\x01 \x01(\x04R\fstateVersion\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"+\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x16\n" +
+	"\x06digest\x18\x03 \x01(\tR\x06digest\"+\n" +
 	"\x13StateHandlesRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"\xbc\x01\n" +
 	"\vStateRegion\x12\x16\n" +
