@@ -51,8 +51,48 @@ func (a *runtimeAPI) Describe(ctx context.Context, req *hamsv1.DescribeRequest) 
 	d := h.m.Describe()
 	if d.GetStateBytes() > 0 {
 		d = proto.CloneOf(d) // the model's own description stays as it is
-		d.WriteStateDigests = []string{writeDigestXXH3}
+		d.WriteStateDigests, d.WriteStateRegions = []string{writeDigestXXH3}, true
 	}
+	return d, nil
+}
+
+// writeSource gives a WriteState chunk's data: its own, or, in a write
+// whose first chunk names a region, the next byte_size bytes of that
+// region (pinned until the write ends).
+type writeSource struct {
+	use    *shmUse // nil: data inline
+	region string
+	cursor uint64
+}
+
+func (a *runtimeAPI) openWriteSource(first *hamsv1.StateChunk, model string) (*writeSource, error) {
+	name := first.GetRegion()
+	if name == "" {
+		return &writeSource{}, nil
+	}
+	u, err := a.s.shm.pin(name)
+	if err != nil {
+		return nil, status.Errorf(status.Code(err), "write state of %q from region %q: %s", model, name, status.Convert(err).Message())
+	}
+	return &writeSource{use: u, region: name}, nil
+}
+
+func (w *writeSource) data(ch *hamsv1.StateChunk, model string) ([]byte, error) {
+	if w.use == nil {
+		if ch.GetByteSize() != 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "write state of %q: chunk at %d with byte_size %d but the write names no region", model, ch.GetOffset(), ch.GetByteSize())
+		}
+		return ch.GetData(), nil
+	}
+	if len(ch.GetData()) > 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "write state of %q from region %q: chunk at %d carries %d bytes of data itself", model, w.region, ch.GetOffset(), len(ch.GetData()))
+	}
+	n, left := ch.GetByteSize(), uint64(len(w.use.buf))-w.cursor
+	if n > left {
+		return nil, status.Errorf(codes.InvalidArgument, "write state of %q from region %q: chunk of %d bytes at region offset %d, past its %d bytes", model, w.region, n, w.cursor, len(w.use.buf))
+	}
+	d := w.use.buf[w.cursor : w.cursor+n : w.cursor+n]
+	w.cursor += n
 	return d, nil
 }
 
@@ -258,22 +298,31 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 			return status.Errorf(codes.InvalidArgument, "write state of %q: tensor %d is %v, want %v", h.name, i, t, info.Tensors[i])
 		}
 	}
+	src, err := a.openWriteSource(first, h.name)
+	if err != nil {
+		return err
+	}
+	defer a.s.shm.release(src.use)
 	if first.Partial {
-		return a.writeStateRanges(stream, h, first)
+		return a.writeStateRanges(stream, h, first, src)
 	}
 	data := make([]byte, 0, info.TotalBytes)
 	var chunks [][]byte // data's chunks as received, for the digest
 	ch := first
 	for {
-		if ch.Offset != uint64(len(data)) && len(ch.Data) > 0 {
+		chd, err := src.data(ch, h.name)
+		if err != nil {
+			return err
+		}
+		if ch.Offset != uint64(len(data)) && len(chd) > 0 {
 			return status.Errorf(codes.InvalidArgument, "write state of %q: chunk at offset %d, expected %d", h.name, ch.Offset, len(data))
 		}
-		if uint64(len(data)+len(ch.Data)) > info.TotalBytes {
+		if uint64(len(data)+len(chd)) > info.TotalBytes {
 			return status.Errorf(codes.InvalidArgument, "write state of %q: more than %d bytes", h.name, info.TotalBytes)
 		}
-		if len(ch.Data) > 0 {
-			data = append(data, ch.Data...)
-			chunks = append(chunks, data[len(data)-len(ch.Data):])
+		if len(chd) > 0 {
+			data = append(data, chd...)
+			chunks = append(chunks, data[len(data)-len(chd):])
 		}
 		if ch.Last {
 			break
@@ -310,7 +359,7 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 // writeStateRanges serves a partial WriteState: data chunks at any offsets
 // (applied in stream order) on top of base_version, the SHA-256 of their
 // data on the last chunk.
-func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServer, h *hosted, first *hamsv1.StateChunk) error {
+func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServer, h *hosted, first *hamsv1.StateChunk, src *writeSource) error {
 	var (
 		ranges []models.Range
 		chunks [][]byte // the ranges' data as received, for the digest
@@ -318,17 +367,22 @@ func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServe
 	)
 	ch := first
 	for {
-		if len(ch.Data) > 0 {
-			if bytes += uint64(len(ch.Data)); bytes > 2*first.TotalBytes+maxChunk {
+		chd, err := src.data(ch, h.name)
+		if err != nil {
+			return err
+		}
+		if len(chd) > 0 {
+			if bytes += uint64(len(chd)); bytes > 2*first.TotalBytes+maxChunk {
 				return status.Errorf(codes.InvalidArgument, "partial write state of %q: more data than the state could take", h.name)
 			}
-			chunks = append(chunks, ch.Data)
-			ranges = append(ranges, models.Range{Off: ch.Offset, Data: ch.Data})
+			// From a region, the model copies the ranges while the
+			// region is pinned (patch never keeps a range's bytes).
+			chunks = append(chunks, chd)
+			ranges = append(ranges, models.Range{Off: ch.Offset, Data: chd})
 		}
 		if ch.Last {
 			break
 		}
-		var err error
 		ch, err = stream.Recv()
 		if errors.Is(err, io.EOF) {
 			return status.Errorf(codes.InvalidArgument, "partial write state of %q: stream ended without a last chunk", h.name)

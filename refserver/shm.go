@@ -123,6 +123,19 @@ func (m *shmManager) release(u *shmUse) {
 	unpin(u.r)
 }
 
+// pin returns the window of region name, pinned until release; NotFound
+// when it is not registered or not mapped in this process.
+func (m *shmManager) pin(name string) (*shmUse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.regions[name]
+	if r == nil || r.win == nil {
+		return nil, status.Errorf(codes.NotFound, "Unable to find system shared memory region: '%s'", name)
+	}
+	r.pins.refs++
+	return &shmUse{r: r, buf: r.win}, nil
+}
+
 // writeDelta copies the data of a staged delta back to back into region
 // name from its start and returns each range's size; ok is false (nothing
 // written) when the region is not registered, not mapped here or too

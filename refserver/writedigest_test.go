@@ -7,6 +7,7 @@ import (
 
 	"github.com/hams-go/hams/internal/chunkhash"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
+	"github.com/hams-go/hams/protos/inference"
 )
 
 // chunkDigest is the XXH3 tree of data cut into chunks of chunk bytes,
@@ -119,5 +120,87 @@ func TestWriteStateXXH3Digest(t *testing.T) {
 	w, err = sendWrite(t, e, whole(), chunksOf(data, 1000, 0), func(c *hamsv1.StateChunk) { c.Sha256 = shaHex(data) })
 	if err != nil || w.GetSha256() != shaHex(data) || w.GetDigest() != "" {
 		t.Fatalf("whole write with the sha256: %v, %v", w, err)
+	}
+}
+
+// A WriteState whose header names a registered region takes its data
+// from there, chunk after chunk (whole and partial); an unknown region is
+// NotFound, and a chunk past the region's end, data inline in a region
+// write, and byte_size without a region are InvalidArgument, each
+// changing nothing.
+func TestWriteStateFromRegion(t *testing.T) {
+	e := start(t)
+	ctx := ctxT(t)
+	d, err := e.rt.Describe(ctx, &hamsv1.DescribeRequest{Model: "seq"})
+	if err != nil || !d.GetWriteStateRegions() {
+		t.Fatalf("describe seq: regions %v, %v", d.GetWriteStateRegions(), err)
+	}
+	hdr, data, sum := readState(t, e, "seq", 0)
+	key, reg := shmKey(t, "write", len(data))
+	if _, err := e.ks.SystemSharedMemoryRegister(ctx, &inference.SystemSharedMemoryRegisterRequest{Name: "w", Key: key, ByteSize: uint64(len(data))}); err != nil {
+		t.Fatal(err)
+	}
+	win := reg.Bytes()
+	for i := range data {
+		data[i] ^= byte(i) + 1
+	}
+	copy(win, data)
+	head := func(region string, partial bool, base uint64) *hamsv1.StateChunk {
+		return &hamsv1.StateChunk{Model: "seq", StateVersion: 5, Tensors: hdr.Tensors, TotalBytes: hdr.TotalBytes, Region: region, Partial: partial, BaseVersion: base}
+	}
+	sized := func(offs ...uint64) []*hamsv1.StateChunk {
+		var cs []*hamsv1.StateChunk
+		for i := 0; i+1 < len(offs); i += 2 {
+			cs = append(cs, &hamsv1.StateChunk{Offset: offs[i], ByteSize: offs[i+1]})
+		}
+		return cs
+	}
+	n := uint64(len(data))
+	seal := func(digest string) func(*hamsv1.StateChunk) {
+		return func(c *hamsv1.StateChunk) { c.Digest = digest }
+	}
+	wholeDigest := chunkDigest(data, 1000)
+	_, err = sendWrite(t, e, head("nowhere", false, 0), sized(0, 1000, 1000, n-1000), seal(wholeDigest))
+	wantCode(t, "unknown region", err, codes.NotFound, "nowhere")
+	_, err = sendWrite(t, e, head("w", false, 0), sized(0, 1000, 1000, n), seal(wholeDigest))
+	wantCode(t, "past the region", err, codes.InvalidArgument, "past")
+	inline := []*hamsv1.StateChunk{{Offset: 0, Data: data}}
+	_, err = sendWrite(t, e, head("w", false, 0), inline, seal(chunkDigest(data, len(data))))
+	wantCode(t, "data inline in a region write", err, codes.InvalidArgument, "carries")
+	_, err = sendWrite(t, e, head("", false, 0), sized(0, n), seal(chunkDigest(data, len(data))))
+	wantCode(t, "byte_size without a region", err, codes.InvalidArgument, "no region")
+	if _, _, now := readState(t, e, "seq", 0); now != sum {
+		t.Fatal("a refused write changed the state")
+	}
+
+	// Whole, in chunks of 1000 bytes.
+	var whole []*hamsv1.StateChunk
+	for off := uint64(0); off < n; off += 1000 {
+		whole = append(whole, &hamsv1.StateChunk{Offset: off, ByteSize: min(1000, n-off)})
+	}
+	w, err := sendWrite(t, e, head("w", false, 0), whole, seal(wholeDigest))
+	if err != nil || w.GetDigest() != wholeDigest || w.GetStateVersion() != 5 {
+		t.Fatalf("whole write from the region: %v, %v", w, err)
+	}
+	if _, now, _ := readState(t, e, "seq", 0); string(now) != string(data) {
+		t.Fatal("state after the whole write from the region differs")
+	}
+	// Partial: two ranges back to back at the region's start.
+	copy(win, []byte("0123456789abcdefghijklmn"))
+	var h chunkhash.XXH3
+	for _, p := range [][]byte{win[:12], win[12:24]} {
+		_, _ = h.Write(p)
+		h.EndRange()
+	}
+	p := head("w", true, 5)
+	p.StateVersion = 6
+	w, err = sendWrite(t, e, p, sized(16, 12, 400, 12), seal(chunkhash.Format(h.Sum64())))
+	if err != nil || w.GetStateVersion() != 6 {
+		t.Fatalf("partial write from the region: %v, %v", w, err)
+	}
+	copy(data[16:], "0123456789ab")
+	copy(data[400:], "cdefghijklmn")
+	if _, now, _ := readState(t, e, "seq", 0); string(now) != string(data) {
+		t.Fatal("state after the partial write from the region differs")
 	}
 }

@@ -42,9 +42,15 @@ const deltaRetry = 5 * time.Second
 
 var deltaSeq atomic.Uint64
 
+// deltaRegion is a shared-memory region lent to the model server: the
+// delta region (Compute writes a staged delta into it) or the write
+// region (WriteState reads a state write's data from it, writeregion.go).
 type deltaRegion struct {
-	// mu is held for a whole Compute that lends the region: the server
-	// writes it during the call and the adapter reads it after.
+	// prefix starts the region's name ("hams_delta_", "hams_write_").
+	prefix string
+	// mu is held for a whole call that lends the region: the server
+	// writes (reads) it during the call and the adapter reads (wrote) it
+	// around the call.
 	mu       sync.Mutex
 	disabled bool
 	name     string
@@ -55,11 +61,10 @@ type deltaRegion struct {
 	inUse      bool // the server used the current region at least once
 }
 
-// lend returns the region to name in a Compute of a model whose state is
+// lend returns the region d to name in a call for a model whose state is
 // stateBytes, registering a new one if needed ("" when none can be used
 // now). Caller holds d.mu.
-func (b *Backend) lend(ctx context.Context, stateBytes uint64) string {
-	d := &b.delta
+func (b *Backend) lend(ctx context.Context, d *deltaRegion, stateBytes uint64) string {
 	if d.disabled || stateBytes == 0 {
 		return ""
 	}
@@ -70,43 +75,43 @@ func (b *Backend) lend(ctx context.Context, stateBytes uint64) string {
 		return ""
 	}
 	d.retryAt = time.Now().Add(d.retryEvery)
-	name, m, err := b.registerDelta(ctx, stateBytes)
+	name, m, err := b.registerRegion(ctx, d.prefix, stateBytes)
 	if status.Code(err) == codes.NotFound {
 		// The server cannot open what this host's /dev/shm holds: it
 		// runs on another host (or in another IPC namespace) for good.
 		d.disabled = true
-		b.log().Info("the model server shares no /dev/shm with the sidecar; deltas come inline over gRPC", "err", err)
+		b.log().Info("the model server shares no /dev/shm with the sidecar; state data crosses gRPC", "region", d.prefix, "err", err)
 		return ""
 	}
 	if err != nil {
-		b.log().Warn("delta handoff through shared memory unavailable; deltas come inline", "err", err, "retry_in", d.retryEvery)
+		b.log().Warn("state data through shared memory unavailable; it crosses gRPC", "region", d.prefix, "err", err, "retry_in", d.retryEvery)
 		return ""
 	}
 	d.name, d.m, d.inUse = name, m, false
 	return name
 }
 
-// registerDelta creates a region of size bytes, registers it with the
-// server and unlinks its name.
-func (b *Backend) registerDelta(ctx context.Context, size uint64) (string, *shm.Region, error) {
+// registerRegion creates a region of size bytes named prefix+model,
+// registers it with the server and unlinks its name.
+func (b *Backend) registerRegion(ctx context.Context, prefix string, size uint64) (string, *shm.Region, error) {
 	if size > shm.MaxSize {
 		return "", nil, fmt.Errorf("state of %d bytes: larger than a shared-memory region may be", size)
 	}
 	// One region name per model: a sidecar that replaces a killed one
 	// (same model, same model server) takes the name over, so the server
 	// does not keep the dead one's region mapped for good.
-	name := "hams_delta_" + shm.KeyPart(b.model)
+	name := prefix + shm.KeyPart(b.model)
 	key := fmt.Sprintf("%s_%d_%d", name, os.Getpid(), deltaSeq.Add(1))
 	m, err := shm.Create(key, int(size))
 	if err != nil {
-		return "", nil, fmt.Errorf("create delta region: %w", err)
+		return "", nil, fmt.Errorf("create region %s: %w", name, err)
 	}
 	ctx, cancel := b.ctx(ctx)
 	defer cancel()
 	req := &inference.SystemSharedMemoryRegisterRequest{Name: name, Key: key, ByteSize: size}
 	_, err = b.ks.SystemSharedMemoryRegister(ctx, req)
 	if status.Code(err) == codes.AlreadyExists {
-		b.unregisterDelta(ctx, name)
+		b.unregisterRegion(ctx, name)
 		_, err = b.ks.SystemSharedMemoryRegister(ctx, req)
 	}
 	// Registered or not, the object's name is no longer needed: the
@@ -114,25 +119,24 @@ func (b *Backend) registerDelta(ctx context.Context, size uint64) (string, *shm.
 	_ = shm.Unlink(key)
 	if err != nil {
 		_ = m.Close()
-		return "", nil, fmt.Errorf("register delta region %s (key %s, %d bytes) with the model server: %w", name, key, size, err)
+		return "", nil, fmt.Errorf("register region %s (key %s, %d bytes) with the model server: %w", name, key, size, err)
 	}
 	return name, m, nil
 }
 
-// dropDelta forgets the current region (the server no longer uses it);
-// caller holds d.mu.
-func (b *Backend) dropDelta(ctx context.Context) {
-	d := &b.delta
+// drop forgets region d (the server no longer uses it); caller holds
+// d.mu.
+func (b *Backend) drop(ctx context.Context, d *deltaRegion) {
 	if d.m == nil {
 		return
 	}
-	b.unregisterDelta(ctx, d.name)
+	b.unregisterRegion(ctx, d.name)
 	_ = d.m.Close()
 	d.m, d.name = nil, ""
 	d.retryAt = time.Now().Add(d.retryEvery)
 }
 
-func (b *Backend) unregisterDelta(ctx context.Context, name string) {
+func (b *Backend) unregisterRegion(ctx context.Context, name string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, _ = b.ks.SystemSharedMemoryUnregister(ctx, &inference.SystemSharedMemoryUnregisterRequest{Name: name})
@@ -181,14 +185,13 @@ func deltaTotal(sizes []uint64, win uint64) (uint64, error) {
 	return total, nil
 }
 
-// closeDelta unregisters and unmaps the region (Close).
-func (b *Backend) closeDelta() {
-	d := &b.delta
+// closeRegion unregisters and unmaps region d (Close).
+func (b *Backend) closeRegion(d *deltaRegion) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.disabled = true
 	if d.m != nil {
-		b.unregisterDelta(context.Background(), d.name)
+		b.unregisterRegion(context.Background(), d.name)
 		_ = d.m.Close()
 		d.m, d.name = nil, ""
 	}

@@ -37,7 +37,12 @@ type Backend struct {
 	// writeXXH3: the server's last Describe said its WriteState takes
 	// chunkhash's XXH3 tree instead of the SHA-256.
 	writeXXH3 atomic.Bool
-	delta     deltaRegion
+	// writeRegions: the server's last Describe said its WriteState takes
+	// data from a shared-memory region (writeregion.go).
+	writeRegions atomic.Bool
+	// delta: the region Compute's deltas come back in; write: the one
+	// state writes go out in.
+	delta, write deltaRegion
 }
 
 // New creates a Backend for model over cc (owned by the caller). timeout
@@ -48,17 +53,20 @@ type Backend struct {
 func New(cc grpc.ClientConnInterface, model string, timeout time.Duration) *Backend {
 	rc := grpcretry.Idempotent(cc, grpcretry.DefaultAttempts, hamsv1.ModelRuntime_Describe_FullMethodName, hamsv1.ModelRuntime_Health_FullMethodName)
 	b := &Backend{rt: hamsv1.NewModelRuntimeClient(rc), ks: inference.NewGRPCInferenceServiceClient(cc), model: model, timeout: timeout}
-	b.delta.retryEvery = deltaRetry
+	b.delta.retryEvery, b.delta.prefix = deltaRetry, "hams_delta_"
+	b.write.retryEvery, b.write.prefix = deltaRetry, "hams_write_"
 	return b
 }
 
-// WithoutDeltaRegion makes Compute take deltas inline (over gRPC) only,
-// never through a shared-memory region; for a model server that shares
-// no /dev/shm with the sidecar. It returns b.
+// WithoutDeltaRegion makes Compute take deltas and WriteState send state
+// inline (over gRPC) only, never through a shared-memory region; for a
+// model server that shares no /dev/shm with the sidecar. It returns b.
 func (b *Backend) WithoutDeltaRegion() *Backend {
-	b.delta.mu.Lock()
-	b.delta.disabled = true
-	b.delta.mu.Unlock()
+	for _, d := range []*deltaRegion{&b.delta, &b.write} {
+		d.mu.Lock()
+		d.disabled = true
+		d.mu.Unlock()
+	}
 	return b
 }
 
@@ -100,6 +108,7 @@ func (b *Backend) Describe(ctx context.Context) (*hamsv1.ModelDescription, error
 	if err == nil {
 		b.stateBytes.Store(d.GetStateBytes())
 		b.writeXXH3.Store(slices.Contains(d.GetWriteStateDigests(), writeDigestXXH3))
+		b.writeRegions.Store(d.GetWriteStateRegions())
 	}
 	return d, b.mapErr("describe", err)
 }
@@ -132,7 +141,8 @@ func (b *Backend) Health(ctx context.Context) error {
 // Close unregisters the delta region, if any (the connection belongs to
 // the caller).
 func (b *Backend) Close() error {
-	b.closeDelta()
+	b.closeRegion(&b.delta)
+	b.closeRegion(&b.write)
 	return nil
 }
 

@@ -38,7 +38,7 @@ func (b *Backend) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv
 	d := &b.delta
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	req.DeltaRegion = b.lend(ctx, b.stateBytes.Load())
+	req.DeltaRegion = b.lend(ctx, d, b.stateBytes.Load())
 	defer func() { req.DeltaRegion = "" }()
 	cctx, cancel := b.ctx(ctx)
 	defer cancel()
@@ -55,7 +55,7 @@ func (b *Backend) Compute(ctx context.Context, req *hamsv1.BatchRequest) (*hamsv
 		// Inline although a region was lent: the server lost it (a
 		// restart) or cannot use it; register a new one later.
 		b.log().Warn("model server answered a delta inline instead of in the lent region", "region", req.DeltaRegion, "used_before", d.inUse)
-		b.dropDelta(ctx)
+		b.drop(ctx, d)
 	}
 	return resp, nil
 }
@@ -159,22 +159,28 @@ func (b *Backend) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, vers
 // XXH3 tree of chunkhash when it takes that (Describe), which costs a
 // tenth of the SHA-256 at both ends, else against the SHA-256.
 func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor, version uint64, digest string) error {
-	ctx, progress, stop := b.streamCtx(ctx)
-	defer stop()
 	specs := make([]*hamsv1.TensorSpec, len(tensors))
-	data := make([][]byte, len(tensors))
+	offs, data := make([]uint64, len(tensors)), make([][]byte, len(tensors))
 	var total uint64
 	for i, t := range tensors {
 		specs[i] = &hamsv1.TensorSpec{Name: t.GetName(), Datatype: t.GetDatatype(), Shape: t.GetShape()}
-		data[i] = t.GetData()
+		offs[i], data[i] = total, t.GetData()
 		total += uint64(len(t.GetData()))
 	}
+	header := func() *hamsv1.StateChunk {
+		return &hamsv1.StateChunk{Model: b.model, StateVersion: version, Tensors: specs, TotalBytes: total}
+	}
+	if used, err := b.writeViaRegion(ctx, "write state", header(), offs, data); used {
+		return err
+	}
+	ctx, progress, stop := b.streamCtx(ctx)
+	defer stop()
 	sum := b.newWriteSum(digest, data)
 	st, err := b.rt.WriteState(ctx)
 	if err != nil {
 		return b.streamErr(ctx, "write state", err)
 	}
-	hdr := &hamsv1.StateChunk{Model: b.model, StateVersion: version, Tensors: specs, TotalBytes: total}
+	hdr := header()
 	if total == 0 {
 		hdr.Last = true
 		sum.seal(hdr)
@@ -291,22 +297,28 @@ func (b *Backend) writeErr(ctx context.Context, what string, sum *writeSum, err 
 // whose Describe has state_delta). FailedPrecondition when the installed
 // version is not base.
 func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSpec, base, version uint64, ranges []*hamsv1.StateRange) error {
+	total, err := tensor.SpecsBytes(specs)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "reference %s write state ranges: %v", b.model, err)
+	}
+	header := func() *hamsv1.StateChunk {
+		return &hamsv1.StateChunk{Model: b.model, StateVersion: version, TotalBytes: total, Partial: true, BaseVersion: base, Tensors: specs}
+	}
+	offs, data := make([]uint64, len(ranges)), make([][]byte, len(ranges))
+	for i, r := range ranges {
+		offs[i], data[i] = r.GetOffset(), r.GetData()
+	}
+	if used, err := b.writeViaRegion(ctx, "write state ranges", header(), offs, data); used {
+		return err
+	}
 	ctx, progress, stop := b.streamCtx(ctx)
 	defer stop()
 	st, err := b.rt.WriteState(ctx)
 	if err != nil {
 		return b.streamErr(ctx, "write state ranges", err)
 	}
-	data := make([][]byte, len(ranges))
-	for i, r := range ranges {
-		data[i] = r.GetData()
-	}
 	sum := b.newWriteSum("", data)
-	total, err := tensor.SpecsBytes(specs)
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "reference %s write state ranges: %v", b.model, err)
-	}
-	hdr := &hamsv1.StateChunk{Model: b.model, StateVersion: version, TotalBytes: total, Partial: true, BaseVersion: base, Tensors: specs}
+	hdr := header()
 	if len(ranges) == 0 {
 		hdr.Last = true
 		sum.seal(hdr)

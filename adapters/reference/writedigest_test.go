@@ -15,12 +15,12 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-// lastChunkConn records the last chunk of every WriteState stream sent
-// through it.
+// lastChunkConn records the first and the last chunk of every WriteState
+// stream sent through it.
 type lastChunkConn struct {
 	grpc.ClientConnInterface
-	mu   sync.Mutex
-	last *hamsv1.StateChunk
+	mu          sync.Mutex
+	first, last *hamsv1.StateChunk
 }
 
 func (c *lastChunkConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -37,16 +37,29 @@ func (c *lastChunkConn) lastChunk() *hamsv1.StateChunk {
 	return c.last
 }
 
+func (c *lastChunkConn) firstChunk() *hamsv1.StateChunk {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.first
+}
+
 type lastChunkStream struct {
 	grpc.ClientStream
-	c *lastChunkConn
+	c    *lastChunkConn
+	sent int
 }
 
 func (s *lastChunkStream) SendMsg(m any) error {
-	if ch, ok := m.(*hamsv1.StateChunk); ok && ch.GetLast() {
+	if ch, ok := m.(*hamsv1.StateChunk); ok {
 		s.c.mu.Lock()
-		s.c.last = proto.CloneOf(ch)
+		if s.sent == 0 {
+			s.c.first = proto.CloneOf(ch)
+		}
+		if ch.GetLast() {
+			s.c.last = proto.CloneOf(ch)
+		}
 		s.c.mu.Unlock()
+		s.sent++
 	}
 	return s.ClientStream.SendMsg(m)
 }

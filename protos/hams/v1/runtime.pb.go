@@ -295,6 +295,9 @@ type ModelDescription struct {
 	// The digest kinds WriteState accepts on its last chunk
 	// (StateChunk.digest) instead of the SHA-256: "xxh3".
 	WriteStateDigests []string `protobuf:"bytes,10,rep,name=write_state_digests,json=writeStateDigests,proto3" json:"write_state_digests,omitempty"`
+	// WriteState takes its data from a system shared-memory region the
+	// writer registered (StateChunk.region).
+	WriteStateRegions bool `protobuf:"varint,11,opt,name=write_state_regions,json=writeStateRegions,proto3" json:"write_state_regions,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -397,6 +400,13 @@ func (x *ModelDescription) GetWriteStateDigests() []string {
 		return x.WriteStateDigests
 	}
 	return nil
+}
+
+func (x *ModelDescription) GetWriteStateRegions() bool {
+	if x != nil {
+		return x.WriteStateRegions
+	}
+	return false
 }
 
 // BatchRequest carries a batch of requests concatenated along dimension 0:
@@ -866,7 +876,18 @@ type StateChunk struct {
 	// every data chunk's data one range (both ends see the same chunks).
 	// The integrity check between a sidecar and its own model server, at
 	// memory speed; SHA-256 costs 0.5-0.7 ms of CPU per MB at each end.
-	Digest        string `protobuf:"bytes,11,opt,name=digest,proto3" json:"digest,omitempty"`
+	Digest string `protobuf:"bytes,11,opt,name=digest,proto3" json:"digest,omitempty"`
+	// On a WriteState's first chunk (models whose description has
+	// write_state_regions): the write's data lies in this system
+	// shared-memory region, registered by the writer with
+	// SystemSharedMemoryRegister, instead of in the chunks. Every data chunk
+	// then carries byte_size instead of data, and its bytes follow the
+	// previous chunk's in the region (the first chunk's at the region's
+	// start); the digest is of those bytes, chunk by chunk. The writer
+	// leaves the region alone until the answer. A region the server does
+	// not know is NotFound, and nothing is written.
+	Region        string `protobuf:"bytes,12,opt,name=region,proto3" json:"region,omitempty"`
+	ByteSize      uint64 `protobuf:"varint,13,opt,name=byte_size,json=byteSize,proto3" json:"byte_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -976,6 +997,20 @@ func (x *StateChunk) GetDigest() string {
 		return x.Digest
 	}
 	return ""
+}
+
+func (x *StateChunk) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *StateChunk) GetByteSize() uint64 {
+	if x != nil {
+		return x.ByteSize
+	}
+	return 0
 }
 
 type WriteStateResponse struct {
@@ -1239,7 +1274,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\"'\n" +
 	"\x0fDescribeRequest\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\"\xf4\x02\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\xa4\x03\n" +
 	"\x10ModelDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1a\n" +
@@ -1253,7 +1288,8 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"stateDelta\x12)\n" +
 	"\x10compute_installs\x18\t \x01(\bR\x0fcomputeInstalls\x12.\n" +
 	"\x13write_state_digests\x18\n" +
-	" \x03(\tR\x11writeStateDigests\"\x89\x02\n" +
+	" \x03(\tR\x11writeStateDigests\x12.\n" +
+	"\x13write_state_regions\x18\v \x01(\bR\x11writeStateRegions\"\x89\x02\n" +
 	"\fBatchRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12'\n" +
 	"\x06inputs\x18\x02 \x03(\v2\x0f.hams.v1.TensorR\x06inputs\x12\x12\n" +
@@ -1288,7 +1324,7 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\x10ReadStateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
 	"\vchunk_bytes\x18\x02 \x01(\rR\n" +
-	"chunkBytes\"\xc4\x02\n" +
+	"chunkBytes\"\xf9\x02\n" +
 	"\n" +
 	"StateChunk\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12#\n" +
@@ -1303,7 +1339,9 @@ const file_hams_v1_runtime_proto_rawDesc = "" +
 	"\apartial\x18\t \x01(\bR\apartial\x12!\n" +
 	"\fbase_version\x18\n" +
 	" \x01(\x04R\vbaseVersion\x12\x16\n" +
-	"\x06digest\x18\v \x01(\tR\x06digest\"i\n" +
+	"\x06digest\x18\v \x01(\tR\x06digest\x12\x16\n" +
+	"\x06region\x18\f \x01(\tR\x06region\x12\x1b\n" +
+	"\tbyte_size\x18\r \x01(\x04R\bbyteSize\"i\n" +
 	"\x12WriteStateResponse\x12#\n" +
 	"\rstate_version\x18\x01 \x01(\x04R\fstateVersion\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x16\n" +
