@@ -48,6 +48,10 @@ import (
 // at the primary; a growing zeroed buffer per range at the backup);
 // after: the shipper's sendBulk and the backup's snapshotSink.
 //
+// unbatched (tls only): after, with every TLS record written and read
+// with a system call of its own (recordBatcher and readBatcher off), as
+// before the records were gathered.
+//
 // tls: the same over TLS 1.3 (hams bench's default transport), both
 // ends wrapping the connection after the magic as the sidecars do (the
 // certificate here is a self-signed one, without the identity checks);
@@ -57,9 +61,16 @@ func BenchmarkShipDelta(b *testing.B) {
 	for _, tr := range []string{"tcp", "tls"} {
 		for _, mib := range []int{4, 16, 64} {
 			sn, state := benchDelta(mib << 20)
-			for _, v := range []string{"before", "after"} {
+			for _, v := range []string{"before", "after", "unbatched"} {
+				if v == "unbatched" && tr != "tls" {
+					continue
+				}
 				b.Run(fmt.Sprintf("%s/%s/%dMiB", tr, v, mib), func(b *testing.B) {
-					runShipBench(b, v == "after", tr == "tls", sn, state)
+					if v == "unbatched" {
+						batchRecords = false
+						defer func() { batchRecords = true }()
+					}
+					runShipBench(b, v != "before", tr == "tls", sn, state)
 				})
 			}
 		}
@@ -159,7 +170,7 @@ func runShipBench(b *testing.B, after, useTLS bool, sn *snapshot, stateBytes uin
 		}
 		if useTLS {
 			srv, _ := benchTLS()
-			c = tls.Server(c, srv)
+			c = tls.Server(newReadBatcher(c), srv) // as bulkHandshake
 		}
 		br := bufio.NewReaderSize(c, 64<<10)
 		bw := bufio.NewWriterSize(c, 4<<10)
@@ -292,15 +303,25 @@ type magicThenTLS struct {
 	net.Conn
 	cfg *tls.Config
 	tc  *tls.Conn
+	rb  *recordBatcher
 }
 
 func (m *magicThenTLS) Write(p []byte) (int, error) {
 	if m.tc == nil {
-		m.tc = tls.Client(m.Conn, m.cfg)
-		return m.Conn.Write(p)
+		m.rb = &recordBatcher{Conn: m.Conn}
+		m.tc = tls.Client(m.rb, m.cfg)
+		n, err := m.Conn.Write(p)
+		if err == nil {
+			err = m.tc.Handshake() // before any batched write, as bulkTo does
+		}
+		return n, err
 	}
 	return m.tc.Write(p)
 }
+
+// recordBatcher lets the shipper gather the records of a flush, as over
+// its own TLS client (bulkTo).
+func (m *magicThenTLS) recordBatcher() *recordBatcher { return m.rb }
 
 func (m *magicThenTLS) Read(p []byte) (int, error) { return m.tc.Read(p) }
 
