@@ -356,9 +356,9 @@ func (a *runtimeAPI) WriteState(stream hamsv1.ModelRuntime_WriteStateServer) err
 	return stream.SendAndClose(resp)
 }
 
-// writeStateRanges serves a partial WriteState: data chunks at any offsets
-// (applied in stream order) on top of base_version, the SHA-256 of their
-// data on the last chunk.
+// writeStateRanges serves a partial WriteState: data chunks (inline or
+// from src's region) at any offsets, applied in stream order on top of
+// base_version, the digest of their data on the last chunk.
 func (a *runtimeAPI) writeStateRanges(stream hamsv1.ModelRuntime_WriteStateServer, h *hosted, first *hamsv1.StateChunk, src *writeSource) error {
 	var (
 		ranges []models.Range
