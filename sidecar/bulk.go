@@ -610,8 +610,8 @@ func newReadBatcher(c net.Conn) net.Conn {
 
 func (r *readBatcher) Read(p []byte) (int, error) { return r.r.Read(p) }
 
-// batchRecords turns recordBatcher and readBatcher on (a var for BenchmarkShipDelta's
-// unbatched rows).
+// batchRecords turns recordBatcher and readBatcher on (a var for
+// BenchmarkShipDelta's unbatched rows).
 var batchRecords = true
 
 func (r *recordBatcher) start() {
