@@ -109,12 +109,7 @@ func writeDigest(last *hamsv1.StateChunk, data [][]byte, what string) (*hamsv1.W
 		if !chunkhash.Is(d) {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: digest %q is of no kind this server takes (%s)", what, d, writeDigestXXH3)
 		}
-		var h chunkhash.XXH3
-		for _, b := range data {
-			_, _ = h.Write(b)
-			h.EndRange()
-		}
-		got := chunkhash.Format(h.Sum64())
+		got := chunkhash.Format(chunkhash.SumRanges(data))
 		if d != got {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: digest %q does not match the data (%s)", what, d, got)
 		}

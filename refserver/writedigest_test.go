@@ -13,12 +13,11 @@ import (
 // chunkDigest is the XXH3 tree of data cut into chunks of chunk bytes,
 // each chunk one range (what a WriteState of those chunks carries).
 func chunkDigest(data []byte, chunk int) string {
-	var h chunkhash.XXH3
+	var parts [][]byte
 	for off := 0; off < len(data); off += chunk {
-		_, _ = h.Write(data[off:min(off+chunk, len(data))])
-		h.EndRange()
+		parts = append(parts, data[off:min(off+chunk, len(data))])
 	}
-	return chunkhash.Format(h.Sum64())
+	return chunkhash.Format(chunkhash.SumRanges(parts))
 }
 
 // sendWrite streams a WriteState: hdr, then chunks, the last sealed by
@@ -99,12 +98,7 @@ func TestWriteStateXXH3Digest(t *testing.T) {
 	part := &hamsv1.StateChunk{Model: "seq", StateVersion: 8, Tensors: hdr.Tensors, TotalBytes: hdr.TotalBytes, Partial: true, BaseVersion: 7}
 	r1, r2 := []byte("0123456789ab"), []byte("abcdefgh") // FP32-aligned
 	ranges := []*hamsv1.StateChunk{{Offset: 16, Data: r1}, {Offset: 400, Data: r2}}
-	var h chunkhash.XXH3
-	for _, r := range ranges {
-		_, _ = h.Write(r.Data)
-		h.EndRange()
-	}
-	pd := chunkhash.Format(h.Sum64())
+	pd := chunkhash.Format(chunkhash.SumRanges([][]byte{r1, r2}))
 	_, err = sendWrite(t, e, part, []*hamsv1.StateChunk{{Offset: 16, Data: r1}, {Offset: 400, Data: r2}}, func(c *hamsv1.StateChunk) { c.Digest = chunkDigest(append(append([]byte{}, r1...), r2...), 1<<20) })
 	wantCode(t, "partial, ranges hashed as one", err, codes.InvalidArgument, "digest")
 	w, err = sendWrite(t, e, part, ranges, func(c *hamsv1.StateChunk) { c.Digest = pd })
@@ -187,14 +181,9 @@ func TestWriteStateFromRegion(t *testing.T) {
 	}
 	// Partial: two ranges back to back at the region's start.
 	copy(win, []byte("0123456789abcdefghijklmn"))
-	var h chunkhash.XXH3
-	for _, p := range [][]byte{win[:12], win[12:24]} {
-		_, _ = h.Write(p)
-		h.EndRange()
-	}
 	p := head("w", true, 5)
 	p.StateVersion = 6
-	w, err = sendWrite(t, e, p, sized(16, 12, 400, 12), seal(chunkhash.Format(h.Sum64())))
+	w, err = sendWrite(t, e, p, sized(16, 12, 400, 12), seal(chunkhash.Format(chunkhash.SumRanges([][]byte{win[:12], win[12:24]}))))
 	if err != nil || w.GetStateVersion() != 6 {
 		t.Fatalf("partial write from the region: %v, %v", w, err)
 	}

@@ -456,20 +456,22 @@ func (sh *shipper) bulkTo(ctx context.Context, addr string) (*bulkClient, error)
 		_ = c.Close()
 		return nil, fmt.Errorf("open bulk stream to %s: %w", addr, err)
 	}
+	cfg := sh.bulkTLS
+	if tlsSrc := sh.h.TLS(); cfg == nil && tlsSrc != nil {
+		cfg = tlsSrc.ClientConfig()
+	}
 	var batch *recordBatcher
-	if tlsSrc := sh.h.TLS(); tlsSrc != nil {
+	if cfg != nil {
 		batch = &recordBatcher{Conn: c}
-		tc := tls.Client(batch, tlsSrc.ClientConfig())
+		tc := tls.Client(batch, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = c.Close()
 			return nil, fmt.Errorf("bulk stream TLS handshake with %s: %w", addr, err)
 		}
 		c = tc
-	} else if rb, ok := c.(interface{ recordBatcher() *recordBatcher }); ok {
-		batch = rb.recordBatcher() // a dialer that layers TLS itself (tests)
 	}
 	_ = c.SetDeadline(time.Time{})
-	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), small: make([]byte, 0, 1<<10), tls: sh.h.TLS() != nil, batch: batch}
+	bc := &bulkClient{addr: addr, c: c, br: bufio.NewReaderSize(c, 4<<10), small: make([]byte, 0, 1<<10), tls: cfg != nil, batch: batch}
 	if sh.bulk != nil {
 		bc.vec, bc.small = sh.bulk.vec[:0], sh.bulk.small[:0]
 	}

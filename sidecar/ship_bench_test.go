@@ -205,14 +205,14 @@ func runShipBench(b *testing.B, after, useTLS bool, sn *snapshot, stateBytes uin
 	}()
 	sh := &shipper{h: testHost(&Config{Model: "a"}, 0)}
 	addr := lis.Addr().String()
-	// dial: the bulk connection, after the magic in plaintext.
+	// dial: the bulk connection of the before path, after the magic in
+	// plaintext (the after path layers TLS itself: bulkTo).
 	dial := func(ctx context.Context, addr string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	}
 	if useTLS {
-		// The shipper writes the magic itself: over TLS here (the
-		// backup reads it before the handshake in the sidecar).
 		_, cli := benchTLS()
+		sh.bulkTLS = cli
 		dial = func(ctx context.Context, addr string) (net.Conn, error) {
 			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 			if err != nil {
@@ -221,7 +221,6 @@ func runShipBench(b *testing.B, after, useTLS bool, sn *snapshot, stateBytes uin
 			return &magicThenTLS{Conn: c, cfg: cli}, nil
 		}
 	}
-	sh.bulkDial = dial
 	src, dst := bigmem.Prefaulted(int(sn.header.GetDeltaBytes())), bigmem.Prefaulted(int(sn.header.GetDeltaBytes()))
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -237,9 +236,6 @@ func runShipBench(b *testing.B, after, useTLS bool, sn *snapshot, stateBytes uin
 		t0 := threadCPU()
 		if after {
 			_, err = sh.sendBulk(ctx, addr, sn)
-			if sh.bulk != nil {
-				sh.bulk.tls = useTLS // TLS is the dialer's here, not cfg.TLS
-			}
 		} else {
 			if old == nil {
 				old, err = dialBefore(ctx, dial, addr, useTLS)
@@ -303,25 +299,15 @@ type magicThenTLS struct {
 	net.Conn
 	cfg *tls.Config
 	tc  *tls.Conn
-	rb  *recordBatcher
 }
 
 func (m *magicThenTLS) Write(p []byte) (int, error) {
 	if m.tc == nil {
-		m.rb = &recordBatcher{Conn: m.Conn}
-		m.tc = tls.Client(m.rb, m.cfg)
-		n, err := m.Conn.Write(p)
-		if err == nil {
-			err = m.tc.Handshake() // before any batched write, as bulkTo does
-		}
-		return n, err
+		m.tc = tls.Client(m.Conn, m.cfg)
+		return m.Conn.Write(p)
 	}
 	return m.tc.Write(p)
 }
-
-// recordBatcher lets the shipper gather the records of a flush, as over
-// its own TLS client (bulkTo).
-func (m *magicThenTLS) recordBatcher() *recordBatcher { return m.rb }
 
 func (m *magicThenTLS) Read(p []byte) (int, error) { return m.tc.Read(p) }
 

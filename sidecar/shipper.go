@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"slices"
@@ -101,9 +102,11 @@ type shipper struct {
 	// dialOptions are appended to grpcx.DialOptions (tests).
 	dialOptions []grpc.DialOption
 	// bulk is the bulk stream to the backup (run goroutine only);
-	// bulkDial, when set, opens its connections (tests).
+	// bulkDial, when set, opens its connections, and bulkTLS, when set,
+	// is their TLS client configuration instead of the host's (tests).
 	bulk     *bulkClient
 	bulkDial func(ctx context.Context, addr string) (net.Conn, error)
+	bulkTLS  *tls.Config
 }
 
 func newShipper(h Host) *shipper {

@@ -156,8 +156,8 @@ func (b *Backend) WriteState(ctx context.Context, tensors []*hamsv1.Tensor, vers
 // WriteStateDigest is WriteState with the hex SHA-256 of the tensors'
 // bytes known already (digest; "" computes it when the SHA-256 is needed).
 // The server verifies the data it received either way: against the
-// XXH3 tree of chunkhash when it takes that (Describe), which costs a
-// tenth of the SHA-256 at both ends, else against the SHA-256.
+// XXH3 tree of chunkhash when it takes that (Describe; a small fraction
+// of the SHA-256's cost, internal/chunkhash), else against the SHA-256.
 func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor, version uint64, digest string) error {
 	specs := make([]*hamsv1.TensorSpec, len(tensors))
 	offs, data := make([]uint64, len(tensors)), make([][]byte, len(tensors))

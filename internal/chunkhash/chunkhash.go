@@ -3,8 +3,9 @@
 // cryptographic digest is not what is asked for (the data crosses a
 // connection that TLS authenticates, or the loopback between a sidecar
 // and its own model server). It runs at memory speed (one-shot XXH3 of
-// each chunk where it lies: 20-30 GB/s on the development machine, against
-// SHA-256's 1.5-2 GB/s with SHA-NI).
+// each chunk where it lies: 88 GB/s over 16 MiB in cache on the
+// development machine, against crypto/sha256's 2.0 GB/s with SHA-NI, in
+// one run).
 //
 // Sum: each range is cut into chunks of Chunk bytes from its start (the
 // last one shorter); each chunk is hashed with one-shot XXH3-64; the sum is
@@ -77,6 +78,16 @@ func (c *XXH3) EndRange() {
 func (c *XXH3) Sum64() uint64 {
 	c.EndRange()
 	return xxh3.Hash(c.sums)
+}
+
+// SumRanges is the sum of ranges, each its own range.
+func SumRanges(ranges [][]byte) uint64 {
+	var h XXH3
+	for _, r := range ranges {
+		_, _ = h.Write(r)
+		h.EndRange()
+	}
+	return h.Sum64()
 }
 
 // Format is sum as a digest string ("xxh3:<hex>").

@@ -41,6 +41,9 @@ func TestSumIndependentOfWrites(t *testing.T) {
 	if sum([]int{1000}, 1000) == whole {
 		t.Fatal("a range ending at 1000 hashes as one range")
 	}
+	if SumRanges([][]byte{data[:1000], data[1000:]}) != sum([]int{1000}, 1000) {
+		t.Fatal("SumRanges differs from writes that end a range at each of its ranges")
+	}
 	data[len(data)/2] ^= 1
 	if sum(nil) == whole {
 		t.Fatal("a flipped byte does not change the digest")
