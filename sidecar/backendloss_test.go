@@ -304,6 +304,72 @@ func TestBackupWritesBehindAndPromotionFlushes(t *testing.T) {
 	}
 }
 
+// rangeWritesOf counts the range writes a delta counter took (the
+// base's whole write is counted by writes too, once).
+func rangeWritesOf(c *counterBackend) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writes
+}
+
+// At batch 1 every snapshot used to be one write to the backup's model
+// server. Range writes are spaced (rangeWriteSpacing): the snapshots
+// applied in between go out as one write of their merged ranges, and a
+// promotion writes what is still pending, so the promoted model server
+// holds the durable state. Without the spacing (0) every snapshot is a
+// write of its own: the check below sees it.
+func TestBackupSpacesRangeWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		spacing time.Duration
+		spaced  bool
+	}{{"spaced", time.Hour, true}, {"unspaced", 0, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func(d time.Duration) { rangeWriteSpacing = d }(rangeWriteSpacing)
+			rangeWriteSpacing = tc.spacing
+			r := newRig(t, fmt.Sprintf(oneStateful, "nspb"))
+			bbe := newDeltaCounter(8)
+			back := r.start("a", bbe, config.RoleBackup, 1, false, nil)
+			pbe := newDeltaCounter(8)
+			prim := r.start("a", pbe, config.RolePrimary, 1, true, nil)
+			const requests = 10
+			for i := uint64(1); i <= requests; i++ {
+				r.send(i, i)
+				waitFor(t, "the backup applied the request", func() bool { return maxSeqOf(back.sc) == i })
+				if !tc.spaced {
+					// Each write goes before the next request.
+					waitFor(t, "the model server has it", func() bool { return bbe.Digest() == bkStateDigest(back.sc) })
+				}
+			}
+			waitFor(t, "the primary installed what the backup applied", func() bool { return pbe.Digest() == bkStateDigest(back.sc) })
+			// base (whole) + the first range write, then all held.
+			writes := rangeWritesOf(bbe)
+			if tc.spaced && writes > 2 {
+				t.Fatalf("%d writes for %d snapshots with range writes spaced by %v", writes, requests, tc.spacing)
+			}
+			if !tc.spaced {
+				if writes < requests {
+					t.Fatalf("%d writes for %d snapshots written one by one", writes, requests)
+				}
+				return
+			}
+			if bbe.Digest() == pbe.Digest() {
+				t.Fatal("the held writes reached the model server before the promotion")
+			}
+			prim.kill()
+			if err := <-r.promoteAsync(back); err != nil {
+				t.Fatalf("Promote: %v", err)
+			}
+			if got := bbe.Digest(); got != pbe.Digest() {
+				t.Fatalf("promoted model server holds %s, the durable state is %s", got, pbe.Digest())
+			}
+			if writes := rangeWritesOf(bbe); writes != 3 {
+				t.Fatalf("the promotion wrote the pending ranges in %d writes, want 1 (3 in all)", writes-2)
+			}
+		})
+	}
+}
+
 // stageCanceled returns a channel closed when sc's role stage is
 // canceled (a transition has begun and waits for the stage's goroutines).
 func stageCanceled(t *testing.T, sc *Sidecar) <-chan struct{} {

@@ -147,6 +147,9 @@ type backupState struct {
 	// landed all the same).
 	inFailed  bool
 	writeWake chan struct{}
+	// rangesAt: when the writer last started a range write (it spaces
+	// them, spacingLocked).
+	rangesAt time.Time
 	// knownBytes is the state's size as the model server describes it (0
 	// until known, guarded by mu): the most a snapshot may announce.
 	knownBytes uint64
@@ -187,7 +190,7 @@ func newBackupState(h Host, epoch uint64) *backupState {
 		receiving: make(chan struct{}, maxReceiving),
 	}
 	if la, ok := h.Coord().(LiveAnnouncer); ok {
-		b.live, b.persist = la, coord.NewNoticePersister(h.Coord().Announce)
+		b.live, b.persist = la, coord.NewNoticePersister(h.Coord().Announce, coord.NoticeStoreSpacing)
 	}
 	h.Metrics().backupSynced.Set(0)
 	return b
@@ -695,10 +698,17 @@ func (b *backupState) rangeWriter() StateRangeWriter {
 func (b *backupState) writer(ctx context.Context) error {
 	for ctx.Err() == nil {
 		b.mu.Lock()
-		hold := b.holdLocked(time.Now())
+		now := time.Now()
+		hold := b.holdLocked(now)
+		if hold == 0 {
+			hold = b.spacingLocked(now)
+		}
 		if hold == 0 && !b.inBusy && b.wDirty {
 			b.inFull, b.inRanges, b.inVersion, b.inBusy, b.inFailed = b.wFull, b.wRanges, b.wVersion, true, false
 			b.wFull, b.wRanges, b.wDirty = nil, nil, false
+			if b.inFull == nil {
+				b.rangesAt = now
+			}
 		}
 		busy := b.inBusy
 		b.mu.Unlock()
@@ -746,6 +756,34 @@ func (b *backupState) holdLocked(now time.Time) time.Duration {
 		return 0
 	}
 	return max(0, wholeWriteHold-now.Sub(b.baseAt))
+}
+
+// rangeWriteSpacing is the least time between the starts of two range
+// writes to the model server; a var for tests.
+//
+// Write-behind coalesces the deltas applied while a write runs into the
+// next one, but at batch 1 each write is over before the next snapshot
+// arrives, so every snapshot was one WriteState call: at 150-200 requests
+// a second through the ap service's two learners, the backup model
+// servers spent more CPU on these calls (gRPC, a region copy and the
+// checks of each) than on anything else they do (docs/measurements.md,
+// "Batch 1"). Spaced writes merge the ranges of the snapshots applied
+// meanwhile (mergeRanges: later bytes win), so an LSTM's state rewritten
+// by every request moves once per spacing. Nothing waits on these
+// writes: durability is the state in the sidecar's copy, and a promotion
+// writes what is pending at once (flush), so a promoted backup's model
+// server lags by at most what arrived in one spacing.
+var rangeWriteSpacing = 20 * time.Millisecond
+
+// spacingLocked is how long the writer still holds back a pending range
+// write (caller holds mu); 0: write now. A whole write is not held here
+// (holdLocked is its rule): it replaces the model server's state, and
+// the base of the deltas that follow.
+func (b *backupState) spacingLocked(now time.Time) time.Duration {
+	if b.inBusy || !b.wDirty || b.wFull != nil || b.rangesAt.IsZero() {
+		return 0
+	}
+	return max(0, rangeWriteSpacing-now.Sub(b.rangesAt))
 }
 
 // takeWholeLocked makes the taken write cur whole at curVersion and drops

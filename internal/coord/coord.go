@@ -61,6 +61,11 @@ func streamName(dep, what string) string {
 // DurableSubject is the subject of model's durability notices.
 func DurableSubject(dep, model string) string { return "hams." + dep + ".durable." + model }
 
+// LiveSubject is the subject model's durability notices are handed to
+// the reply gates on (AnnounceLive): plain NATS, outside the durability
+// stream.
+func LiveSubject(dep, model string) string { return "hams." + dep + ".live." + model }
+
 // CompletedSubject is the subject of the frontend's completion notices.
 func CompletedSubject(dep string) string { return "hams." + dep + ".completed" }
 
@@ -168,12 +173,12 @@ const durableCatchUp = 250 * time.Millisecond
 // every new one until ctx ends. fn runs on one goroutine and must not
 // block for long.
 //
-// Notices arrive on a plain subscription to the models' subjects (NATS
-// hands a published message to subscribers as it routes it, before the
-// stream's acknowledgement: the reply gate waits for no round trip of
-// JetStream's), and the stream's last message per model is read at the
-// start and every durableCatchUp after (a notice the subscription missed
-// costs at most that delay). fn sees a notice only if it advances its
+// Notices arrive on plain subscriptions to the models' live and stored
+// subjects (NATS hands a published message to subscribers as it routes
+// it, before any acknowledgement: the reply gate waits for no round trip
+// of JetStream's), and the stream's last message per model is read at the
+// start and every durableCatchUp after (a notice the subscriptions missed
+// costs at most that delay and the persister's spacing). fn sees a notice only if it advances its
 // model: a newer epoch, or a higher durable seq in the same epoch; older
 // or repeated ones (a retried publish, a catch-up read) are dropped. A
 // notice only ever reports a fact that stays true, so this loses nothing.
@@ -190,11 +195,16 @@ func (c *Coord) WatchDurable(ctx context.Context, models []string, fn func(*hams
 	subjects := make([]string, len(models))
 	for i, m := range models {
 		subjects[i] = DurableSubject(c.deployment, m)
-		sub, err := c.js.Conn().ChanSubscribe(subjects[i], ch)
-		if err != nil {
-			return fmt.Errorf("coord: subscribe to %s: %w", subjects[i], err)
+		// The live subject, and the stored one: a notice stored by the
+		// persister (or published there by a sidecar of an earlier
+		// release) reaches the watch as it is routed too.
+		for _, subj := range []string{LiveSubject(c.deployment, m), subjects[i]} {
+			sub, err := c.js.Conn().ChanSubscribe(subj, ch)
+			if err != nil {
+				return fmt.Errorf("coord: subscribe to %s: %w", subj, err)
+			}
+			defer sub.Unsubscribe()
 		}
-		defer sub.Unsubscribe()
 	}
 	type mark struct{ epoch, seq uint64 }
 	last := map[string]mark{}

@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -82,7 +83,7 @@ func TestNoticePersisterStoresNewest(t *testing.T) {
 		stored = append(stored, n.GetDurableSeq())
 		mu.Unlock()
 		return c.Announce(ctx, n)
-	})
+	}, 0)
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- p.Run(rctx) }()
@@ -120,5 +121,137 @@ func TestNoticePersisterStoresNewest(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A live notice is not stored by the durability stream: storing is the
+// persister's (spaced) job, so at batch 1 the stream stores a few
+// notices a second instead of every one.
+func TestLiveNoticesNotStored(t *testing.T) {
+	nc := embedded(t)
+	c := openT(t, nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := make(chan *hamsv1.DurabilityNotice, 4)
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchDurable(wctx, []string{"m"}, func(n *hamsv1.DurabilityNotice) { got <- n })
+	}()
+	first := &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 1}
+	if err := c.Announce(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-got; !proto.Equal(n, first) {
+		t.Fatalf("first notice %v", n)
+	}
+	live := &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 2}
+	if err := c.AnnounceLive(live); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-got; !proto.Equal(n, live) {
+		t.Fatalf("live notice %v", n)
+	}
+	// The watch got it, so NATS has routed it (to the stream too, were
+	// the stream listening).
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	last, err := c.LastDurable(ctx, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(last, first) {
+		t.Fatalf("the stream stores %v, want the stored notice %v only", last, first)
+	}
+	wcancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Stores are spaced: while the persister waits out its spacing after a
+// store, newer offers replace the pending one, and the next store is the
+// newest (two stores for five notices). Without spacing nothing waits.
+func TestNoticePersisterSpacesStores(t *testing.T) {
+	for _, spacing := range []time.Duration{time.Minute, 0} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var mu sync.Mutex
+		var stored []uint64
+		p := NewNoticePersister(func(_ context.Context, n *hamsv1.DurabilityNotice) error {
+			mu.Lock()
+			stored = append(stored, n.GetDurableSeq())
+			mu.Unlock()
+			return nil
+		}, spacing)
+		slept := make(chan time.Duration, 1)
+		waitSleep := func() time.Duration {
+			select {
+			case d := <-slept:
+				return d
+			case <-ctx.Done():
+				t.Fatalf("the persister never waited (stored %v)", p.Stored())
+				return 0
+			}
+		}
+		release := make(chan struct{})
+		p.sleep = func(ctx context.Context, d time.Duration) bool {
+			slept <- d
+			select {
+			case <-release:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		p.Offer(&hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 1})
+		if spacing == 0 {
+			for p.Stored().GetDurableSeq() != 1 {
+				if ctx.Err() != nil {
+					t.Fatal("notice 1 never stored")
+				}
+				time.Sleep(time.Millisecond) // polling the persister's progress
+			}
+			for seq := uint64(2); seq <= 5; seq++ {
+				p.Offer(&hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: seq})
+				for p.Stored().GetDurableSeq() != seq {
+					if ctx.Err() != nil {
+						t.Fatalf("notice %d never stored", seq)
+					}
+					time.Sleep(time.Millisecond) // polling the persister's progress
+				}
+			}
+			select {
+			case d := <-slept:
+				t.Fatalf("the persister waited %v with no spacing", d)
+			default:
+			}
+			if p.Stores() != 5 {
+				t.Fatalf("%d stores for 5 notices offered one by one", p.Stores())
+			}
+		} else {
+			if d := waitSleep(); d != spacing {
+				t.Fatalf("waited %v after a store, want %v", d, spacing)
+			}
+			for seq := uint64(2); seq <= 5; seq++ {
+				p.Offer(&hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: seq})
+			}
+			close(release)
+			if d := waitSleep(); d != spacing {
+				t.Fatalf("waited %v after a store, want %v", d, spacing)
+			}
+			mu.Lock()
+			got := slices.Clone(stored)
+			mu.Unlock()
+			if !slices.Equal(got, []uint64{1, 5}) {
+				t.Fatalf("stored %v, want [1 5]", got)
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

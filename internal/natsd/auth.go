@@ -234,6 +234,7 @@ func Permissions(role Role, deployment, model string) (*server.Permissions, erro
 		p.info(s)
 	}
 	allDurable := coord.DurableSubject(d, "*")
+	allLive := coord.LiveSubject(d, "*")
 	switch role {
 	case RoleManager:
 		p.pub = append(p.pub, jsAPI+"INFO") // account info: KV creation reads it
@@ -245,7 +246,7 @@ func Permissions(role Role, deployment, model string) (*server.Permissions, erro
 		}
 	case RoleFrontend:
 		p.read(durable)
-		p.sub = append(p.sub, allDurable)
+		p.sub = append(p.sub, allDurable, allLive)
 		p.pub = append(p.pub, coord.CompletedSubject(d))
 		p.read(requests)
 		p.read(replies)
@@ -255,8 +256,8 @@ func Permissions(role Role, deployment, model string) (*server.Permissions, erro
 		p.pub = append(p.pub, "$KV."+frontends+".>")
 	case RoleSidecar:
 		p.read(durable)
-		p.sub = append(p.sub, allDurable)
-		p.pub = append(p.pub, coord.DurableSubject(d, model))
+		p.sub = append(p.sub, allDurable, allLive)
+		p.pub = append(p.pub, coord.DurableSubject(d, model), coord.LiveSubject(d, model))
 		p.read(completed)
 		p.pub = append(p.pub, jsAPI+"INFO") // account info: object store creation reads it
 		for _, s := range []string{replay, "OBJ_" + ckpt} {
@@ -268,7 +269,7 @@ func Permissions(role Role, deployment, model string) (*server.Permissions, erro
 	case RoleAdmin:
 		p.read("KV_" + topology)
 		p.read(durable)
-		p.sub = append(p.sub, allDurable)
+		p.sub = append(p.sub, allDurable, allLive)
 		p.read(completed)
 		p.read("KV_" + frontends)
 		p.read(replay)

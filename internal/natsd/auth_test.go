@@ -408,6 +408,14 @@ func TestOnlyManagersWriteTopologyAndLease(t *testing.T) {
 	}
 }
 
+// durableCatchUpBound bounds the wait for a live notice (the stream does
+// not store live notices, so no catch-up read brings it instead).
+const durableCatchUpBound = 5 * time.Second
+
+// errLiveRefusalAsync stands for a plain publish's outcome: the server
+// reports a refusal on its own (conn.refused waits for it).
+var errLiveRefusalAsync = errors.New("plain publish: refused asynchronously, if at all")
+
 // Only a model's sidecars publish its durability notices.
 func TestSidecarPublishesOnlyItsModelsNotices(t *testing.T) {
 	const dep = "dx"
@@ -419,14 +427,59 @@ func TestSidecarPublishesOnlyItsModelsNotices(t *testing.T) {
 	if err := ca.Announce(ctx, &hamsv1.DurabilityNotice{Model: "a", Epoch: 1, DurableSeq: 1}); err != nil {
 		t.Fatal(err)
 	}
+	// The frontend and the other sidecars hear a's live notices.
+	for _, who := range []natsd.Identity{id(natsd.RoleFrontend, dep, ""), id(natsd.RoleSidecar, dep, "b")} {
+		c := e.connect(t, who)
+		got := make(chan uint64, 4)
+		wctx, wcancel := context.WithCancel(ctx)
+		wdone := make(chan error, 1)
+		go func() {
+			wdone <- bind(t, c, dep).WatchDurable(wctx, []string{"a"}, func(n *hamsv1.DurabilityNotice) { got <- n.GetDurableSeq() })
+		}()
+		if seq := <-got; seq != 1 { // the stored notice, read: the watch is subscribed
+			t.Fatalf("%s: catch-up read seq %d, want 1", who.Role, seq)
+		}
+		live := uint64(2)
+		if who.Role == natsd.RoleSidecar {
+			live = 3
+		}
+		if err := ca.AnnounceLive(&hamsv1.DurabilityNotice{Model: "a", Epoch: 1, DurableSeq: live}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case seq := <-got:
+			if seq != live {
+				t.Fatalf("%s: live notice seq %d, want %d", who.Role, seq, live)
+			}
+		case <-time.After(durableCatchUpBound):
+			t.Fatalf("%s: the live notice did not arrive", who.Role)
+		}
+		wcancel()
+		if err := <-wdone; err != nil {
+			t.Fatal(err)
+		}
+	}
 	sa.refused(t, "Publish", coord.DurableSubject(dep, "b"), func(ctx context.Context) error {
 		return ca.Announce(ctx, &hamsv1.DurabilityNotice{Model: "b", Epoch: 1 << 40, DurableSeq: 1 << 40})
+	})
+	// A live notice is a plain publish: the refusal comes back on its own.
+	sa.refused(t, "Publish", coord.LiveSubject(dep, "b"), func(ctx context.Context) error {
+		if err := ca.AnnounceLive(&hamsv1.DurabilityNotice{Model: "b", Epoch: 1 << 40, DurableSeq: 1 << 40}); err != nil {
+			return err
+		}
+		return errLiveRefusalAsync
 	})
 	for _, who := range []natsd.Identity{id(natsd.RoleFrontend, dep, ""), id(natsd.RoleAdmin, dep, ""), id(natsd.RoleManager, dep, "")} {
 		c := e.connect(t, who)
 		c.refused(t, "Publish", coord.DurableSubject(dep, "a"), func(ctx context.Context) error {
 			_, err := c.js.Publish(ctx, coord.DurableSubject(dep, "a"), []byte("x"))
 			return err
+		})
+		c.refused(t, "Publish", coord.LiveSubject(dep, "a"), func(ctx context.Context) error {
+			if err := c.nc.Publish(coord.LiveSubject(dep, "a"), []byte("x")); err != nil {
+				return err
+			}
+			return errLiveRefusalAsync
 		})
 	}
 	// b's last notice is none: nothing of a's reached it.
@@ -524,7 +577,7 @@ func TestDeploymentsAreIsolated(t *testing.T) {
 					return err
 				})
 			}
-			for _, sub := range []string{coord.DurableSubject("dy", "*"), coord.RequestsSubject("dy") + ".>", "_INBOX.dy.>"} {
+			for _, sub := range []string{coord.DurableSubject("dy", "*"), coord.LiveSubject("dy", "*"), coord.RequestsSubject("dy") + ".>", "_INBOX.dy.>"} {
 				c.refused(t, "Subscription", sub, func(context.Context) error {
 					_, err := c.nc.SubscribeSync(sub)
 					return err
