@@ -54,7 +54,9 @@ func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
 
 // codeStub answers Predict with the code its service names ("ok",
 // "unavailable", "notfound", "panic").
-type codeStub struct{ hamsv1.UnimplementedFrontendServer }
+type codeStub struct {
+	hamsv1.UnimplementedFrontendServer
+}
 
 func (codeStub) Predict(_ context.Context, r *hamsv1.PredictRequest) (*hamsv1.PredictResponse, error) {
 	switch r.GetService() {
