@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hams-go/hams/internal/config"
+	"github.com/hams-go/hams/internal/edge"
 )
 
 func TestShipWatchDecision(t *testing.T) {
@@ -67,6 +68,10 @@ func TestShipWatchDecision(t *testing.T) {
 type reportingBackups struct {
 	suspicion time.Duration
 	replace   string
+	// moved, when set, is called once the backup is replaced: the
+	// topology's change signal, as the manager's rewiring gives it (a
+	// shipment hanging on the old backup is given up then).
+	moved func()
 
 	mu      sync.Mutex
 	addr    string
@@ -89,6 +94,9 @@ func (r *reportingBackups) ReportBackup(_ context.Context, model, addr, reason s
 	r.at = append(r.at, time.Now())
 	if addr == r.addr {
 		r.addr = r.replace
+		if r.moved != nil {
+			r.moved()
+		}
 	}
 	return nil
 }
@@ -157,6 +165,11 @@ func TestPrimaryReportsUnreachableBackup(t *testing.T) {
 			rb.replace, _, _ = s.cfg.BackupResolver.ResolveBackup(name) // the reachable backup
 			s.cfg.BackupResolver = rb
 			s.cfg.ShipHook = func(context.Context, uint64) { firstShip.CompareAndSwap(0, time.Now().UnixNano()) }
+			res := s.cfg.Resolver.(*edge.StaticResolver)
+			rb.moved = func() {
+				addr, epoch, _ := res.Resolve(config.Frontend)
+				res.Set(config.Frontend, addr, epoch) // the same entry: only the change signal
+			}
 		},
 	})
 	defer h.stop()

@@ -227,6 +227,10 @@ func TestOutputLogGCAndBackpressure(t *testing.T) {
 // response) and one cut mid-snapshot are both resent; the backup applies
 // every batch once.
 func TestBrokenShipStreamResentWithoutDuplicates(t *testing.T) {
+	// The breaks are injected into ShipSnapshot streams (the bulk
+	// stream's are TestBulkStreamFaultsAreResent's).
+	defer func(n uint64) { bulkMinBytes = n }(bulkMinBytes)
+	bulkMinBytes = 1 << 40
 	bothStateKinds(t, func(t *testing.T, delta bool) {
 		cut := &shipCutter{attempts: map[uint64]int{}}
 		prim, back := newCounter(8), newCounter(8)

@@ -496,7 +496,7 @@ func (sh *shipper) run(ctx context.Context) error {
 			// shipTimeout; it is given up as soon as the topology names
 			// another backup (docs/recovery.md, "False suspicion").
 			sctx, stopWatch := sh.untilBackupMoves(ctx, addr)
-			if bulkPayload(sn) >= bulkMinBytes {
+			if onBulk(sn) {
 				applied, err = sh.sendBulk(sctx, addr, sn)
 				if err == nil {
 					sh.h.Metrics().shipBulk.Inc()

@@ -474,14 +474,15 @@ func TestBackupConvergesToPrimary(t *testing.T) {
 	bothTransports(t, func(t *testing.T, bulk bool) { backupConvergesToPrimary(t, bulk) })
 }
 
-// bothTransports runs f with snapshots over ShipSnapshot, then over the
-// bulk stream (every snapshot, however small).
+// bothTransports runs f with every snapshot over ShipSnapshot, then over
+// the bulk stream (every snapshot, however small).
 func bothTransports(t *testing.T, f func(t *testing.T, bulk bool)) {
 	for _, bulk := range []bool{false, true} {
 		t.Run(map[bool]string{false: "grpc", true: "bulk"}[bulk], func(t *testing.T) {
-			if bulk {
-				defer func(n uint64) { bulkMinBytes = n }(bulkMinBytes)
-				bulkMinBytes = 0
+			defer func(n uint64) { bulkMinBytes = n }(bulkMinBytes)
+			bulkMinBytes = 0
+			if !bulk {
+				bulkMinBytes = 1 << 40
 			}
 			f(t, bulk)
 		})

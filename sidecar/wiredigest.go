@@ -43,7 +43,7 @@ import (
 // without TLS (the flag is the sender's to set: the receiver checks its
 // own transport).
 //
-// ShipSnapshot (gRPC, snapshots under bulkMinBytes) keeps XXH64.
+// ShipSnapshot (gRPC: small traced snapshots, onBulk) keeps XXH64.
 //
 // The field number is outside the ones replication.proto uses; a field
 // added there must not take it.
