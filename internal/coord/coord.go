@@ -178,10 +178,11 @@ const durableCatchUp = 250 * time.Millisecond
 // it, before any acknowledgement: the reply gate waits for no round trip
 // of JetStream's), and the stream's last message per model is read at the
 // start and every durableCatchUp after (a notice the subscriptions missed
-// costs at most that delay and the persister's spacing). fn sees a notice only if it advances its
-// model: a newer epoch, or a higher durable seq in the same epoch; older
-// or repeated ones (a retried publish, a catch-up read) are dropped. A
-// notice only ever reports a fact that stays true, so this loses nothing.
+// costs at most that delay and the persister's spacing). fn sees a notice
+// only if it advances its model: a newer epoch, or a higher durable seq in
+// the same epoch; older or repeated ones (a retried publish, a catch-up
+// read) are dropped. A notice only ever reports a fact that stays true, so
+// this loses nothing.
 func (c *Coord) WatchDurable(ctx context.Context, models []string, fn func(*hamsv1.DurabilityNotice)) error {
 	if len(models) == 0 {
 		<-ctx.Done()

@@ -32,7 +32,8 @@ func durabilityMsgID(n *hamsv1.DurabilityNotice) string {
 // not store every notice: at batch 1 a backup announces one per request,
 // and the stream's store and duplicate check of each, beside the
 // persister's acknowledged store of the same notice, were most of what
-// replication cost the NATS server (docs/measurements.md, "Batch 1").
+// replication cost the NATS server (docs/measurements.md, "Issue 22,
+// eighth session").
 // Storing notices, for WatchDurable's catch-up reads and LastDurable, is
 // NoticePersister's job, spaced.
 func (c *Coord) AnnounceLive(n *hamsv1.DurabilityNotice) error {

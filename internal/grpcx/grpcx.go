@@ -123,9 +123,9 @@ func callLevel(c codes.Code) logging.Level {
 // puts at Warn or Error, as go-grpc-middleware's logging interceptor
 // would ("finished call", its keys). That interceptor builds each call's
 // fields (peer address, start time, a context with the fields) before
-// the call, whether or not anything is logged: 46 allocations and
-// several microseconds per call (BenchmarkServerChain), on each of the
-// dozen or more calls a request makes at batch 1. With Debug on, the
+// the call, whether or not anything is logged: 51 allocations and 2.5 us
+// per OK call against 9 and 0.2 us here (BenchmarkServerChain, one run),
+// on each of the dozen or more calls a request makes at batch 1. With Debug on, the
 // interceptor runs and this logs nothing.
 type failureLog struct{ log *slog.Logger }
 
