@@ -364,25 +364,39 @@ func (l *load) check(t *testing.T, ctx context.Context) (lost, conflicts int) {
 
 func (l *load) checkDurable(t *testing.T, ctx context.Context, js jetstream.JetStream, dep string) {
 	t.Helper()
-	var m *jetstream.RawStreamMsg
-	if err := retry(ctx, func(c context.Context) error {
-		st, err := js.Stream(c, coord.DurableStream(dep))
-		if err != nil {
-			return err
-		}
-		m, err = st.GetLastMsgForSubject(c, coord.DurableSubject(dep, "m"))
-		return err
-	}); err != nil {
-		t.Fatalf("last durability notice: %v", err)
-	}
-	n := &hamsv1.DurabilityNotice{}
-	if err := proto.Unmarshal(m.Data, n); err != nil {
-		t.Fatal(err)
-	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if n.DurableSeq < l.durable {
-		t.Errorf("last durability notice is seq %d, %d was acknowledged (lost)", n.DurableSeq, l.durable)
+	acked := l.durable
+	l.mu.Unlock()
+	// The stream allows direct gets, which any replica answers: one that
+	// rejoined after a kill may not have caught up yet (the read is a
+	// lower bound, as LastDurable documents). An acknowledged notice is
+	// lost only if no replica shows it once they have had time to catch
+	// up.
+	deadline := time.Now().Add(10 * time.Second)
+	var n *hamsv1.DurabilityNotice
+	for {
+		var m *jetstream.RawStreamMsg
+		if err := retry(ctx, func(c context.Context) error {
+			st, err := js.Stream(c, coord.DurableStream(dep))
+			if err != nil {
+				return err
+			}
+			m, err = st.GetLastMsgForSubject(c, coord.DurableSubject(dep, "m"))
+			return err
+		}); err != nil {
+			t.Fatalf("last durability notice: %v", err)
+		}
+		n = &hamsv1.DurabilityNotice{}
+		if err := proto.Unmarshal(m.Data, n); err != nil {
+			t.Fatal(err)
+		}
+		if n.DurableSeq >= acked || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // polling the replicas' catch-up
+	}
+	if n.DurableSeq < acked {
+		t.Errorf("last durability notice is seq %d, %d was acknowledged (lost)", n.DurableSeq, acked)
 	}
 }
 
