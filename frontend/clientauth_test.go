@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -22,7 +21,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +34,7 @@ import (
 	"github.com/hams-go/hams/internal/config"
 	"github.com/hams-go/hams/internal/grpcx"
 	"github.com/hams-go/hams/internal/testing/backendtest"
+	"github.com/hams-go/hams/internal/testing/logbuf"
 	"github.com/hams-go/hams/internal/wire"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 	"github.com/hams-go/hams/protos/inference"
@@ -96,24 +95,6 @@ func withClientAuth(t *testing.T, log *slog.Logger) func(*Config) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // authCall is one client API call, made with ctx's metadata.
 type authCall struct {
 	name string
@@ -138,7 +119,7 @@ func withToken(ctx context.Context, tok string) context.Context {
 // liveness, readiness, /healthz and /metrics stay open; the token is not
 // forwarded to a pass-through backend and never appears in the logs.
 func TestClientAuthTokensEveryAPI(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	yaml, bt := passYAMLFor(t)
 	bt.SetRaw(func(string, []byte) []byte { return nil })

@@ -13,6 +13,41 @@ import (
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
+// startWatch starts a WatchDurable of model m on c; it returns the
+// notices the watch delivers and stop, which ends the watch and checks
+// its error.
+func startWatch(t *testing.T, ctx context.Context, c *Coord) (got <-chan *hamsv1.DurabilityNotice, stop func()) {
+	t.Helper()
+	ch := make(chan *hamsv1.DurabilityNotice, 4)
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchDurable(wctx, []string{"m"}, func(n *hamsv1.DurabilityNotice) { ch <- n })
+	}()
+	return ch, func() {
+		wcancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// watchLive is startWatch, then a first (stored) notice announced and
+// waited for: from then on the watch is subscribed. It returns the first
+// notice too.
+func watchLive(t *testing.T, ctx context.Context, c *Coord) (got <-chan *hamsv1.DurabilityNotice, first *hamsv1.DurabilityNotice, stop func()) {
+	t.Helper()
+	got, stop = startWatch(t, ctx, c)
+	first = &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 1}
+	if err := c.Announce(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-got; !proto.Equal(n, first) {
+		t.Fatalf("first notice %v", n)
+	}
+	return got, first, stop
+}
+
 // A live notice reaches the reply gates' watch with no durability stream
 // to store it (as while the stream's raft group elects a leader), where
 // Announce, waiting for the stream, fails.
@@ -21,21 +56,9 @@ func TestAnnounceLiveNeedsNoStreamLeader(t *testing.T) {
 	c := openT(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	got := make(chan *hamsv1.DurabilityNotice, 4)
-	wctx, wcancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- c.WatchDurable(wctx, []string{"m"}, func(n *hamsv1.DurabilityNotice) { got <- n })
-	}()
 	// The watch subscribes before it reads the stream: once a first
 	// notice arrives, it is live.
-	first := &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 1}
-	if err := c.Announce(ctx, first); err != nil {
-		t.Fatal(err)
-	}
-	if n := <-got; !proto.Equal(n, first) {
-		t.Fatalf("first notice %v", n)
-	}
+	got, _, stop := watchLive(t, ctx, c)
 	if err := c.js.DeleteStream(ctx, DurableStream("rl")); err != nil {
 		t.Fatal(err)
 	}
@@ -56,10 +79,7 @@ func TestAnnounceLiveNeedsNoStreamLeader(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the live notice never reached the watch")
 	}
-	wcancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 // The persister stores the newest notice offered, retrying through
@@ -105,20 +125,12 @@ func TestNoticePersisterStoresNewest(t *testing.T) {
 		t.Fatalf("stored seqs %v", stored)
 	}
 	mu.Unlock()
-	got := make(chan *hamsv1.DurabilityNotice, 1)
-	wctx, wcancel := context.WithCancel(ctx)
-	wdone := make(chan error, 1)
-	go func() {
-		wdone <- c.WatchDurable(wctx, []string{"m"}, func(n *hamsv1.DurabilityNotice) { got <- n })
-	}()
+	got, stopWatch := startWatch(t, ctx, c)
 	if n := <-got; n.GetEpoch() != 2 || n.GetDurableSeq() != 5 {
 		t.Fatalf("catch-up read %v, want epoch 2 seq 5", n)
 	}
-	wcancel()
+	stopWatch()
 	rcancel()
-	if err := <-wdone; err != nil {
-		t.Fatal(err)
-	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -132,19 +144,7 @@ func TestLiveNoticesNotStored(t *testing.T) {
 	c := openT(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	got := make(chan *hamsv1.DurabilityNotice, 4)
-	wctx, wcancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- c.WatchDurable(wctx, []string{"m"}, func(n *hamsv1.DurabilityNotice) { got <- n })
-	}()
-	first := &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 1}
-	if err := c.Announce(ctx, first); err != nil {
-		t.Fatal(err)
-	}
-	if n := <-got; !proto.Equal(n, first) {
-		t.Fatalf("first notice %v", n)
-	}
+	got, first, stop := watchLive(t, ctx, c)
 	live := &hamsv1.DurabilityNotice{Model: "m", Epoch: 1, DurableSeq: 2}
 	if err := c.AnnounceLive(live); err != nil {
 		t.Fatal(err)
@@ -164,10 +164,7 @@ func TestLiveNoticesNotStored(t *testing.T) {
 	if !proto.Equal(last, first) {
 		t.Fatalf("the stream stores %v, want the stored notice %v only", last, first)
 	}
-	wcancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 // Stores are spaced: while the persister waits out its spacing after a

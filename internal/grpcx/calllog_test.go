@@ -1,13 +1,11 @@
 package grpcx
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,28 +16,15 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/testing/logbuf"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
-// lockedBuffer is a log sink safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines decodes every log line (each must be JSON).
-func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
+// logLines decodes every log line of buf (each must be JSON).
+func logLines(t *testing.T, buf *logbuf.Buffer) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, ln := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+	for _, ln := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		if ln == "" {
 			continue
 		}
@@ -78,7 +63,7 @@ func (codeStub) Predict(_ context.Context, r *hamsv1.PredictRequest) (*hamsv1.Pr
 func TestCallLogs(t *testing.T) {
 	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
 		t.Run(level.String(), func(t *testing.T) {
-			var buf lockedBuffer
+			var buf logbuf.Buffer
 			log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: level}))
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -105,7 +90,7 @@ func TestCallLogs(t *testing.T) {
 				}
 			}
 			finished := map[string]map[string]any{}
-			for _, m := range buf.lines(t) {
+			for _, m := range logLines(t, &buf) {
 				if m["msg"] != "finished call" {
 					continue
 				}

@@ -1,12 +1,10 @@
 package pool
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,27 +12,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hams-go/hams/internal/testing/logbuf"
 	"github.com/hams-go/hams/protocol"
 	"github.com/hams-go/hams/protocol/parity"
 )
-
-// lockedBuffer is a log sink safe for the pool's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	t.Helper()
@@ -55,7 +36,7 @@ func (strayEvent) ProtocolEvent() {}
 // level with the event, counts it, returns it, and does not panic; the
 // pool goes on serving.
 func TestStepRefusedEventLoggedAndCounted(t *testing.T) {
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	data, _ := instances(newWeights(1), 2)
 	p, stop := runPool(t, Config{Model: "m", Data: data, Redundancy: parity.RedundancyNone,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registry: prometheus.NewRegistry()})
