@@ -765,9 +765,10 @@ func (b *backupState) holdLocked(now time.Time) time.Duration {
 // next one, but at batch 1 each write is over before the next snapshot
 // arrives, so every snapshot was one WriteState call: at 150-200 requests
 // a second through the ap service's two stateful models, their backup
-// model servers spent 0.56-0.60 ms of CPU per request on these calls
-// (gRPC, a region copy and the checks of each), 0.19-0.30 ms spaced
-// (docs/measurements.md, "Issue 22, eighth session"). Spaced writes merge the ranges of the snapshots applied
+// model servers used 0.56-0.60 ms of CPU per request, nearly all of it
+// these calls (gRPC, a region copy and the checks of each), and 0.19-0.30
+// ms with the writes spaced (docs/measurements.md, "Issue 22, eighth
+// session"). Spaced writes merge the ranges of the snapshots applied
 // meanwhile (mergeRanges: later bytes win), so an LSTM's state rewritten
 // by every request moves once per spacing. Nothing waits on these
 // writes: durability is the state in the sidecar's copy, and a promotion

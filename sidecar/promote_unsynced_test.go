@@ -34,6 +34,11 @@ func TestBackupWithoutBaseRefusesPromotion(t *testing.T) {
 	}
 	r.send(1, 10)
 	waitFor(t, "the first backup applied the wave", func() bool { return applied(first) == 10 && synced(first) == 1 })
+	// Its notices are stored at most one per coord.NoticeStoreSpacing:
+	// the wave is durable in the stream once the last one is.
+	waitFor(t, "the first backup stored its last notice", func() bool {
+		return first.sc.backupNow().persist.Stored().GetDurableSeq() == 10
+	})
 
 	// The new backup is known to nobody that ships: the primary goes on
 	// shipping to the first one.

@@ -173,47 +173,7 @@ func (b *Backend) WriteStateDigest(ctx context.Context, tensors []*hamsv1.Tensor
 	if used, err := b.writeViaRegion(ctx, "write state", header(), offs, data); used {
 		return err
 	}
-	ctx, progress, stop := b.streamCtx(ctx)
-	defer stop()
-	sum := b.newWriteSum(digest, data)
-	st, err := b.rt.WriteState(ctx)
-	if err != nil {
-		return b.streamErr(ctx, "write state", err)
-	}
-	hdr := header()
-	if total == 0 {
-		hdr.Last = true
-		sum.seal(hdr)
-	}
-	if err := st.Send(hdr); err != nil {
-		_, err = st.CloseAndRecv()
-		return b.streamErr(ctx, "write state", err)
-	}
-	progress()
-	var off uint64
-	for _, d := range data {
-		for len(d) > 0 {
-			k := min(len(d), StateChunkBytes)
-			ch := &hamsv1.StateChunk{Offset: off, Data: d[:k]}
-			off += uint64(k)
-			d = d[k:]
-			sum.chunk(ch.Data)
-			if off == total {
-				ch.Last = true
-				sum.seal(ch)
-			}
-			if err := st.Send(ch); err != nil {
-				_, err = st.CloseAndRecv()
-				return b.streamErr(ctx, "write state", err)
-			}
-			progress()
-		}
-	}
-	resp, err := st.CloseAndRecv()
-	if err != nil {
-		return b.writeErr(ctx, "write state", sum, err)
-	}
-	return sum.check(resp, b.model, "write state")
+	return b.writeInline(ctx, "write state", header(), offs, data, b.newWriteSum(digest, data), false)
 }
 
 // writeDigestXXH3 is the kind of chunkhash's XXH3 tree in
@@ -311,48 +271,62 @@ func (b *Backend) WriteStateRanges(ctx context.Context, specs []*hamsv1.TensorSp
 	if used, err := b.writeViaRegion(ctx, "write state ranges", header(), offs, data); used {
 		return err
 	}
+	return b.writeInline(ctx, "write state ranges", header(), offs, data, b.newWriteSum("", data), true)
+}
+
+// writeInline streams a WriteState with header hdr and the data chunks
+// data (at state offsets offs; empty ones are skipped) in the stream
+// itself, in chunks of StateChunkBytes, sum's digest on the last chunk
+// (on hdr when there is no data). needDigest: an answer that names no
+// digest of what the server received is DataLoss (a partial write, whose
+// ranges nothing else checks).
+func (b *Backend) writeInline(ctx context.Context, what string, hdr *hamsv1.StateChunk, offs []uint64, data [][]byte, sum *writeSum, needDigest bool) error {
+	lastData := -1
+	for i, d := range data {
+		if len(d) > 0 {
+			lastData = i
+		}
+	}
+	if lastData < 0 {
+		hdr.Last = true
+		sum.seal(hdr)
+	}
 	ctx, progress, stop := b.streamCtx(ctx)
 	defer stop()
 	st, err := b.rt.WriteState(ctx)
 	if err != nil {
-		return b.streamErr(ctx, "write state ranges", err)
-	}
-	sum := b.newWriteSum("", data)
-	hdr := header()
-	if len(ranges) == 0 {
-		hdr.Last = true
-		sum.seal(hdr)
+		return b.streamErr(ctx, what, err)
 	}
 	if err := st.Send(hdr); err != nil {
 		_, err = st.CloseAndRecv()
-		return b.streamErr(ctx, "write state ranges", err)
+		return b.streamErr(ctx, what, err)
 	}
 	progress()
-	for i, r := range ranges {
-		d, off := r.GetData(), r.GetOffset()
-		for first := true; first || len(d) > 0; first = false {
+	for i, d := range data {
+		off := offs[i]
+		for len(d) > 0 {
 			k := min(len(d), StateChunkBytes)
 			ch := &hamsv1.StateChunk{Offset: off, Data: d[:k]}
 			off += uint64(k)
 			d = d[k:]
 			sum.chunk(ch.Data)
-			if i == len(ranges)-1 && len(d) == 0 {
+			if i == lastData && len(d) == 0 {
 				ch.Last = true
 				sum.seal(ch)
 			}
 			if err := st.Send(ch); err != nil {
 				_, err = st.CloseAndRecv()
-				return b.streamErr(ctx, "write state ranges", err)
+				return b.streamErr(ctx, what, err)
 			}
 			progress()
 		}
 	}
 	resp, err := st.CloseAndRecv()
 	if err != nil {
-		return b.writeErr(ctx, "write state ranges", sum, err)
+		return b.writeErr(ctx, what, sum, err)
 	}
-	if resp.GetSha256() == "" && resp.GetDigest() == "" {
-		return status.Errorf(codes.DataLoss, "reference %s write state ranges: the server's answer names no digest of what it received", b.model)
+	if needDigest && resp.GetSha256() == "" && resp.GetDigest() == "" {
+		return status.Errorf(codes.DataLoss, "reference %s %s: the server's answer names no digest of what it received", b.model, what)
 	}
-	return sum.check(resp, b.model, "write state ranges")
+	return sum.check(resp, b.model, what)
 }
