@@ -225,6 +225,9 @@ type Frontend struct {
 	mir       *logMirror
 	recQ      []recording
 	recKick   chan struct{}
+	// expired logs the requests whose deadline passed unanswered, with
+	// where each was then (expirylog.go; guarded by mu).
+	expired *expiryLog
 
 	// auditLog is the replies.jsonl writer (nil without AuditDir), set by
 	// Run before anything is answered.
@@ -256,6 +259,12 @@ type call struct {
 	// followed. predictLogged injects such a call on the log's
 	// acknowledgement, so the log consumer leaves it alone.
 	loggedIn uint64
+	// logDelivered: the log consumer delivered the request's record (so
+	// it is stored) and left it to this call (loggedIn); logSeq is its
+	// stream sequence. When the log write's acknowledgement is lost
+	// after that, predictLogged goes on as if it had come.
+	logDelivered bool
+	logSeq       uint64
 	// sinks, requestID, streamID, inputs and deadline let a logged request
 	// be injected later (it was logged while another frontend led).
 	req      *hamsv1.PredictRequest
@@ -334,6 +343,7 @@ func New(cfg Config) (*Frontend, error) {
 		flow:      lineage.NewFlow(),
 		leader:    cfg.Log == nil,
 	}
+	f.expired = newExpiryLog(f.log)
 	if f.cfg.Address == "" {
 		f.cfg.Address = cfg.InternalListener.Addr().String()
 	}
@@ -670,6 +680,9 @@ func (f *Frontend) expiryLoop(ctx context.Context) {
 		now := f.now()
 		for _, c := range f.table.expire(now) {
 			if cl := f.calls[c.reqID]; cl != nil {
+				if !cl.answered() {
+					f.expired.expired(cl, now, expiredWhere(c.err))
+				}
 				f.finishLocked(cl, nil, c.err, false)
 			}
 		}
@@ -677,6 +690,9 @@ func (f *Frontend) expiryLoop(ctx context.Context) {
 		if f.holds != nil {
 			for _, h := range f.holds.expire(now) {
 				if cl := f.calls[h.reqID]; cl != nil {
+					if !cl.answered() {
+						f.expired.expired(cl, now, expiredWhere(h.err))
+					}
 					f.finishLocked(cl, nil, h.err, false)
 				}
 			}
@@ -1061,6 +1077,9 @@ func (f *Frontend) wait(ctx context.Context, c *call) (*hamsv1.PredictResponse, 
 	}
 	c.waiters--
 	if c.waiters == 0 {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			f.expired.expired(c, f.now(), f.whereLocked(c))
+		}
 		if f.calls[c.reqID] == c {
 			f.table.remove(c.reqID)
 			if f.holds != nil {

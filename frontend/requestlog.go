@@ -328,10 +328,18 @@ func (f *Frontend) onLogged(ctx context.Context, r *coord.LoggedRequest, backlog
 	}
 	f.mu.Lock()
 	c := f.calls[r.ReqID]
-	if f.closed || (c != nil && (c.injected || c.recording)) || (c == nil && f.ownReqIDLocked(r.ReqID) && !f.mir.mayBeLogged(r.ReqID, now)) ||
-		(c != nil && f.leader && c.loggedIn == f.leadTerm) {
-		// (The last: predictLogged injects it when the log acknowledges
-		// it, which may come after this delivery.)
+	if f.closed || (c != nil && (c.injected || c.recording)) || (c == nil && f.ownReqIDLocked(r.ReqID) && !f.mir.mayBeLogged(r.ReqID, now)) {
+		f.mu.Unlock()
+		return
+	}
+	if c != nil && f.leader && c.loggedIn == f.leadTerm {
+		// predictLogged injects it when the log acknowledges it, which
+		// may come after this delivery. The delivery proves the record
+		// stored: should the acknowledgement be lost (a NATS server that
+		// stored it and died), predictLogged goes on with it instead of
+		// answering Unavailable, since a retry would join this record and
+		// wait for this leader to inject it.
+		c.logDelivered, c.logSeq = true, r.Seq
 		f.mu.Unlock()
 		return
 	}
@@ -614,26 +622,37 @@ func (f *Frontend) predictLogged(ctx context.Context, svc *serviceInfo, req *ham
 	lcancel()
 	f.m.logLatency.Observe(time.Since(t0).Seconds())
 	if err != nil {
+		// Under one hold of mu: the consumer's delivery (onLogged) is
+		// either seen here or finds the request's id unconfirmed.
 		f.mu.Lock()
-		if c.injected {
+		switch {
+		case c.injected:
 			// The log consumer delivered the record (so it is stored)
 			// and this frontend, leading, injected it: only the
 			// acknowledgement was lost.
 			f.mu.Unlock()
 			return f.wait(ctx, c)
+		case c.logDelivered:
+			// The log consumer delivered the record and left it to this
+			// call: only the acknowledgement was lost. Go on as if it
+			// had come (the record's sequence is the delivery's).
+			lr.Seq = c.logSeq
+			f.mu.Unlock()
+			f.log.Info("request log write failed after its record was delivered; the request goes on", "service", svc.name, "req_id", c.reqID, "seq", lr.Seq, "err", err)
+		default:
+			err = status.Errorf(codes.Unavailable, "service %q: request not accepted: request log: %v", svc.name, err)
+			// The record may be stored after all (the NATS client flushes
+			// its reconnect buffer once the server is back, or the server
+			// stored it and died before acknowledging): the client's retry
+			// then joins it, on any frontend, and waits for the leader to
+			// inject it. This process's own req_id must not make the
+			// record look like one of its calls that is over (onLogged,
+			// adopt).
+			f.mir.writeFailed(c.reqID, deadline, f.now())
+			f.answerLocked(c, nil, err, false, false)
+			f.mu.Unlock()
+			return nil, err
 		}
-		err = status.Errorf(codes.Unavailable, "service %q: request not accepted: request log: %v", svc.name, err)
-		// The record may be stored after all (the NATS client flushes
-		// its reconnect buffer once the server is back, or the server
-		// stored it and died before acknowledging): the client's retry
-		// then joins it, on any frontend, and waits for the leader to
-		// inject it. This process's own req_id must not make the
-		// record look like one of its calls that is over (onLogged,
-		// adopt).
-		f.mir.writeFailed(c.reqID, deadline, f.now())
-		f.answerLocked(c, nil, err, false, false)
-		f.mu.Unlock()
-		return nil, err
 	}
 	if existing != nil && existing.ReqID != c.reqID {
 		return f.joinLogged(ctx, c, existing)
