@@ -191,6 +191,14 @@ func newBackupState(h Host, epoch uint64) *backupState {
 	}
 	if la, ok := h.Coord().(LiveAnnouncer); ok {
 		b.live, b.persist = la, coord.NewNoticePersister(h.Coord().Announce, coord.NoticeStoreSpacing)
+		stores := h.Metrics().noticeStores
+		b.persist.Observe = func(stored bool) {
+			if stored {
+				stores.WithLabelValues("stored").Inc()
+			} else {
+				stores.WithLabelValues("failed").Inc()
+			}
+		}
 	}
 	h.Metrics().backupSynced.Set(0)
 	return b

@@ -58,6 +58,9 @@ type metrics struct {
 	shipBytes  prometheus.Counter   // state bytes of acknowledged snapshots
 	applyWait  prometheus.Histogram // backup: received -> applied
 	announce   prometheus.Histogram // backup: Coord.Announce
+	// noticeStores: backup: durability notices stored in the durability
+	// stream (result stored or failed; coord.NoticePersister).
+	noticeStores *prometheus.CounterVec
 
 	// Recovery.
 	transitions *prometheus.CounterVec
@@ -145,6 +148,12 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "hams_sidecar_backup_apply_wait_seconds", Help: "Backup: from a snapshot's arrival to its apply starting (earlier batches, PFM durability, the applier).", ConstLabels: cl, Buckets: secs})
 	m.announce = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "hams_sidecar_backup_announce_seconds", Help: "Backup: publishing one durability notice.", ConstLabels: cl, Buckets: secs})
+	m.noticeStores = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hams_sidecar_backup_notice_stores_total",
+		Help: "Backup: attempts to store its newest durability notice in the durability stream (spaced; what catch-up reads and LastDurable see), by result: stored, or failed (retried with backoff).",
+		ConstLabels: cl}, []string{"result"})
+	m.noticeStores.WithLabelValues("stored") // both series exist from the start (an alert compares them)
+	m.noticeStores.WithLabelValues("failed")
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "hams_sidecar_role_transitions_total", Help: "Recovery orders carried out (promote, demote, rollback).", ConstLabels: cl}, []string{"kind"})
 	m.resent = prometheus.NewCounter(prometheus.CounterOpts{
@@ -157,7 +166,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		reg.MustRegister(m.transitions, m.resent, m.backendDown, m.backendHealthy, m.itemsIn, m.requests, m.batches, m.batchSize, m.backend, m.lineage, m.queue, m.errors, m.dropped,
 			m.update, m.snapCopy, m.snapDelivery, m.stateBytes, m.shipped, m.shipRetries, m.shipSelf, m.shipBulk, m.outlogBytes, m.outlogItems,
 			m.outlogBlocked, m.applied, m.applySeconds, m.pending, m.durableSeq, m.backupSynced,
-			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.shipBytes, m.applyWait, m.announce)
+			m.updateWait, m.copyPin, m.shipSend, m.coalesced, m.deltaBytes, m.shipBytes, m.applyWait, m.announce, m.noticeStores)
 	}
 	return m
 }

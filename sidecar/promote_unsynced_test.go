@@ -39,6 +39,15 @@ func TestBackupWithoutBaseRefusesPromotion(t *testing.T) {
 	waitFor(t, "the first backup stored its last notice", func() bool {
 		return first.sc.backupNow().persist.Stored().GetDurableSeq() == 10
 	})
+	// ... and counted in its metrics (the count follows the store).
+	waitFor(t, "the stores counted in hams_sidecar_backup_notice_stores_total", func() bool {
+		var stores dto.Metric
+		if err := first.sc.metrics.noticeStores.WithLabelValues("stored").Write(&stores); err != nil {
+			t.Fatal(err)
+		}
+		n := stores.GetCounter().GetValue()
+		return n > 0 && n == float64(first.sc.backupNow().persist.Stores())
+	})
 
 	// The new backup is known to nobody that ships: the primary goes on
 	// shipping to the first one.

@@ -80,6 +80,11 @@ type NoticePersister struct {
 
 	failures atomic.Uint64
 	stores   atomic.Uint64
+
+	// Observe, when set (before Run), is told the outcome of every store
+	// attempt: stored, or failed (and retried). A sidecar counts them in
+	// its metrics.
+	Observe func(stored bool)
 }
 
 // NoticeStoreSpacing is the spacing of a backup's notice stores: well
@@ -146,6 +151,9 @@ func (p *NoticePersister) Run(ctx context.Context) error {
 				return nil
 			}
 			p.failures.Add(1)
+			if p.Observe != nil {
+				p.Observe(false)
+			}
 			if !p.sleep(ctx, backoff) {
 				return nil
 			}
@@ -162,6 +170,9 @@ func (p *NoticePersister) Run(ctx context.Context) error {
 		}
 		p.mu.Unlock()
 		p.stores.Add(1)
+		if p.Observe != nil {
+			p.Observe(true)
+		}
 		if p.spacing > 0 && !p.sleep(ctx, p.spacing) {
 			return nil
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,6 +105,14 @@ func TestNoticePersisterStoresNewest(t *testing.T) {
 		mu.Unlock()
 		return c.Announce(ctx, n)
 	}, 0)
+	var observedStored, observedFailed atomic.Int64
+	p.Observe = func(ok bool) {
+		if ok {
+			observedStored.Add(1)
+		} else {
+			observedFailed.Add(1)
+		}
+	}
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- p.Run(rctx) }()
@@ -119,6 +128,9 @@ func TestNoticePersisterStoresNewest(t *testing.T) {
 	}
 	if p.Failures() != 3 {
 		t.Fatalf("failures %d, want 3", p.Failures())
+	}
+	if f, st := observedFailed.Load(), observedStored.Load(); f != 3 || st != int64(p.Stores()) || st == 0 {
+		t.Fatalf("Observe told %d failed and %d stored, want 3 and %d", f, st, p.Stores())
 	}
 	mu.Lock()
 	if len(stored) == 0 || stored[len(stored)-1] != 5 || len(stored) > 5 {
