@@ -149,8 +149,8 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 	m.announce = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "hams_sidecar_backup_announce_seconds", Help: "Backup: publishing one durability notice.", ConstLabels: cl, Buckets: secs})
 	m.noticeStores = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "hams_sidecar_backup_notice_stores_total",
-		Help: "Backup: attempts to store its newest durability notice in the durability stream (spaced; what catch-up reads and LastDurable see), by result: stored, or failed (retried with backoff).",
+		Name:        "hams_sidecar_backup_notice_stores_total",
+		Help:        "Backup: attempts to store its newest durability notice in the durability stream (spaced; what catch-up reads and LastDurable see), by result: stored, or failed (retried with backoff).",
 		ConstLabels: cl}, []string{"result"})
 	m.noticeStores.WithLabelValues("stored") // both series exist from the start (an alert compares them)
 	m.noticeStores.WithLabelValues("failed")
