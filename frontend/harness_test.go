@@ -106,6 +106,37 @@ type fakeModel struct {
 	// approx, when set, says whether the model's output for an input item
 	// is a reconstruction (envOpts.approx).
 	approx func(it *hamsv1.Item) bool
+	// repl answers Replication.Resend (a leading frontend's takeover asks
+	// the sinks) and counts the calls; the rest is Unimplemented.
+	repl fakeResend
+}
+
+// fakeResend is a sidecar's Replication service as a frontend's takeover
+// uses it: Resend is answered (nothing resent) and recorded.
+type fakeResend struct {
+	hamsv1.UnimplementedReplicationServer
+	mu    sync.Mutex
+	calls []*hamsv1.ResendRequest
+}
+
+func (r *fakeResend) Resend(_ context.Context, req *hamsv1.ResendRequest) (*hamsv1.ResendResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, req)
+	return &hamsv1.ResendResponse{}, nil
+}
+
+// resendsTo counts the Resend calls that named addr as the frontend.
+func (r *fakeResend) resendsTo(addr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.calls {
+		if c.GetToAddress() == addr {
+			n++
+		}
+	}
+	return n
 }
 
 type inItem struct {
@@ -261,6 +292,7 @@ func newEnvWith(t *testing.T, o envOpts) *env {
 			}, nil)
 			srv := grpc.NewServer(grpcx.ServerOptions(discardLog(), nil, dep.Limits.MaxMessageBytes)...)
 			hamsv1.RegisterDataplaneServer(srv, recv)
+			hamsv1.RegisterReplicationServer(srv, &m.repl)
 			l := listen(t)
 			e.res.set(name, l.Addr().String())
 			e.goRun(func() { _ = grpcx.Serve(ctx, srv, l, time.Second) })

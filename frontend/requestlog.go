@@ -859,17 +859,52 @@ func (f *Frontend) resendSinks(ctx context.Context) {
 	}
 }
 
-// resendSink asks one sink model for its resend (see resendSinks).
+// resendSink asks one sink model for its resend (see resendSinks), until
+// it is done, this frontend stops leading (ctx), or a request timeout has
+// passed (what the sink keeps for the frontend is then past every
+// deadline). A sink without an address at the takeover (its instance is
+// being replaced) or whose call fails is asked again with backoff: a
+// resend skipped for good left the sink's sender numbering the edge from
+// where it stood at the previous leader, and its items before that, acked
+// there and maybe never answered, with nobody to ask for them.
 func (f *Frontend) resendSink(ctx context.Context, sink string) {
+	giveUp := time.Now().Add(f.timeout)
+	backoff := minBackoff
+	for attempt := 1; ; attempt++ {
+		err := f.resendSinkOnce(ctx, sink)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if c := status.Code(errors.Unwrap(err)); c == codes.Unimplemented || c == codes.NotFound || c == codes.InvalidArgument {
+			// The instance answered: it will not resend, asked again or not.
+			f.log.Warn("sink resend refused", "model", sink, "err", err)
+			return
+		}
+		if !time.Now().Add(backoff).Before(giveUp) {
+			f.log.Warn("sink resend not done; giving up", "model", sink, "attempts", attempt, "err", err)
+			return
+		}
+		f.log.Info("sink resend not done; retrying", "model", sink, "attempt", attempt, "err", err, "backoff", backoff)
+		if !run.Sleep(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// errSinkUnresolved: the topology names no instance of a sink model.
+var errSinkUnresolved = errors.New("frontend: sink model has no address in the topology")
+
+// resendSinkOnce asks the sink model's current instance once.
+func (f *Frontend) resendSinkOnce(ctx context.Context, sink string) error {
 	addr, _, ok := f.cfg.Resolver.Resolve(sink)
 	if !ok {
-		return
+		return errSinkUnresolved
 	}
 	_, ep, _ := f.cfg.Resolver.Resolve(config.Frontend)
 	cc, err := grpcx.Dial(addr, f.maxBytes, f.cfg.DialOptions...)
 	if err != nil {
-		f.log.Warn("sink resend: dial", "model", sink, "addr", addr, "err", err)
-		return
+		return fmt.Errorf("dial %s at %s: %w", sink, addr, err)
 	}
 	defer cc.Close()
 	cctx, cancel := context.WithTimeout(ctx, sinkResendTimeout)
@@ -877,10 +912,10 @@ func (f *Frontend) resendSink(ctx context.Context, sink string) {
 	resp, err := hamsv1.NewReplicationClient(cc).Resend(cctx, &hamsv1.ResendRequest{
 		ToModel: config.Frontend, ToAddress: f.cfg.Address, AfterEdgeSeq: 0, Epoch: ep})
 	if err != nil {
-		f.log.Info("sink resend not done", "model", sink, "addr", addr, "err", err)
-		return
+		return fmt.Errorf("resend of %s at %s: %w", sink, addr, err)
 	}
-	f.log.Info("sink resend", "model", sink, "resent", resp.GetResent())
+	f.log.Info("sink resend", "model", sink, "addr", addr, "resent", resp.GetResent())
+	return nil
 }
 
 // logMirror is a frontend's view of the request log's open entries: the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,6 +24,7 @@ import (
 	"github.com/hams-go/hams/internal/coord"
 	"github.com/hams-go/hams/internal/edge"
 	"github.com/hams-go/hams/internal/grpcx"
+	"github.com/hams-go/hams/internal/testing/logbuf"
 	hamsv1 "github.com/hams-go/hams/protos/hams/v1"
 )
 
@@ -770,6 +772,35 @@ func TestDeliveredRecordOfAFailedLogWriteGoesOn(t *testing.T) {
 	if n := e.models["a"].executed.Load(); n != 1 {
 		t.Fatalf("a executed %d times, want 1", n)
 	}
+}
+
+// A frontend that takes the lead asks every sink to resend to it. A sink
+// with no address at that moment (its instance being replaced) was
+// skipped for good: its sender went on numbering the edge from where it
+// stood at the previous leader (a 30-minute soak, 2026-11-27, where the
+// receiver then refused it for good). The takeover now asks again until
+// the sink has an address.
+func TestTakeoverResendReachesASinkResolvedLater(t *testing.T) {
+	co := openLog(t)
+	yaml := fmt.Sprintf(testYAML, "5s")
+	e := newEnvWith(t, envOpts{yaml: yaml, config: func(c *Config) { c.Log = co; c.Name = "first" }})
+	var buf logbuf.Buffer
+	f2 := e.addFrontend(t, yaml, func(c *Config) {
+		c.Log, c.Name, c.Logger = co, "second", slog.New(slog.NewJSONHandler(&buf, nil))
+	})
+	eventually(t, "leadership settled", func() bool { return e.fe.isLeader() && !f2.fe.isLeader() })
+	sink := e.models["a"]
+	addrA, _, _ := e.res.Resolve("a")
+	e.res.set("a", "") // a's instance is being replaced
+	e.res.set(config.Frontend, f2.addr)
+	eventually(t, "the second frontend leads and found a without an address", func() bool {
+		return f2.fe.isLeader() && strings.Contains(buf.String(), `"msg":"sink resend not done; retrying","component":"frontend","model":"a"`)
+	})
+	if n := sink.repl.resendsTo(f2.addr); n != 0 {
+		t.Fatalf("a was asked %d times while it had no address", n)
+	}
+	e.res.set("a", addrA)
+	eventually(t, "a asked to resend to the new leader", func() bool { return sink.repl.resendsTo(f2.addr) == 1 })
 }
 
 // The ids of failed log writes are kept until their deadline and dropped

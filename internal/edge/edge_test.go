@@ -492,6 +492,57 @@ func TestFreshReceiverJoinsMidSequence(t *testing.T) {
 	}
 }
 
+// A receiver that took items of one sender incarnation meets a newer one
+// whose numbering began at another receiver (a frontend leading again
+// after another frontend led, whose takeover's resend could not reach the
+// sink): it starts at the sender's first unacknowledged item. It waited
+// for item 1 of the new incarnation before and refused every batch as too
+// far ahead, for good (a 30-minute soak, 2026-11-27).
+func TestReceiverJoinsNewIncarnationMidSequence(t *testing.T) {
+	sk := newSink()
+	rcv := NewReceiver("b", sk.deliver, nil)
+	lis := listen(t, "127.0.0.1:0")
+	defer serve(t, lis, rcv)()
+	cc, err := grpcx.Dial(lis.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := hamsv1.NewDataplaneClient(cc).Forward(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(inc uint64, seqs ...uint64) *hamsv1.ForwardAck {
+		b := &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Incarnation: inc}
+		for _, s := range seqs {
+			b.Items = append(b.Items, &hamsv1.Item{EdgeSeq: s, ReqId: 10000*inc + s})
+		}
+		if err := st.Send(b); err != nil {
+			t.Fatal(err)
+		}
+		ack, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack
+	}
+	if a := send(1, 1, 2, 3); a.MaxInOrder != 3 || a.Error != "" {
+		t.Fatalf("ack %v", a)
+	}
+	first := uint64(DefaultMaxPending + 2700) // beyond the reorder bound from 0
+	if a := send(2, first, first+1); a.MaxInOrder != first+1 || a.Error != "" {
+		t.Fatalf("ack of the new incarnation's first batch %v, want max_in_order %d", a, first+1)
+	}
+	if a := send(2, first+2); a.MaxInOrder != first+2 || a.Error != "" {
+		t.Fatalf("ack of the next batch %v, want max_in_order %d", a, first+2)
+	}
+	if n := sk.count("a"); n != 6 {
+		t.Fatalf("delivered %d items, want 6 (3 of the first incarnation, 3 of the second)", n)
+	}
+}
+
 // A receiver that stopped receiving (its sidecar was demoted: another
 // instance took the edge, and the sender went on numbering it there with
 // the same incarnation) and receives again later does not wait for the

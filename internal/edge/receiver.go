@@ -502,14 +502,20 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 			r.log.Info("edge sender incarnation replaced; sequence reset", "from", from, "to", r.to, "incarnation", fmt.Sprintf("%x", inc), "max_in_order", e.reorder.MaxInOrder())
 			e.reorder = NewReorder(r.maxPending)
 		}
-		if fresh && e.reorder.MaxInOrder() == 0 {
-			// A fresh receiver (this process restarted) meets a sender
-			// that kept its sequence space: start after the first item
-			// offered, since what came before died with the old process.
-			if its := b.GetItems(); len(its) > 0 && its[0].GetEdgeSeq() > 1 {
-				r.log.Info("edge joined mid-sequence; starting at the sender's first unacked item", "from", from, "to", r.to, "edge_seq", its[0].GetEdgeSeq())
-				e.reorder.Restore(its[0].GetEdgeSeq() - 1)
-			}
+		// The first batch of an incarnation this receiver has not seen
+		// starts past 1 when its sender numbered it at another receiver
+		// first: this process restarted (fresh), or the sender moved here
+		// from another instance without being told to resend (a frontend
+		// that leads again after another one did, whose takeover could not
+		// reach the sink). A sender sends from its first unacknowledged
+		// item and drops what a receiver acknowledged, so the items before
+		// it never come again: start after it. Waiting for them would
+		// refuse every batch as too far ahead, for good (a 30-minute soak,
+		// 2026-11-27: 456 requests lost after a frontend took the lead
+		// back).
+		if its := b.GetItems(); len(its) > 0 && its[0].GetEdgeSeq() > 1 && e.reorder.MaxInOrder() == 0 {
+			r.log.Info("edge joined mid-sequence; starting at the sender's first unacked item", "from", from, "to", r.to, "edge_seq", its[0].GetEdgeSeq(), "restarted", fresh)
+			e.reorder.Restore(its[0].GetEdgeSeq() - 1)
 		}
 	}
 	// Deadlines travel as the time left when the sender put the item on
