@@ -401,28 +401,30 @@ func TestUnackedItemsResentAndDeduplicated(t *testing.T) {
 	}
 }
 
-// A restarted sender (higher incarnation) numbers the edge afresh from 1: its
-// items are delivered, not dropped as duplicates of the old incarnation's.
-func TestReceiverResetsSequenceOnNewEpoch(t *testing.T) {
-	sk := newSink()
-	rcv := NewReceiver("b", sk.deliver, nil)
+// forwardTo opens a Forward stream to a Receiver of "b" serving on a
+// local listener and returns it with send, which sends one batch of
+// sender incarnation inc from "a" (items with the given edge_seqs, req_id
+// 10000*inc+seq) and returns the acknowledgement.
+func forwardTo(t *testing.T, rcv *Receiver) (hamsv1.Dataplane_ForwardClient, func(inc uint64, seqs ...uint64) *hamsv1.ForwardAck) {
+	t.Helper()
 	lis := listen(t, "127.0.0.1:0")
-	defer serve(t, lis, rcv)()
+	t.Cleanup(serve(t, lis, rcv))
 	cc, err := grpcx.Dial(lis.Addr().String(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
+	t.Cleanup(func() { _ = cc.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	st, err := hamsv1.NewDataplaneClient(cc).Forward(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	send := func(epoch uint64, seqs ...uint64) *hamsv1.ForwardAck {
-		b := &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Incarnation: epoch}
+	send := func(inc uint64, seqs ...uint64) *hamsv1.ForwardAck {
+		t.Helper()
+		b := &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Incarnation: inc}
 		for _, s := range seqs {
-			b.Items = append(b.Items, &hamsv1.Item{EdgeSeq: s, ReqId: 100*epoch + s})
+			b.Items = append(b.Items, &hamsv1.Item{EdgeSeq: s, ReqId: 10000*inc + s})
 		}
 		if err := st.Send(b); err != nil {
 			t.Fatal(err)
@@ -433,6 +435,14 @@ func TestReceiverResetsSequenceOnNewEpoch(t *testing.T) {
 		}
 		return ack
 	}
+	return st, send
+}
+
+// A restarted sender (higher incarnation) numbers the edge afresh from 1: its
+// items are delivered, not dropped as duplicates of the old incarnation's.
+func TestReceiverResetsSequenceOnNewEpoch(t *testing.T) {
+	sk := newSink()
+	st, send := forwardTo(t, NewReceiver("b", sk.deliver, nil))
 	if a := send(1, 1, 2, 3); a.MaxInOrder != 3 {
 		t.Fatalf("ack %d", a.MaxInOrder)
 	}
@@ -500,34 +510,7 @@ func TestFreshReceiverJoinsMidSequence(t *testing.T) {
 // far ahead, for good (a 30-minute soak, 2026-11-27).
 func TestReceiverJoinsNewIncarnationMidSequence(t *testing.T) {
 	sk := newSink()
-	rcv := NewReceiver("b", sk.deliver, nil)
-	lis := listen(t, "127.0.0.1:0")
-	defer serve(t, lis, rcv)()
-	cc, err := grpcx.Dial(lis.Addr().String(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := hamsv1.NewDataplaneClient(cc).Forward(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	send := func(inc uint64, seqs ...uint64) *hamsv1.ForwardAck {
-		b := &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Incarnation: inc}
-		for _, s := range seqs {
-			b.Items = append(b.Items, &hamsv1.Item{EdgeSeq: s, ReqId: 10000*inc + s})
-		}
-		if err := st.Send(b); err != nil {
-			t.Fatal(err)
-		}
-		ack, err := st.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ack
-	}
+	_, send := forwardTo(t, NewReceiver("b", sk.deliver, nil))
 	if a := send(1, 1, 2, 3); a.MaxInOrder != 3 || a.Error != "" {
 		t.Fatalf("ack %v", a)
 	}
