@@ -1,10 +1,8 @@
 package frontend
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,15 +17,12 @@ import (
 // decoded.
 func expiryLines(t *testing.T, buf *logbuf.Buffer) []map[string]any {
 	t.Helper()
+	recs, err := buf.Records()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		if l == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
+	for _, m := range recs {
 		if m["msg"] == "request deadline passed unanswered" {
 			out = append(out, m)
 		}

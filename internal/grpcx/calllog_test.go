@@ -2,10 +2,8 @@ package grpcx
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,18 +21,11 @@ import (
 // logLines decodes every log line of buf (each must be JSON).
 func logLines(t *testing.T, buf *logbuf.Buffer) []map[string]any {
 	t.Helper()
-	var out []map[string]any
-	for _, ln := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		if ln == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(ln), &m); err != nil {
-			t.Fatalf("log line %q is not JSON: %v", ln, err)
-		}
-		out = append(out, m)
+	recs, err := buf.Records()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return recs
 }
 
 // codeStub answers Predict with the code its service names ("ok",
