@@ -103,14 +103,14 @@ func TestStaleSenderCannotFence(t *testing.T) {
 	}
 	refused := func(what string, b *hamsv1.ForwardBatch, want string) {
 		t.Helper()
-		m, err := r.accept(e, "a", b)
+		m, err := r.accept(e, "a", b, false)
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), want) || m != 0 {
 			t.Fatalf("%s: max_in_order %d, %v; want a refusal naming %q", what, m, err, want)
 		}
 	}
 	ok := func(what string, b *hamsv1.ForwardBatch, wantMax uint64) {
 		t.Helper()
-		m, err := r.accept(e, "a", b)
+		m, err := r.accept(e, "a", b, false)
 		if err != nil || m != wantMax {
 			t.Fatalf("%s: max_in_order %d, %v; want %d", what, m, err, wantMax)
 		}

@@ -227,7 +227,9 @@ func TestReceiverRejects(t *testing.T) {
 		{"wrong receiver", &hamsv1.ForwardBatch{FromModel: "a", ToModel: "c"}, codes.NotFound},
 		{"no sender", &hamsv1.ForwardBatch{ToModel: "b"}, codes.InvalidArgument},
 		{"zero seq", &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Items: []*hamsv1.Item{{}}}, codes.InvalidArgument},
-		{"too far ahead", &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Items: []*hamsv1.Item{{EdgeSeq: 99}}}, codes.ResourceExhausted},
+		// (Past the bound within a stream: a stream's first batch starts
+		// where its sender's unacknowledged items do, and is joined there.)
+		{"too far ahead", &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Items: []*hamsv1.Item{{EdgeSeq: 1}, {EdgeSeq: 99}}}, codes.ResourceExhausted},
 		{"epoch up", &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Epoch: 3}, codes.OK},
 		{"stale epoch", &hamsv1.ForwardBatch{FromModel: "a", ToModel: "b", Epoch: 2}, codes.FailedPrecondition},
 	}
@@ -523,6 +525,47 @@ func TestReceiverJoinsNewIncarnationMidSequence(t *testing.T) {
 	}
 	if n := sk.count("a"); n != 6 {
 		t.Fatalf("delivered %d items, want 6 (3 of the first incarnation, 3 of the second)", n)
+	}
+}
+
+// A receiver that stopped receiving while its sender went on numbering the
+// edge at another instance, with the same incarnation, and that receives
+// again without having forgotten the edge (a frontend that led, lost the
+// lead and leads again, whose takeover's resend did not reach the sink),
+// starts at the sender's first unacknowledged item on the new stream. It
+// waited for the items the other instance acknowledged, and when they were
+// more than its reorder bound, refused every batch as too far ahead, for
+// good (a 30-minute soak, 2026-11-27).
+func TestReceiverBackFromAnotherStartsWhereTheSenderStands(t *testing.T) {
+	sk1, sk2 := newSink(), newSink()
+	r1, r2 := NewReceiver("b", sk1.deliver, nil), NewReceiver("b", sk2.deliver, nil)
+	l1, l2 := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
+	defer serve(t, l1, r1)()
+	defer serve(t, l2, r2)()
+	res := NewStaticResolver(map[string]string{"b": l1.Addr().String()})
+	s, stopS := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res})
+	defer stopS()
+	send := func(from, to int) {
+		for i := from; i <= to; i++ {
+			s.Send(&hamsv1.Item{ReqId: uint64(i)})
+		}
+	}
+	send(1, 10)
+	waitFor(t, "1-10 at the first receiver", func() bool { return sk1.count("a") == 10 && s.Backlog() == 0 })
+	res.Set("b", l2.Addr().String(), 0)
+	elsewhere := DefaultMaxPending + 100 // past the first receiver's reorder bound
+	send(11, 10+elsewhere)
+	waitFor(t, "the next items at the second receiver", func() bool { return sk2.count("a") == elsewhere && s.Backlog() == 0 })
+	res.Set("b", l1.Addr().String(), 0)
+	first := 11 + elsewhere
+	send(first, first+9)
+	waitFor(t, "10 more at the first receiver again", func() bool { return sk1.count("a") == 20 && s.Backlog() == 0 })
+	sk1.mu.Lock()
+	defer sk1.mu.Unlock()
+	for i, id := range sk1.items["a"][10:] {
+		if id != uint64(first+i) {
+			t.Fatalf("delivery %d after the return is req %d, want %d", i, id, first+i)
+		}
 	}
 }
 

@@ -297,6 +297,10 @@ func (r *Receiver) Forward(stream hamsv1.Dataplane_ForwardServer) error {
 	var (
 		from string
 		e    *inEdge
+		// opened: no batch with items was accepted on this stream yet
+		// (its first one starts at the sender's first unacknowledged
+		// item: accept).
+		opened = true
 	)
 	acks := newAckPacer(stream, r.to, r.ackDelay, r.ackEvery)
 	defer acks.stop()
@@ -318,7 +322,10 @@ func (r *Receiver) Forward(stream hamsv1.Dataplane_ForwardServer) error {
 			from = b.GetFromModel()
 			e = r.edge(from)
 		}
-		ack, err := r.accept(e, from, b)
+		ack, err := r.accept(e, from, b, opened)
+		if len(b.GetItems()) > 0 {
+			opened = false
+		}
 		if err != nil {
 			if serr := acks.stop(); serr == nil {
 				_ = stream.Send(&hamsv1.ForwardAck{ToModel: r.to, MaxInOrder: ack, Error: err.Error()})
@@ -467,7 +474,7 @@ const staleIncarnation = "stale sender incarnation"
 // edge's sequence space is then another sender's (the instance that
 // deposed this one numbers the edge on from where it stood), and a
 // sender that trimmed its buffer by it would drop items it still holds.
-func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint64, error) {
+func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch, opened bool) (uint64, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if r.admit != nil {
@@ -515,6 +522,20 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch) (uint6
 		// back).
 		if its := b.GetItems(); len(its) > 0 && its[0].GetEdgeSeq() > 1 && e.reorder.MaxInOrder() == 0 {
 			r.log.Info("edge joined mid-sequence; starting at the sender's first unacked item", "from", from, "to", r.to, "edge_seq", its[0].GetEdgeSeq(), "restarted", fresh)
+			e.reorder.Restore(its[0].GetEdgeSeq() - 1)
+		}
+	default:
+		// The same incarnation on a new stream: its first batch starts
+		// at the sender's first unacknowledged item. Past max_in_order+1,
+		// the items between were acknowledged by another receiver while
+		// the sender sent there (a frontend that led, lost the lead and
+		// leads again; a sidecar demoted and promoted back), and will
+		// not come again: start after them, as above (what this receiver
+		// holds of them, out of order, was delivered there). Waiting
+		// would hold the edge for good, or refuse it as too far ahead.
+		if its := b.GetItems(); opened && len(its) > 0 && its[0].GetEdgeSeq() > e.reorder.MaxInOrder()+1 {
+			r.log.Info("edge resumed past items acknowledged elsewhere; starting at the sender's first unacked item", "from", from, "to", r.to,
+				"edge_seq", its[0].GetEdgeSeq(), "max_in_order", e.reorder.MaxInOrder())
 			e.reorder.Restore(its[0].GetEdgeSeq() - 1)
 		}
 	}

@@ -217,7 +217,7 @@ func TestResendPassThrough(t *testing.T) {
 		{batch(2, 1, 7), 2}, // exact resend at a new incarnation: delivered again
 		{batch(3, 1, 9), 2}, // re-executed upstream (seq 9): dropped
 	} {
-		if _, err := r.accept(e, "q", c.b); err != nil {
+		if _, err := r.accept(e, "q", c.b, false); err != nil {
 			t.Fatal(err)
 		}
 		if got := sk.count("q"); got != c.want {
@@ -258,11 +258,11 @@ func TestStatefulReExecutionRepeatingSeqAndOutputPassesStatelessHop(t *testing.T
 			sk := newSink()
 			r := NewReceiver("p", sk.deliver, nil, WithDedup(0, st), WithResendPassThrough())
 			e := r.edge("s")
-			if _, err := r.accept(e, "s", batch(1, 1148, c.lostEpoch)); err != nil {
+			if _, err := r.accept(e, "s", batch(1, 1148, c.lostEpoch), false); err != nil {
 				t.Fatal(err)
 			}
 			// The promoted s sends on a new incarnation.
-			if _, err := r.accept(e, "s", batch(2, 1149, c.againEpoch)); err != nil {
+			if _, err := r.accept(e, "s", batch(2, 1149, c.againEpoch), false); err != nil {
 				t.Fatal(err)
 			}
 			if got := sk.count("s"); got != c.want {
