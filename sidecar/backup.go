@@ -342,6 +342,20 @@ func (b *backupState) handover(ctx context.Context) (handover, error) {
 	return ho, nil
 }
 
+// gapBeforeLocked reports whether batch lies past the next one this
+// backup can take: beyond every batch it applied, is applying or holds
+// (caller holds mu).
+func (b *backupState) gapBeforeLocked(batch uint64) bool {
+	top, _ := b.alg.Applied()
+	for id := range b.snaps {
+		top = max(top, id)
+	}
+	for id := range b.applying {
+		top = max(top, id)
+	}
+	return batch > top+1
+}
+
 // resync makes the next full snapshot of epoch (or a later one) the
 // backup's new base, whatever it applied before (Demote of a backup:
 // SyncBackup, replication.go).
@@ -1138,6 +1152,19 @@ func (b *backupState) accept(r *received) (*hamsv1.ShipSnapshotResponse, error) 
 	if h.GetEpoch() < b.epoch {
 		b.mu.Unlock()
 		return nil, status.Errorf(codes.FailedPrecondition, "ship snapshot %d: stale epoch %d < %d", h.GetBatchId(), h.GetEpoch(), b.epoch)
+	}
+	if b.synced && h.GetEpoch() == b.syncEpoch && b.gapBeforeLocked(meta.BatchID) {
+		// The primary's snapshot ids are dense and it ships them in order,
+		// so the ones between went to another backup: this one was
+		// replaced in its epoch and is chosen again, and the SyncBackup
+		// that would have made it take a new base did not reach it (a
+		// manager killed in the middle of that recovery round: a 30-minute
+		// soak, 2026-11-27, no durability for the model for good). The
+		// missing batches never come here; take a new base instead.
+		b.h.Logger().Info("snapshot past a gap: the batches between went to another backup; taking a new base",
+			"batch", meta.BatchID, "epoch", h.GetEpoch(), "delta", h.GetDelta())
+		b.synced = false
+		b.h.Metrics().backupSynced.Set(0)
 	}
 	if (!b.synced || h.GetEpoch() > b.syncEpoch) && h.GetDelta() {
 		b.mu.Unlock()

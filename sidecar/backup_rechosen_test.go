@@ -48,3 +48,29 @@ func TestBackupChosenAgainInItsEpochTakesANewBase(t *testing.T) {
 		waitFor(t, "the backup chosen again applied the third wave", func() bool { return applied(first) == 50 })
 	})
 }
+
+// The same, with the SyncBackup of the backup chosen again lost (the
+// manager that chose it was killed in that recovery round, and the next
+// one found the topology settled: a 30-minute soak, 2026-11-27). The
+// primary ships it its last state, a delta far past what it applied; it
+// held that as pending behind the gap, and nothing of the model was
+// durable again. A snapshot past a gap now makes it ask for a base.
+func TestBackupChosenAgainWithoutSyncTakesANewBase(t *testing.T) {
+	bothStateKinds(t, func(t *testing.T, delta bool) {
+		r := newRig(t, failoverChain)
+		r.start("a", &fakeBackend{bias: 1}, config.RolePrimary, 1, true, nil)
+		first := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
+		r.start("b", newCounter(4), config.RolePrimary, 1, true, nil)
+		applied := func(in *inst) uint64 { seq, _ := in.sc.bk.MaxSeq(); return seq }
+		r.send(1, 10)
+		waitFor(t, "the first backup applied the first wave", func() bool { return applied(first) == 10 })
+		spare := r.start("b", newCounter(4), config.RoleBackup, 1, false, nil)
+		r.setBackup("b", spare.addr)
+		r.send(11, 30)
+		waitFor(t, "the spare applied the second wave", func() bool { return applied(spare) == 30 })
+		spare.kill()
+		r.setBackup("b", first.addr) // no SyncBackup this time
+		r.send(31, 50)
+		waitFor(t, "the backup chosen again applied the third wave", func() bool { return applied(first) == 50 })
+	})
+}
