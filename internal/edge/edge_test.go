@@ -529,79 +529,57 @@ func TestReceiverJoinsNewIncarnationMidSequence(t *testing.T) {
 }
 
 // A receiver that stopped receiving while its sender went on numbering the
-// edge at another instance, with the same incarnation, and that receives
-// again without having forgotten the edge (a frontend that led, lost the
-// lead and leads again, whose takeover's resend did not reach the sink),
-// starts at the sender's first unacknowledged item on the new stream. It
-// waited for the items the other instance acknowledged, and when they were
-// more than its reorder bound, refused every batch as too far ahead, for
-// good (a 30-minute soak, 2026-11-27).
+// edge at another instance with the same incarnation (a sidecar demoted,
+// another instance took the edge; a frontend that lost the lead), and that
+// receives again later, starts at the sender's first unacknowledged item:
+// it does not wait for the items the other instance acknowledged. A
+// demoted sidecar forgets its edges (Forget); a frontend that leads again
+// does not, and waited for them for good, or, when they were more than its
+// reorder bound, refused every batch as too far ahead (a 30-minute soak,
+// 2026-11-27, after its takeover's resend did not reach the sink).
 func TestReceiverBackFromAnotherStartsWhereTheSenderStands(t *testing.T) {
-	sk1, sk2 := newSink(), newSink()
-	r1, r2 := NewReceiver("b", sk1.deliver, nil), NewReceiver("b", sk2.deliver, nil)
-	l1, l2 := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
-	defer serve(t, l1, r1)()
-	defer serve(t, l2, r2)()
-	res := NewStaticResolver(map[string]string{"b": l1.Addr().String()})
-	s, stopS := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res})
-	defer stopS()
-	send := func(from, to int) {
-		for i := from; i <= to; i++ {
-			s.Send(&hamsv1.Item{ReqId: uint64(i)})
-		}
-	}
-	send(1, 10)
-	waitFor(t, "1-10 at the first receiver", func() bool { return sk1.count("a") == 10 && s.Backlog() == 0 })
-	res.Set("b", l2.Addr().String(), 0)
-	elsewhere := DefaultMaxPending + 100 // past the first receiver's reorder bound
-	send(11, 10+elsewhere)
-	waitFor(t, "the next items at the second receiver", func() bool { return sk2.count("a") == elsewhere && s.Backlog() == 0 })
-	res.Set("b", l1.Addr().String(), 0)
-	first := 11 + elsewhere
-	send(first, first+9)
-	waitFor(t, "10 more at the first receiver again", func() bool { return sk1.count("a") == 20 && s.Backlog() == 0 })
-	sk1.mu.Lock()
-	defer sk1.mu.Unlock()
-	for i, id := range sk1.items["a"][10:] {
-		if id != uint64(first+i) {
-			t.Fatalf("delivery %d after the return is req %d, want %d", i, id, first+i)
-		}
-	}
-}
-
-// A receiver that stopped receiving (its sidecar was demoted: another
-// instance took the edge, and the sender went on numbering it there with
-// the same incarnation) and receives again later does not wait for the
-// items the other instance acknowledged once it has forgotten its edges
-// (without Forget, its reorder buffer waits for them for good).
-func TestForgottenReceiverStartsWhereTheSenderStands(t *testing.T) {
-	sk1, sk2 := newSink(), newSink()
-	r1, r2 := NewReceiver("b", sk1.deliver, nil), NewReceiver("b", sk2.deliver, nil)
-	l1, l2 := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
-	defer serve(t, l1, r1)()
-	defer serve(t, l2, r2)()
-	res := NewStaticResolver(map[string]string{"b": l1.Addr().String()})
-	s, stopS := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res})
-	defer stopS()
-	send := func(from, to int) {
-		for i := from; i <= to; i++ {
-			s.Send(&hamsv1.Item{ReqId: uint64(i)})
-		}
-	}
-	send(1, 10)
-	waitFor(t, "1-10 at the first receiver", func() bool { return sk1.count("a") == 10 && s.Backlog() == 0 })
-	res.Set("b", l2.Addr().String(), 0)
-	send(11, 20)
-	waitFor(t, "11-20 at the second receiver", func() bool { return sk2.count("a") == 10 && s.Backlog() == 0 })
-	r1.Forget()
-	res.Set("b", l1.Addr().String(), 0)
-	send(21, 30)
-	waitFor(t, "21-30 at the first receiver again", func() bool { return sk1.count("a") == 20 && s.Backlog() == 0 })
-	sk1.mu.Lock()
-	defer sk1.mu.Unlock()
-	for i, id := range sk1.items["a"][10:] {
-		if id != uint64(21+i) {
-			t.Fatalf("delivery %d after the return is req %d", i, id)
-		}
+	for _, c := range []struct {
+		name      string
+		forget    bool
+		elsewhere int // items the other receiver takes meanwhile
+	}{
+		{"forgotten", true, 10},
+		{"remembered", false, 10},
+		{"remembered, past the reorder bound", false, DefaultMaxPending + 100},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sk1, sk2 := newSink(), newSink()
+			r1, r2 := NewReceiver("b", sk1.deliver, nil), NewReceiver("b", sk2.deliver, nil)
+			l1, l2 := listen(t, "127.0.0.1:0"), listen(t, "127.0.0.1:0")
+			defer serve(t, l1, r1)()
+			defer serve(t, l2, r2)()
+			res := NewStaticResolver(map[string]string{"b": l1.Addr().String()})
+			s, stopS := startSender(t, SenderConfig{From: "a", To: "b", Resolver: res})
+			defer stopS()
+			send := func(from, to int) {
+				for i := from; i <= to; i++ {
+					s.Send(&hamsv1.Item{ReqId: uint64(i)})
+				}
+			}
+			send(1, 10)
+			waitFor(t, "1-10 at the first receiver", func() bool { return sk1.count("a") == 10 && s.Backlog() == 0 })
+			res.Set("b", l2.Addr().String(), 0)
+			send(11, 10+c.elsewhere)
+			waitFor(t, "the next items at the second receiver", func() bool { return sk2.count("a") == c.elsewhere && s.Backlog() == 0 })
+			if c.forget {
+				r1.Forget()
+			}
+			res.Set("b", l1.Addr().String(), 0)
+			first := 11 + c.elsewhere
+			send(first, first+9)
+			waitFor(t, "10 more at the first receiver again", func() bool { return sk1.count("a") == 20 && s.Backlog() == 0 })
+			sk1.mu.Lock()
+			defer sk1.mu.Unlock()
+			for i, id := range sk1.items["a"][10:] {
+				if id != uint64(first+i) {
+					t.Fatalf("delivery %d after the return is req %d, want %d", i, id, first+i)
+				}
+			}
+		})
 	}
 }
