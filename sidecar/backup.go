@@ -466,16 +466,28 @@ func (b *backupState) applier(ctx context.Context, alog *audit.Log) error {
 func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *audit.Log) (err error) {
 	var applies []*received
 	var last *nspb.Announce
+	taken := map[uint64]bool{}
 	for _, a := range acts {
 		switch a := a.(type) {
 		case nspb.Apply:
 			b.mu.Lock()
 			r := b.applying[a.BatchID]
 			delete(b.applying, a.BatchID)
+			done := b.doneBatch
 			b.mu.Unlock()
 			if r == nil {
+				if taken[a.BatchID] || a.BatchID <= done {
+					// A new base (rebase) made the algorithm decide an
+					// Apply of a batch whose earlier Apply was still
+					// queued; the one snapshot held for it went with the
+					// first (the same batch of the same primary and epoch:
+					// the same state).
+					b.h.Logger().Debug("apply of a batch taken already; skipped", "batch", a.BatchID)
+					continue
+				}
 				return fmt.Errorf("apply of batch %d, which was not received", a.BatchID)
 			}
+			taken[a.BatchID] = true
 			applies = append(applies, r)
 		case nspb.Announce:
 			an := a
