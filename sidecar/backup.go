@@ -269,12 +269,23 @@ func (b *backupState) rebase(batch, epoch uint64) {
 
 // push queues actions (caller holds mu) and wakes the applier.
 func (b *backupState) push(acts []nspb.Action) {
+	kept := acts[:0:0]
 	for _, a := range acts {
 		if ap, ok := a.(nspb.Apply); ok {
+			queued := b.applying[ap.BatchID] != nil
 			b.applying[ap.BatchID] = b.snaps[ap.BatchID]
 			delete(b.snaps, ap.BatchID)
+			if queued {
+				// A new base (rebase) re-decided a batch whose Apply is
+				// still queued: that one applies the snapshot just
+				// received (the same batch of the same primary and epoch,
+				// the same state). A second Apply would find it taken.
+				continue
+			}
 		}
+		kept = append(kept, a)
 	}
+	acts = kept
 	b.acts = append(b.acts, acts...)
 	b.h.Metrics().pending.Set(float64(len(b.snaps)))
 	if len(acts) > 0 {
@@ -466,28 +477,16 @@ func (b *backupState) applier(ctx context.Context, alog *audit.Log) error {
 func (b *backupState) perform(ctx context.Context, acts []nspb.Action, alog *audit.Log) (err error) {
 	var applies []*received
 	var last *nspb.Announce
-	taken := map[uint64]bool{}
 	for _, a := range acts {
 		switch a := a.(type) {
 		case nspb.Apply:
 			b.mu.Lock()
 			r := b.applying[a.BatchID]
 			delete(b.applying, a.BatchID)
-			done := b.doneBatch
 			b.mu.Unlock()
 			if r == nil {
-				if taken[a.BatchID] || a.BatchID <= done {
-					// A new base (rebase) made the algorithm decide an
-					// Apply of a batch whose earlier Apply was still
-					// queued; the one snapshot held for it went with the
-					// first (the same batch of the same primary and epoch:
-					// the same state).
-					b.h.Logger().Debug("apply of a batch taken already; skipped", "batch", a.BatchID)
-					continue
-				}
 				return fmt.Errorf("apply of batch %d, which was not received", a.BatchID)
 			}
-			taken[a.BatchID] = true
 			applies = append(applies, r)
 		case nspb.Announce:
 			an := a

@@ -498,7 +498,8 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch, opened
 	}
 	inc := b.GetIncarnation()
 	fresh := e.inc.cur == 0
-	switch e.inc.judge(inc) {
+	verdict := e.inc.judge(inc)
+	switch verdict {
 	case incStale:
 		return 0, status.Errorf(codes.FailedPrecondition, "edge %s->%s: %s %x (replaced by %x)", from, r.to, staleIncarnation, inc, e.inc.cur)
 	case incNew:
@@ -509,35 +510,22 @@ func (r *Receiver) accept(e *inEdge, from string, b *hamsv1.ForwardBatch, opened
 			r.log.Info("edge sender incarnation replaced; sequence reset", "from", from, "to", r.to, "incarnation", fmt.Sprintf("%x", inc), "max_in_order", e.reorder.MaxInOrder())
 			e.reorder = NewReorder(r.maxPending)
 		}
-		// The first batch of an incarnation this receiver has not seen
-		// starts past 1 when its sender numbered it at another receiver
-		// first: this process restarted (fresh), or the sender moved here
-		// from another instance without being told to resend (a frontend
-		// that leads again after another one did, whose takeover could not
-		// reach the sink). A sender sends from its first unacknowledged
-		// item and drops what a receiver acknowledged, so the items before
-		// it never come again: start after it. Waiting for them would
-		// refuse every batch as too far ahead, for good (a 30-minute soak,
-		// 2026-11-27: 456 requests lost after a frontend took the lead
-		// back).
-		if its := b.GetItems(); len(its) > 0 && its[0].GetEdgeSeq() > 1 && e.reorder.MaxInOrder() == 0 {
-			r.log.Info("edge joined mid-sequence; starting at the sender's first unacked item", "from", from, "to", r.to, "edge_seq", its[0].GetEdgeSeq(), "restarted", fresh)
-			e.reorder.Restore(its[0].GetEdgeSeq() - 1)
-		}
-	default:
-		// The same incarnation on a new stream: its first batch starts
-		// at the sender's first unacknowledged item. Past max_in_order+1,
-		// the items between were acknowledged by another receiver while
-		// the sender sent there (a frontend that led, lost the lead and
-		// leads again; a sidecar demoted and promoted back), and will
-		// not come again: start after them, as above (what this receiver
-		// holds of them, out of order, was delivered there). Waiting
-		// would hold the edge for good, or refuse it as too far ahead.
-		if its := b.GetItems(); opened && len(its) > 0 && its[0].GetEdgeSeq() > e.reorder.MaxInOrder()+1 {
-			r.log.Info("edge resumed past items acknowledged elsewhere; starting at the sender's first unacked item", "from", from, "to", r.to,
-				"edge_seq", its[0].GetEdgeSeq(), "max_in_order", e.reorder.MaxInOrder())
-			e.reorder.Restore(its[0].GetEdgeSeq() - 1)
-		}
+	}
+	// The first batch of a stream, and of an incarnation this receiver has
+	// not seen, starts at the sender's first unacknowledged item: a sender
+	// sends from there and drops what any receiver acknowledged. Past
+	// max_in_order+1, the items between were acknowledged by another
+	// receiver while the sender sent there (this process restarted; a
+	// frontend that led, lost the lead and leads again; a sidecar demoted
+	// and promoted back) and never come again: start after them (what this
+	// receiver holds of them, out of order, was delivered there). Waiting
+	// would hold the edge for good, or refuse it as too far ahead (a
+	// 30-minute soak, 2026-11-27: 456 requests lost after a frontend took
+	// the lead back). Only a jump within a stream is refused.
+	if its := b.GetItems(); (opened || verdict == incNew) && len(its) > 0 && its[0].GetEdgeSeq() > e.reorder.MaxInOrder()+1 {
+		r.log.Info("edge joined mid-sequence; starting at the sender's first unacked item", "from", from, "to", r.to,
+			"edge_seq", its[0].GetEdgeSeq(), "max_in_order", e.reorder.MaxInOrder(), "new_incarnation", verdict == incNew, "restarted", fresh)
+		e.reorder.Restore(its[0].GetEdgeSeq() - 1)
 	}
 	// Deadlines travel as the time left when the sender put the item on
 	// the wire; the edge's consumer checks them on this process's clock.
